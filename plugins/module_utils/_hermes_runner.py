@@ -1,0 +1,336 @@
+# -*- coding: utf-8 -*-
+# Copyright: Contributors to the hermes_agent.ops collection
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Command line runner for the scheduled maintenance job.
+
+The role ``hermes_agent.ops.session_maintenance`` copies the engine files
+(``_hermes_*.py``) to the managed host as the plain package ``hermes_ops`` and
+schedules::
+
+    python3 -m hermes_ops._hermes_runner --config ~/.config/hermes-ops/maintenance.json
+
+No Ansible is needed on the host: standard library only, Python 3.8+.
+
+Output (the format of the shell script this replaces)::
+
+    === Session Maintenance Start ===
+    04:00:01 default: zombies=3 pruned=12 freed=45MB remaining=150 sessions, 8420 messages
+    === Session Maintenance Done ===
+
+Exit codes: 0 all profiles ok or skipped, 1 at least one profile failed (its
+error is printed on stderr), 2 bad configuration or refused to run.
+
+Besides the engine options (the keys of ``DEFAULTS``), the JSON config may hold
+these runner keys:
+
+``allow_root``  (bool) run as root on a home owned by another user.
+``log_file``    (str)  append each run's output to this file...
+``log_keep``    (int)  ...keeping only the last N runs in it (default 12).
+``syslog``      (bool) log one line per profile to syslog (default true).
+"""
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from ._hermes_engine import DEFAULTS, run_maintenance
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on Linux
+    fcntl = None
+
+try:
+    import syslog
+except ImportError:  # pragma: no cover - not on Unix
+    syslog = None
+
+START = "=== Session Maintenance Start ==="
+DONE = "=== Session Maintenance Done ==="
+SYSLOG_IDENT = "hermes-maintenance"
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+
+# Keys the runner itself understands, with their defaults and types.
+RUNNER_KEYS = {
+    "allow_root": (False, bool),
+    "log_file": (None, str),
+    "log_keep": (12, int),
+    "syslog": (True, bool),
+}
+
+# Engine options whose default is None (no type to infer from) and what they take.
+_NONE_DEFAULT_TYPES = {
+    "profiles": list,
+    "backup_dir": str,
+    "hermes_home": list,
+}
+
+_PATH_KEYS = ("backup_dir", "log_file")
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names file and key."""
+
+
+def _type_name(kind):
+    return {bool: "true/false", int: "an integer", float: "a number",
+            str: "a string", list: "a list"}.get(kind, kind.__name__)
+
+
+def _check_type(source, key, value, kind):
+    """Return value converted to kind, or raise ConfigError naming source and key."""
+    if value is None:
+        return None
+    ok = True
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int and key in RUNNER_KEYS:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind in (int, float):  # the engine checks ranges; accept any number here
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif kind is str:
+        ok = isinstance(value, str)
+    elif kind is list:
+        if isinstance(value, str):
+            value = [value]
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if not ok:
+        raise ConfigError("%s: key %r must be %s, got %s" % (
+            source, key, _type_name(kind), json.dumps(value)))
+    return value
+
+
+def _expected_type(key):
+    default = DEFAULTS.get(key)
+    if default is None:
+        return _NONE_DEFAULT_TYPES.get(key)
+    if isinstance(default, bool):
+        return bool
+    if isinstance(default, int):
+        return int
+    if isinstance(default, float):
+        return float
+    if isinstance(default, str):
+        return str
+    if isinstance(default, (list, tuple)):
+        return list
+    return None
+
+
+def load_config(path):
+    """Read the JSON config written by the role.
+
+    Returns ``(engine_options, runner_settings)``; raises ConfigError.
+    """
+    runner = dict((k, v[0]) for k, v in RUNNER_KEYS.items())
+    options = dict(DEFAULTS)
+    if path is None:
+        source = "defaults"
+        data = {}
+    else:
+        source = "config %s" % path
+        try:
+            with open(path, "r") as handle:
+                data = json.load(handle)
+        except (IOError, OSError) as exc:
+            raise ConfigError("%s: cannot read it: %s" % (source, exc.strerror or exc))
+        except ValueError as exc:
+            raise ConfigError("%s: not valid JSON: %s" % (source, exc))
+        if not isinstance(data, dict):
+            raise ConfigError("%s: expected a JSON object of option names, got %s"
+                              % (source, type(data).__name__))
+    for key in sorted(data):
+        value = data[key]
+        if key in RUNNER_KEYS:
+            runner[key] = _check_type(source, key, value, RUNNER_KEYS[key][1])
+            if runner[key] is None:
+                runner[key] = RUNNER_KEYS[key][0]
+        elif key in DEFAULTS:
+            kind = _expected_type(key)
+            options[key] = _check_type(source, key, value, kind) if kind else value
+        else:
+            known = ", ".join(sorted(set(DEFAULTS) | set(RUNNER_KEYS)))
+            raise ConfigError("%s: unknown key %r (known keys: %s)" % (source, key, known))
+    homes = options.get("hermes_home")
+    if isinstance(homes, str):
+        homes = [homes]
+    if not homes:
+        homes = ["~/.hermes"]
+    options["hermes_home"] = [os.path.expanduser(h) for h in homes]
+    if options.get("backup_dir"):
+        options["backup_dir"] = os.path.expanduser(options["backup_dir"])
+    if runner.get("log_file"):
+        runner["log_file"] = os.path.expanduser(runner["log_file"])
+    if runner["log_keep"] < 1:
+        raise ConfigError("%s: key 'log_keep' must be at least 1, got %s" % (source, runner["log_keep"]))
+    return options, runner
+
+
+def _owner_name(uid):
+    try:
+        import pwd
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return "uid %d" % uid
+
+
+def check_root(homes, allow_root):
+    """Refuse (ConfigError) to work as root on a home that another user owns.
+
+    Files root creates there (backups, WAL and SHM sidecars, lock files) would
+    belong to root, and the Hermes gateway of that user could no longer open
+    its own database.
+    """
+    if allow_root or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return
+    for home in homes:
+        try:
+            uid = os.stat(home).st_uid
+        except OSError:
+            continue  # the engine reports a missing home per profile
+        if uid != 0:
+            user = _owner_name(uid)
+            raise ConfigError(
+                "refusing to run as root on %s, which belongs to %s: run it as that user "
+                "(sudo -u %s ...), or pass --allow-root (config key allow_root: true) "
+                "if root really should own the files it creates there" % (home, user, user))
+
+
+def _stamp():
+    return time.strftime("%H:%M:%S")
+
+
+def _profile_errors(result):
+    """Lines "name (path): error" for every failed profile."""
+    lines = []
+    failed = set(result.get("failed") or [])
+    seen = set()
+    for prof in result.get("profiles") or []:
+        name = prof.get("name")
+        if prof.get("status") == "failed" or name in failed:
+            seen.add(name)
+            where = prof.get("path") or prof.get("home") or "?"
+            lines.append("%s (%s): FAILED: %s" % (name, where, prof.get("error") or "unknown error"))
+    for name in sorted(failed - seen):
+        lines.append("%s: FAILED" % name)
+    return lines
+
+
+def _log_syslog(lines, errors, dry_run):
+    if syslog is None:
+        return
+    try:
+        syslog.openlog(SYSLOG_IDENT, syslog.LOG_PID, syslog.LOG_USER)
+        prefix = "dry run: " if dry_run else ""
+        for line in lines:
+            syslog.syslog(syslog.LOG_INFO, prefix + line)
+        for line in errors:
+            syslog.syslog(syslog.LOG_ERR, prefix + line)
+        syslog.closelog()
+    except Exception:  # syslog is best effort, never fail a run for it
+        pass
+
+
+def append_log(path, text, keep):
+    """Append one run's text to path, keeping only the last ``keep`` runs."""
+    directory = os.path.dirname(path)
+    if directory and not os.path.isdir(directory):
+        os.makedirs(directory, 0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "r+") as handle:
+        if fcntl is not None:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        old = handle.read()
+        runs = []
+        for line in old.splitlines(True):
+            if line.startswith("=== Session Maintenance Start") or not runs:
+                runs.append([])
+            runs[-1].append(line)
+        runs.append([text])
+        kept = "".join("".join(run) for run in runs[-keep:])
+        handle.seek(0)
+        handle.write(kept)
+        handle.truncate()
+        handle.flush()
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="hermes-session-maintenance",
+        description="Maintain Hermes Agent state.db files: close zombie sessions, prune old "
+                    "sessions, back up, reclaim space (hermes_agent.ops engine).")
+    parser.add_argument("--config", metavar="FILE",
+                        help="JSON file with engine options (written by the role)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="change nothing; print what a real run would do")
+    parser.add_argument("--json", action="store_true",
+                        help="print the full result as JSON instead of summary lines")
+    parser.add_argument("--allow-root", action="store_true",
+                        help="allow running as root on a home owned by another user")
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        options, runner = load_config(args.config)
+        check_root(options["hermes_home"], args.allow_root or runner["allow_root"])
+    except ConfigError as exc:
+        sys.stderr.write("hermes-session-maintenance: %s\n" % exc)
+        return EXIT_CONFIG
+
+    started = _stamp()
+    try:
+        result = run_maintenance(options, check_mode=args.dry_run)
+    except (ValueError, TypeError) as exc:
+        where = ("config %s" % args.config) if args.config else "options"
+        sys.stderr.write("hermes-session-maintenance: %s: %s\n" % (where, exc))
+        return EXIT_CONFIG
+    except Exception as exc:  # an engine bug must still leave a readable trace
+        sys.stderr.write("hermes-session-maintenance: maintenance failed: %s: %s\n"
+                         % (type(exc).__name__, exc))
+        if runner.get("syslog"):
+            _log_syslog([], ["maintenance failed: %s: %s" % (type(exc).__name__, exc)], args.dry_run)
+        return EXIT_FAILED
+
+    summary = [str(line) for line in (result.get("summary") or [])]
+    errors = _profile_errors(result)
+
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+    else:
+        out = [START]
+        out.extend("%s %s" % (_stamp(), line) for line in summary)
+        out.append(DONE)
+        sys.stdout.write("\n".join(out) + "\n")
+    for line in errors:
+        sys.stderr.write("%s %s\n" % (_stamp(), line))
+    sys.stdout.flush()
+
+    if runner.get("syslog"):
+        _log_syslog(summary, errors, args.dry_run)
+    if runner.get("log_file"):
+        head = START + (" (dry run)" if args.dry_run else "") + " %s %s\n" % (
+            time.strftime("%Y-%m-%d"), started)
+        body = "".join("%s %s\n" % (_stamp(), line) for line in summary)
+        body += "".join("%s ERROR %s\n" % (_stamp(), line) for line in errors)
+        try:
+            append_log(runner["log_file"], head + body + DONE + "\n", runner["log_keep"])
+        except (IOError, OSError) as exc:
+            sys.stderr.write("hermes-session-maintenance: cannot write log file %s: %s\n"
+                             % (runner["log_file"], exc))
+
+    return EXIT_FAILED if (result.get("failed") or errors) else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
