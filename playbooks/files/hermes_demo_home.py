@@ -1,5 +1,4 @@
 #!/usr/bin/env python3
-# -*- coding: utf-8 -*-
 # Copyright: Contributors to the hermes_agent.ops collection
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -106,9 +105,11 @@ CREATE TRIGGER {t}_update AFTER UPDATE ON messages BEGIN
 END;
 """
 
-WORDS = ("deploy rollback invoice kubernetes sqlite backup gateway telegram retry token "
-         "schedule cron profile vacuum index migration report latency budget weather "
-         "calendar meeting summary translate draft review patch release ticket alert").split()
+WORDS = (
+    "deploy rollback invoice kubernetes sqlite backup gateway telegram retry token "
+    "schedule cron profile vacuum index migration report latency budget weather "
+    "calendar meeting summary translate draft review patch release ticket alert"
+).split()
 
 DAY = 86400.0
 
@@ -144,24 +145,24 @@ def make_profile(home, name, sessions, rng, now, trigram):
     parents = []
     for i in range(sessions):
         kind = rng.random()
-        sid = "%s_%s_%04d" % (time.strftime("%Y%m%d", time.gmtime(now)), name[:8], i)
-        if kind < 0.45:      # old, ended: prune candidates
+        sid = "{}_{}_{:04d}".format(time.strftime("%Y%m%d", time.gmtime(now)), name[:8], i)
+        if kind < 0.45:  # old, ended: prune candidates
             start = now - rng.uniform(100, 400) * DAY
             source = rng.choice(["cli", "telegram", "discord", "cron"])
             open_ = False
-        elif kind < 0.75:    # recent, ended
+        elif kind < 0.75:  # recent, ended
             start = now - rng.uniform(0.5, 60) * DAY
             source = rng.choice(["cli", "telegram", "api_server"])
             open_ = False
-        elif kind < 0.88:    # idle open CLI / cron sessions: zombies
+        elif kind < 0.88:  # idle open CLI / cron sessions: zombies
             start = now - rng.uniform(3, 200) * DAY
             source = rng.choice(["cli", "cron", "api_server"])
             open_ = True
-        elif kind < 0.95:    # open messaging chats: never closed by maintenance
+        elif kind < 0.95:  # open messaging chats: never closed by maintenance
             start = now - rng.uniform(2, 300) * DAY
             source = rng.choice(["telegram", "discord", "slack"])
             open_ = True
-        else:                # active right now
+        else:  # active right now
             start = now - rng.uniform(60, 3600)
             source = "cli"
             open_ = True
@@ -184,8 +185,19 @@ def make_profile(home, name, sessions, rng, now, trigram):
         conn.execute(
             "INSERT INTO sessions(id, source, model, model_config, parent_session_id, started_at,"
             " ended_at, end_reason, message_count, title) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (sid, source, "demo-model", model_config, parent, start, ended, reason, nmsg,
-             None if rng.random() < 0.5 else "%s %s #%d" % (name, rng.choice(WORDS), i)))
+            (
+                sid,
+                source,
+                "demo-model",
+                model_config,
+                parent,
+                start,
+                ended,
+                reason,
+                nmsg,
+                None if rng.random() < 0.5 else f"{name} {rng.choice(WORDS)} #{i}",
+            ),
+        )
         conn.executemany("INSERT INTO messages(session_id, role, content, timestamp) VALUES (?,?,?,?)", msgs)
         if not open_ and parent is None:
             parents.append(sid)
@@ -223,6 +235,7 @@ def main(argv=None):
         return 0
     if args.force:
         import shutil
+
         shutil.rmtree(home, ignore_errors=True)
     os.makedirs(home, exist_ok=True)
     os.chmod(home, 0o700)

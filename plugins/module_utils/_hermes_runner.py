@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: Contributors to the hermes_agent.ops collection
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -31,7 +30,6 @@ these runner keys:
 """
 
 from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import argparse
 import json
@@ -82,8 +80,9 @@ class ConfigError(Exception):
 
 
 def _type_name(kind):
-    return {bool: "true/false", int: "an integer", float: "a number",
-            str: "a string", list: "a list"}.get(kind, kind.__name__)
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string", list: "a list"}.get(
+        kind, kind.__name__
+    )
 
 
 def _check_type(source, key, value, kind):
@@ -104,8 +103,7 @@ def _check_type(source, key, value, kind):
             value = [value]
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
     if not ok:
-        raise ConfigError("%s: key %r must be %s, got %s" % (
-            source, key, _type_name(kind), json.dumps(value)))
+        raise ConfigError(f"{source}: key {key!r} must be {_type_name(kind)}, got {json.dumps(value)}")
     return value
 
 
@@ -137,17 +135,16 @@ def load_config(path):
         source = "defaults"
         data = {}
     else:
-        source = "config %s" % path
+        source = f"config {path}"
         try:
-            with open(path, "r") as handle:
+            with open(path) as handle:
                 data = json.load(handle)
-        except (IOError, OSError) as exc:
-            raise ConfigError("%s: cannot read it: %s" % (source, exc.strerror or exc))
+        except OSError as exc:
+            raise ConfigError(f"{source}: cannot read it: {exc.strerror or exc}") from None
         except ValueError as exc:
-            raise ConfigError("%s: not valid JSON: %s" % (source, exc))
+            raise ConfigError(f"{source}: not valid JSON: {exc}") from None
         if not isinstance(data, dict):
-            raise ConfigError("%s: expected a JSON object of option names, got %s"
-                              % (source, type(data).__name__))
+            raise ConfigError(f"{source}: expected a JSON object of option names, got {type(data).__name__}")
     for key in sorted(data):
         value = data[key]
         if key in RUNNER_KEYS:
@@ -159,7 +156,7 @@ def load_config(path):
             options[key] = _check_type(source, key, value, kind) if kind else value
         else:
             known = ", ".join(sorted(set(DEFAULTS) | set(RUNNER_KEYS)))
-            raise ConfigError("%s: unknown key %r (known keys: %s)" % (source, key, known))
+            raise ConfigError(f"{source}: unknown key {key!r} (known keys: {known})")
     homes = options.get("hermes_home")
     if isinstance(homes, str):
         homes = [homes]
@@ -171,16 +168,17 @@ def load_config(path):
     if runner.get("log_file"):
         runner["log_file"] = os.path.expanduser(runner["log_file"])
     if runner["log_keep"] < 1:
-        raise ConfigError("%s: key 'log_keep' must be at least 1, got %s" % (source, runner["log_keep"]))
+        raise ConfigError("{}: key 'log_keep' must be at least 1, got {}".format(source, runner["log_keep"]))
     return options, runner
 
 
 def _owner_name(uid):
     try:
         import pwd
+
         return pwd.getpwuid(uid).pw_name
     except (ImportError, KeyError):
-        return "uid %d" % uid
+        return f"uid {uid}"
 
 
 def check_root(homes, allow_root):
@@ -200,9 +198,10 @@ def check_root(homes, allow_root):
         if uid != 0:
             user = _owner_name(uid)
             raise ConfigError(
-                "refusing to run as root on %s, which belongs to %s: run it as that user "
-                "(sudo -u %s ...), or pass --allow-root (config key allow_root: true) "
-                "if root really should own the files it creates there" % (home, user, user))
+                f"refusing to run as root on {home}, which belongs to {user}: run it as that user "
+                f"(sudo -u {user} ...), or pass --allow-root (config key allow_root: true) "
+                "if root really should own the files it creates there"
+            )
 
 
 def _stamp():
@@ -219,9 +218,9 @@ def _profile_errors(result):
         if prof.get("status") == "failed" or name in failed:
             seen.add(name)
             where = prof.get("path") or prof.get("home") or "?"
-            lines.append("%s (%s): FAILED: %s" % (name, where, prof.get("error") or "unknown error"))
+            lines.append("{} ({}): FAILED: {}".format(name, where, prof.get("error") or "unknown error"))
     for name in sorted(failed - seen):
-        lines.append("%s: FAILED" % name)
+        lines.append(f"{name}: FAILED")
     return lines
 
 
@@ -267,15 +266,14 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog="hermes-session-maintenance",
         description="Maintain Hermes Agent state.db files: close zombie sessions, prune old "
-                    "sessions, back up, reclaim space (hermes_agent.ops engine).")
-    parser.add_argument("--config", metavar="FILE",
-                        help="JSON file with engine options (written by the role)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="change nothing; print what a real run would do")
-    parser.add_argument("--json", action="store_true",
-                        help="print the full result as JSON instead of summary lines")
-    parser.add_argument("--allow-root", action="store_true",
-                        help="allow running as root on a home owned by another user")
+        "sessions, back up, reclaim space (hermes_agent.ops engine).",
+    )
+    parser.add_argument("--config", metavar="FILE", help="JSON file with engine options (written by the role)")
+    parser.add_argument("--dry-run", action="store_true", help="change nothing; print what a real run would do")
+    parser.add_argument("--json", action="store_true", help="print the full result as JSON instead of summary lines")
+    parser.add_argument(
+        "--allow-root", action="store_true", help="allow running as root on a home owned by another user"
+    )
     return parser
 
 
@@ -285,21 +283,20 @@ def main(argv=None):
         options, runner = load_config(args.config)
         check_root(options["hermes_home"], args.allow_root or runner["allow_root"])
     except ConfigError as exc:
-        sys.stderr.write("hermes-session-maintenance: %s\n" % exc)
+        sys.stderr.write(f"hermes-session-maintenance: {exc}\n")
         return EXIT_CONFIG
 
     started = _stamp()
     try:
         result = run_maintenance(options, check_mode=args.dry_run)
     except (ValueError, TypeError) as exc:
-        where = ("config %s" % args.config) if args.config else "options"
-        sys.stderr.write("hermes-session-maintenance: %s: %s\n" % (where, exc))
+        where = (f"config {args.config}") if args.config else "options"
+        sys.stderr.write(f"hermes-session-maintenance: {where}: {exc}\n")
         return EXIT_CONFIG
     except Exception as exc:  # an engine bug must still leave a readable trace
-        sys.stderr.write("hermes-session-maintenance: maintenance failed: %s: %s\n"
-                         % (type(exc).__name__, exc))
+        sys.stderr.write(f"hermes-session-maintenance: maintenance failed: {type(exc).__name__}: {exc}\n")
         if runner.get("syslog"):
-            _log_syslog([], ["maintenance failed: %s: %s" % (type(exc).__name__, exc)], args.dry_run)
+            _log_syslog([], [f"maintenance failed: {type(exc).__name__}: {exc}"], args.dry_run)
         return EXIT_FAILED
 
     summary = [str(line) for line in (result.get("summary") or [])]
@@ -309,25 +306,25 @@ def main(argv=None):
         sys.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
     else:
         out = [START]
-        out.extend("%s %s" % (_stamp(), line) for line in summary)
+        out.extend(f"{_stamp()} {line}" for line in summary)
         out.append(DONE)
         sys.stdout.write("\n".join(out) + "\n")
     for line in errors:
-        sys.stderr.write("%s %s\n" % (_stamp(), line))
+        sys.stderr.write(f"{_stamp()} {line}\n")
     sys.stdout.flush()
 
     if runner.get("syslog"):
         _log_syslog(summary, errors, args.dry_run)
     if runner.get("log_file"):
-        head = START + (" (dry run)" if args.dry_run else "") + " %s %s\n" % (
-            time.strftime("%Y-%m-%d"), started)
-        body = "".join("%s %s\n" % (_stamp(), line) for line in summary)
-        body += "".join("%s ERROR %s\n" % (_stamp(), line) for line in errors)
+        head = START + (" (dry run)" if args.dry_run else "") + " {} {}\n".format(time.strftime("%Y-%m-%d"), started)
+        body = "".join(f"{_stamp()} {line}\n" for line in summary)
+        body += "".join(f"{_stamp()} ERROR {line}\n" for line in errors)
         try:
             append_log(runner["log_file"], head + body + DONE + "\n", runner["log_keep"])
-        except (IOError, OSError) as exc:
-            sys.stderr.write("hermes-session-maintenance: cannot write log file %s: %s\n"
-                             % (runner["log_file"], exc))
+        except OSError as exc:
+            sys.stderr.write(
+                "hermes-session-maintenance: cannot write log file {}: {}\n".format(runner["log_file"], exc)
+            )
 
     return EXIT_FAILED if (result.get("failed") or errors) else EXIT_OK
 
