@@ -37,6 +37,7 @@ import os
 import sys
 import time
 
+from . import _hermes_engine
 from ._hermes_engine import DEFAULTS, run_maintenance
 
 try:
@@ -70,9 +71,14 @@ _NONE_DEFAULT_TYPES = {
     "profiles": list,
     "backup_dir": str,
     "hermes_home": list,
+    "backup_keep_count": int,
+    "backup_interval_days": float,
 }
 
-_PATH_KEYS = ("backup_dir", "log_file")
+# What run_maintenance raises for options it refuses (before touching any profile).
+OPTION_ERRORS = (ValueError, TypeError) + tuple(
+    exc for exc in (getattr(_hermes_engine, "MaintenanceError", None),) if isinstance(exc, type)
+)
 
 
 class ConfigError(Exception):
@@ -289,7 +295,7 @@ def main(argv=None):
     started = _stamp()
     try:
         result = run_maintenance(options, check_mode=args.dry_run)
-    except (ValueError, TypeError) as exc:
+    except OPTION_ERRORS as exc:
         where = (f"config {args.config}") if args.config else "options"
         sys.stderr.write(f"hermes-session-maintenance: {where}: {exc}\n")
         return EXIT_CONFIG
