@@ -1,0 +1,168 @@
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The writes: close zombies, prune in short transactions, remove transcripts.
+
+A live gateway writes to the same file, so every transaction is short (bounded in
+messages, the rows that fire FTS triggers), followed by a pause that lets the gateway's
+busy handler in, and re-checks inside the transaction that its rows still qualify.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ._hermes_db import begin_immediate
+from ._hermes_plan import live_leases
+
+ZOMBIE_CHUNK = 200
+
+
+def close_zombies(conn, plan, schema, end_reason, pause):
+    """Set ended_at to each zombie's last activity, unless it woke up since the plan."""
+    cols = schema["session_columns"]
+    still_idle = "AND NOT EXISTS (SELECT 1 FROM messages WHERE session_id = ? AND timestamp >= ?)"
+    if "last_activity_at" in cols:
+        still_idle += " AND (last_activity_at IS NULL OR last_activity_at < ?)"
+    if "pinned" in cols:
+        still_idle += " AND NOT pinned"
+    sql = "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL " + still_idle
+    closed = []
+    for start in range(0, len(plan.zombies), ZOMBIE_CHUNK):
+        chunk = plan.zombies[start : start + ZOMBIE_CHUNK]
+        begin_immediate(conn)
+        try:
+            leased = live_leases(conn, schema, time.time())
+            for sid, last in chunk:
+                if sid in leased:
+                    continue
+                params = [last, end_reason, sid, sid, plan.zombie_cutoff]
+                if "last_activity_at" in cols:
+                    params.append(plan.zombie_cutoff)
+                if conn.execute(sql, params).rowcount:
+                    closed.append(sid)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        time.sleep(pause)
+    return closed
+
+
+class PruneResult:
+    def __init__(self):
+        self.sessions = 0
+        self.messages = 0
+        self.orphaned = 0
+        self.transcripts = 0
+        self.prompts = 0
+        self.left_alone = []  # sessions that stopped qualifying while we worked
+
+
+def prune(conn, plan, schema, batch_size, pause, on_batch=None):
+    """Delete plan.delete_order in transactions of at most batch_size messages."""
+    result = PruneResult()
+    skipped = set()
+    has_prompts = "system_prompts" in schema["tables"] and "system_prompt_hash" in schema["session_columns"]
+    for batch in _batches(plan, max(1, int(batch_size))):
+        begin_immediate(conn)
+        try:
+            leased = live_leases(conn, schema, time.time())
+            done = []
+            for sid, chunk in batch:
+                if sid in skipped or not _still_prunable(conn, sid, plan, schema, leased):
+                    _skip_with_ancestors(sid, plan, skipped)
+                    continue
+                if chunk:  # part of a large session's messages, in its own transaction
+                    result.messages += conn.execute(
+                        "DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE session_id = ? LIMIT ?)",
+                        (sid, chunk),
+                    ).rowcount
+                    continue
+                prompt = _prompt_hash(conn, sid) if has_prompts else None
+                result.orphaned += conn.execute(
+                    "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = ?", (sid,)
+                ).rowcount
+                result.messages += conn.execute("DELETE FROM messages WHERE session_id = ?", (sid,)).rowcount
+                conn.execute("DELETE FROM sessions WHERE id = ?", (sid,))
+                if prompt is not None:
+                    result.prompts += conn.execute(
+                        "DELETE FROM system_prompts WHERE hash = ? AND NOT EXISTS "
+                        "(SELECT 1 FROM sessions WHERE system_prompt_hash = ?)",
+                        (prompt, prompt),
+                    ).rowcount
+                done.append(sid)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        result.sessions += len(done)
+        for sid in done:
+            result.transcripts += remove_files(plan.transcripts.get(sid, ()))
+        if on_batch:
+            on_batch(result)
+        time.sleep(pause)
+    result.left_alone = sorted(skipped)
+    return result
+
+
+def _batches(plan, batch_size):
+    """Yield lists of (session id, chunk): chunk>0 deletes that many of its messages first."""
+    batch, weight = [], 0
+    for sid in plan.delete_order:
+        count = plan.messages.get(sid, 0)
+        while count > batch_size:  # a session larger than a batch: delete it in slices
+            if batch:
+                yield batch
+                batch, weight = [], 0
+            yield [(sid, batch_size)]
+            count -= batch_size
+        if batch and weight + count > batch_size:
+            yield batch
+            batch, weight = [], 0
+        batch.append((sid, 0))
+        weight += count
+    if batch:
+        yield batch
+
+
+def _still_prunable(conn, sid, plan, schema, leased):
+    """Re-check inside the transaction: a session resumed or leased since the plan stays."""
+    cols = ["ended_at"] + [c for c in ("pinned", "last_activity_at") if c in schema["session_columns"]]
+    row = conn.execute("SELECT %s FROM sessions WHERE id = ?" % ", ".join(cols), (sid,)).fetchone()
+    if row is None or row[0] is None or sid in leased:
+        return False
+    values = dict(zip(cols, row))
+    if values.get("pinned"):
+        return False
+    if sid in plan.delegate_root:  # goes with its parent, whatever its own age
+        return True
+    if values.get("last_activity_at") is not None and values["last_activity_at"] >= plan.prune_cutoff:
+        return False
+    newer = conn.execute(
+        "SELECT 1 FROM messages WHERE session_id = ? AND timestamp >= ? LIMIT 1", (sid, plan.prune_cutoff)
+    ).fetchone()
+    return newer is None
+
+
+def _skip_with_ancestors(sid, plan, skipped):
+    """Keep a session and everything whose deletion depends on it going first."""
+    while sid is not None and sid not in skipped and sid in plan.messages:
+        skipped.add(sid)
+        sid = plan.delegate_root.get(sid) or plan.parents.get(sid)
+
+
+def _prompt_hash(conn, sid):
+    row = conn.execute("SELECT system_prompt_hash FROM sessions WHERE id = ?", (sid,)).fetchone()
+    return row[0] if row else None
+
+
+def remove_files(paths):
+    removed = 0
+    for path in paths:
+        try:
+            os.unlink(path)
+            removed += 1
+        except FileNotFoundError:
+            continue
+    return removed

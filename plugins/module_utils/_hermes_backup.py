@@ -1,0 +1,184 @@
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Verified online backups of a live state.db, and their retention.
+
+SQLite's backup API copies under a read snapshot, so the gateway keeps writing; a plain
+copy of a WAL database can miss committed data. The copy is written under a hidden
+``.partial`` name, verified, fsynced, then renamed: retention and restore only ever see
+complete, verified files, and only this collection's own files (``hermes-ops_*``).
+"""
+
+from __future__ import annotations
+
+import calendar
+import errno
+import gzip
+import os
+import re
+import shutil
+import sqlite3
+import stat
+import time
+
+from ._hermes_db import MB, MaintenanceError, file_size, free_bytes, fsync_path
+
+PREFIX = "hermes-ops_"
+_NAME = re.compile(r"^hermes-ops_(?P<profile>.+)_(?P<stamp>\d{8}T\d{6}Z)(?:-(?P<seq>\d+))?\.db(?P<gz>\.gz)?$")
+
+
+def backup_name(profile, when, seq=0):
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
+    return "%s%s_%s%s.db" % (PREFIX, profile, stamp, "-%d" % seq if seq else "")
+
+
+def list_backups(backup_dir, profile):
+    """This profile's finished backups, newest first, as (path, unix time)."""
+    try:
+        names = os.listdir(backup_dir)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        match = _NAME.match(name)
+        if match and match.group("profile") == profile:
+            stamp = calendar.timegm(time.strptime(match.group("stamp"), "%Y%m%dT%H%M%SZ"))
+            found.append((os.path.join(backup_dir, name), stamp, int(match.group("seq") or 0)))
+    found.sort(key=lambda item: (item[1], item[2]), reverse=True)
+    return [(path, stamp) for path, stamp, _ in found]
+
+
+def check_backup_dir(backup_dir, owner_uid, create):
+    """The directory must be the owner's own: not a link, not writable by others."""
+    if os.path.islink(backup_dir):
+        raise MaintenanceError(
+            "backup directory %s is a symbolic link: refused (backups hold private chat history); "
+            "use a real directory owned by uid %d" % (backup_dir, owner_uid)
+        )
+    if not os.path.exists(backup_dir):
+        if not create:
+            return
+        try:
+            os.makedirs(backup_dir, mode=0o700)
+        except OSError as exc:
+            raise MaintenanceError("cannot create backup directory %s: %s" % (backup_dir, exc.strerror)) from None
+    st = os.stat(backup_dir)
+    if not stat.S_ISDIR(st.st_mode):
+        raise MaintenanceError("backup directory %s is not a directory" % backup_dir)
+    if st.st_uid != owner_uid:
+        raise MaintenanceError(
+            "backup directory %s is owned by uid %d, not by the owner of state.db (uid %d): refused; "
+            "chown it to the Hermes user or choose another backup_dir" % (backup_dir, st.st_uid, owner_uid)
+        )
+    if st.st_mode & 0o022:
+        raise MaintenanceError(
+            "backup directory %s is writable by group or others (mode %o): refused; chmod 700 it"
+            % (backup_dir, stat.S_IMODE(st.st_mode))
+        )
+
+
+def remove_partials(backup_dir, profile):
+    """Leftovers of an interrupted backup of this profile (we hold its lock)."""
+    try:
+        names = os.listdir(backup_dir)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith("." + PREFIX + profile + "_") and ".partial" in name:
+            try:
+                os.unlink(os.path.join(backup_dir, name))
+            except OSError:
+                pass
+
+
+def take_backup(conn, db_path, backup_dir, profile, compress, must_contain):
+    """Back up through ``conn``'s snapshot; verify; return {path, bytes, verified, ...}."""
+    remove_partials(backup_dir, profile)
+    needed = int((file_size(db_path) + file_size(db_path + "-wal")) * 1.1) + MB
+    available = free_bytes(backup_dir)
+    if available < needed:
+        raise MaintenanceError(
+            "not enough space for the backup in %s: it needs about %d MB, %d MB are free; nothing was changed. "
+            "Free space there or set backup_dir elsewhere" % (backup_dir, needed // MB, available // MB)
+        )
+    now = time.time()
+    seq = 0
+    while True:
+        final = os.path.join(backup_dir, backup_name(profile, now, seq) + (".gz" if compress else ""))
+        if not os.path.exists(final):
+            break
+        seq += 1
+    partial = os.path.join(backup_dir, "." + os.path.basename(final) + ".partial")
+    work = partial + ".db" if compress else partial
+    try:
+        os.close(os.open(work, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        target = sqlite3.connect(work, isolation_level=None)
+        try:
+            conn.backup(target)
+            # A standalone file: no -wal beside a backup, whatever the source used.
+            target.execute("PRAGMA journal_mode=DELETE")
+            counts = verify(target, work, must_contain)
+        finally:
+            target.close()
+        if compress:
+            with open(work, "rb") as src, gzip.open(partial, "wb", compresslevel=6) as dst:
+                shutil.copyfileobj(src, dst, 4 * MB)
+            os.unlink(work)
+        os.chmod(partial, 0o600)
+        fsync_path(partial)
+        os.rename(partial, final)
+        fsync_path(backup_dir)
+    except BaseException as exc:
+        for leftover in (work, partial, work + "-journal"):
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise MaintenanceError(
+                "the backup ran out of space in %s (it needs about %d MB): the partial file was removed, "
+                "nothing was changed" % (backup_dir, needed // MB)
+            ) from None
+        if isinstance(exc, sqlite3.Error):
+            raise MaintenanceError("backup of %s to %s failed: %s; nothing was changed" % (db_path, final, exc)) from None
+        raise
+    result = {"path": final, "bytes": file_size(final), "verified": True, "compressed": bool(compress)}
+    result.update(counts)
+    return result
+
+
+def verify(target, path, must_contain):
+    """quick_check, counts, and every session the run is about to delete is in the copy."""
+    rows = [r[0] for r in target.execute("PRAGMA quick_check").fetchall()]
+    if rows != ["ok"]:
+        raise MaintenanceError("backup %s failed quick_check: %s; nothing was changed" % (path, "; ".join(rows[:3])))
+    sessions = target.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+    messages = target.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+    ids = list(must_contain)
+    present = 0
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        sql = "SELECT COUNT(*) FROM sessions WHERE id IN (%s)" % ",".join("?" * len(chunk))
+        present += target.execute(sql, chunk).fetchone()[0]
+    if present != len(ids):
+        raise MaintenanceError(
+            "backup %s lacks %d of the %d sessions about to be pruned; nothing was changed" % (path, len(ids) - present, len(ids))
+        )
+    return {"sessions": sessions, "messages": messages}
+
+
+def apply_retention(backup_dir, profile, keep_days, keep_count, now, keep_path):
+    """Remove this profile's backups older than keep_days or beyond keep_count; never the newest."""
+    backups = list_backups(backup_dir, profile)
+    removed = []
+    for index, (path, stamp) in enumerate(backups):
+        if index == 0 or path == keep_path:
+            continue
+        too_old = keep_days is not None and now - stamp > float(keep_days) * 86400
+        too_many = keep_count is not None and index >= int(keep_count)
+        if too_old or too_many:
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+    return removed

@@ -1,0 +1,147 @@
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Read-only preflight of a Hermes state.db: schema, FTS layout, tokenizers, stats."""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+
+from ._hermes_db import MaintenanceError, file_size
+
+# The newest schema_version this collection has been tested against (upstream main).
+KNOWN_MAX_SCHEMA = 30
+REQUIRED_COLUMNS = {
+    "sessions": ("id", "source", "parent_session_id", "started_at", "ended_at", "end_reason"),
+    "messages": ("id", "session_id", "timestamp"),
+}
+CJK_EXTENSION = os.path.join("lib", "libfts5_cjk.so")
+_TOKENIZE = re.compile(r"tokenize\s*=\s*(?:'([^']*)'|\"([^\"]*)\"|([\w ]+))", re.IGNORECASE)
+_CONTENT = re.compile(r"content\s*=\s*(?:'([^']*)'|\"([^\"]*)\"|(\w+))", re.IGNORECASE)
+
+
+def columns(conn, table):
+    return [row[1] for row in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))]
+
+
+def load_cjk_extension(conn, home):
+    """Load Hermes's CJK tokenizer where Hermes has one; return an error text or None."""
+    lib = os.path.join(home, CJK_EXTENSION)
+    if not os.path.exists(lib):
+        return "%s is missing" % lib
+    try:
+        conn.enable_load_extension(True)
+        conn.load_extension(lib)
+        conn.enable_load_extension(False)
+    except (AttributeError, sqlite3.Error) as exc:
+        return "cannot load %s: %s" % (lib, exc)
+    return None
+
+
+def inspect_schema(conn, home):
+    """Describe what the maintenance needs to know about this file's schema."""
+    objects = conn.execute("SELECT type, name, sql FROM sqlite_master").fetchall()
+    tables = {name for kind, name, _ in objects if kind in ("table", "view")}
+    views = {name for kind, name, _ in objects if kind == "view"}
+    for table, needed in REQUIRED_COLUMNS.items():
+        if table not in tables:
+            raise MaintenanceError("table %r is missing: this is not a Hermes state.db" % table)
+        missing = [c for c in needed if c not in columns(conn, table)]
+        if missing:
+            raise MaintenanceError(
+                "%s lacks column(s) %s: this is not a Hermes state.db this collection knows" % (table, ", ".join(missing))
+            )
+    version = None
+    if "schema_version" in tables:
+        row = conn.execute("SELECT version FROM schema_version LIMIT 1").fetchone()
+        version = row[0] if row else None
+    cjk_error = None
+    fts = []
+    for kind, name, sql in objects:
+        if kind != "table" or not sql or not re.search(r"using\s+fts5", sql, re.IGNORECASE):
+            continue
+        tok = _TOKENIZE.search(sql)
+        content = _CONTENT.search(sql)
+        content_name = next((g for g in content.groups() if g), "") if content else ""
+        tokenizer = next((g for g in tok.groups() if g), "").strip() if tok else "unicode61"
+        if "cjk" in tokenizer and cjk_error is None:
+            cjk_error = load_cjk_extension(conn, home) or ""
+        error = _probe_fts(conn, name)
+        if error and "cjk" in tokenizer and cjk_error:
+            error = "%s (%s)" % (error, cjk_error)
+        fts.append({"name": name, "tokenizer": tokenizer, "content": content_name, "error": error})
+    return {
+        "schema_version": version,
+        "session_columns": set(columns(conn, "sessions")),
+        "tables": tables,
+        "fts": fts,
+        "fts_layout": _fts_layout(fts, views),
+        "auto_vacuum": conn.execute("PRAGMA auto_vacuum").fetchone()[0],
+    }
+
+
+def _probe_fts(conn, name):
+    """Preparing a statement connects the FTS table, which needs its tokenizer."""
+    try:
+        conn.execute('SELECT 1 FROM "%s" LIMIT 0' % name.replace('"', '""')).fetchall()
+    except sqlite3.Error as exc:
+        return str(exc)
+    return None
+
+
+def _fts_layout(fts, views):
+    if not fts:
+        return "none"
+    contents = {f["content"] for f in fts}
+    if contents & views:
+        return "external-content-views"
+    if "messages" in contents:
+        return "external-content"
+    return "inline"
+
+
+def unusable_fts(schema):
+    """FTS tables whose delete triggers would fail on this SQLite, as readable text."""
+    return ["%s (tokenize=%s): %s" % (f["name"], f["tokenizer"], f["error"]) for f in schema["fts"] if f["error"]]
+
+
+def check_version(schema, allow_unknown):
+    version = schema["schema_version"]
+    if isinstance(version, int) and version > KNOWN_MAX_SCHEMA and not allow_unknown:
+        raise MaintenanceError(
+            "schema_version %d is newer than any this collection knows (up to %d): nothing was changed; "
+            "upgrade hermes_agent.ops, or set allow_unknown_schema=true after checking the release notes"
+            % (version, KNOWN_MAX_SCHEMA)
+        )
+
+
+def quick_check(conn, path):
+    try:
+        rows = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
+    except sqlite3.DatabaseError as exc:
+        raise MaintenanceError(_damaged(path, str(exc))) from None
+    if rows != ["ok"]:
+        raise MaintenanceError(_damaged(path, "; ".join(rows[:3])))
+
+
+def _damaged(path, detail):
+    return (
+        "%s failed quick_check (%s): nothing was changed; stop Hermes and restore the newest backup "
+        "(playbooks/restore.yml) or recover it with `sqlite3 state.db .recover`" % (path, detail)
+    )
+
+
+def stats(conn, path):
+    """Sizes and counts for the before/after report."""
+    one = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
+    return {
+        "db_bytes": file_size(path),
+        "wal_bytes": file_size(path + "-wal"),
+        "sessions": one("SELECT COUNT(*) FROM sessions"),
+        "messages": one("SELECT COUNT(*) FROM messages"),
+        "open_sessions": one("SELECT COUNT(*) FROM sessions WHERE ended_at IS NULL"),
+        "free_pages": one("PRAGMA freelist_count"),
+        "page_count": one("PRAGMA page_count"),
+        "page_size": one("PRAGMA page_size"),
+    }

@@ -1,0 +1,282 @@
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Read-only selection: which sessions are zombies, which are pruned, and in what order.
+
+The same plan drives check mode (its counts are the prediction) and the real run (its
+order is the deletion order), so the two cannot drift apart. Rules: docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ._hermes_db import MaintenanceError
+
+DAY = 86400.0
+SANE_MIN = 946684800.0  # 2000-01-01: older "unix seconds" are corrupt or not seconds at all
+COMPRESSION = "compression"
+
+
+def is_sane(value, now):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and SANE_MIN <= value <= now + DAY
+
+
+def sane_sql(column):
+    return "(typeof(%s) IN ('integer', 'real') AND %s BETWEEN ? AND ?)" % (column, column)
+
+
+class Session:
+    __slots__ = (
+        "id", "source", "parent", "started", "ended", "end_reason", "last_activity", "pinned",
+        "delegate_from", "prompt_hash", "messages", "last", "bad",
+    )  # fmt: skip
+
+
+class Plan:
+    """What a run will do to one profile."""
+
+    def __init__(self):
+        self.zombies = []  # (session id, ended_at to set = its last activity)
+        self.delete_order = []  # session ids, children before parents
+        self.messages = {}  # session id -> message count, for every session in delete_order
+        self.parents = {}  # session id -> parent id (or None), for every session in delete_order
+        self.delegate_root = {}  # delegate id -> candidate it is deleted with
+        self.orphaned = 0  # kept sessions whose parent is deleted
+        self.bad_time_rows = 0
+        self.transcripts = {}  # session id -> [file paths]
+        self.prompts = 0  # system_prompts rows the prune leaves unreferenced
+        self.now = 0.0
+        self.zombie_cutoff = 0.0
+        self.prune_cutoff = 0.0
+
+    @property
+    def messages_pruned(self):
+        return sum(self.messages.values())
+
+    @property
+    def transcripts_count(self):
+        return sum(len(v) for v in self.transcripts.values())
+
+    @property
+    def has_changes(self):
+        return bool(self.zombies or self.delete_order)
+
+
+def live_leases(conn, schema, now):
+    """Session ids Hermes is working on right now (unexpired compression or turn lease)."""
+    leased = set()
+    for table, column in (("compression_locks", "session_id"), ("session_turn_leases", "conversation_id")):
+        if table in schema["tables"]:
+            sql = "SELECT %s FROM %s WHERE expires_at > ?" % (column, table)
+            leased.update(row[0] for row in conn.execute(sql, (now,)))
+    return leased
+
+
+def load_sessions(conn, schema, now):
+    """Every session with its last activity; flags rows whose times are not unix seconds."""
+    cols = schema["session_columns"]
+    extra = [
+        "last_activity_at" if "last_activity_at" in cols else "NULL",
+        "pinned" if "pinned" in cols else "0",
+        "CASE WHEN instr(model_config, '_delegate_from') > 0 THEN model_config END" if "model_config" in cols else "NULL",
+        "system_prompt_hash" if "system_prompt_hash" in cols else "NULL",
+    ]
+    sql = "SELECT id, source, parent_session_id, started_at, ended_at, end_reason, %s FROM sessions" % ", ".join(extra)
+    sessions = {}
+    for row in conn.execute(sql):
+        s = Session()
+        s.id, s.source, s.parent, s.started, s.ended, s.end_reason, s.last_activity, pinned, mc, s.prompt_hash = row
+        s.pinned = bool(pinned)
+        s.delegate_from = _delegate_from(mc)
+        s.messages, s.last, s.bad = 0, None, False
+        sessions[s.id] = s
+    lo, hi = SANE_MIN, now + DAY
+    sane = sane_sql("timestamp")
+    msg_sql = (
+        "SELECT session_id, COUNT(*), MAX(CASE WHEN %s THEN timestamp END), "
+        "SUM(CASE WHEN %s THEN 0 ELSE 1 END) FROM messages GROUP BY session_id" % (sane, sane)
+    )
+    bad_messages = total_messages = 0
+    for sid, count, newest, bad in conn.execute(msg_sql, (lo, hi, lo, hi)):
+        total_messages += count
+        bad_messages += bad
+        s = sessions.get(sid)
+        if s is None:
+            continue
+        s.messages, s.last = count, newest
+        s.bad = bad > 0
+    _refuse_if_mostly_bad(conn, "messages", "timestamp", bad_messages, total_messages, now)
+    for column, attr in (("started_at", "started"), ("ended_at", "ended"), ("last_activity_at", "last_activity")):
+        values = [getattr(s, attr) for s in sessions.values() if getattr(s, attr) is not None]
+        bad = [v for v in values if not is_sane(v, now)]
+        _refuse_if_mostly_bad(conn, "sessions", column, len(bad), len(values), now, bad[:1])
+        for s in sessions.values():
+            value = getattr(s, attr)
+            if value is not None and not is_sane(value, now):
+                s.bad = True
+    for s in sessions.values():
+        if not s.bad:
+            s.last = max(v for v in (s.started, s.last_activity, s.last) if v is not None)
+    return sessions
+
+
+def _delegate_from(model_config):
+    if not model_config:
+        return None
+    try:
+        value = json.loads(model_config).get("_delegate_from")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def _refuse_if_mostly_bad(conn, table, column, bad, total, now, example=None):
+    if not total or bad * 2 <= total:
+        return
+    if example is None:
+        row = conn.execute(
+            "SELECT %s FROM %s WHERE NOT %s LIMIT 1" % (column, table, sane_sql(column)), (SANE_MIN, now + DAY)
+        ).fetchone()
+        example = [row[0] if row else None]
+    value = example[0]
+    hint = "milliseconds?" if isinstance(value, (int, float)) and value > 1e11 else "not unix seconds"
+    raise MaintenanceError(
+        "%s.%s does not hold unix seconds: %d of %d values are out of range, e.g. %r (%s); nothing was changed. "
+        "Hermes writes time.time() seconds: convert the column, or restore a backup" % (table, column, bad, total, value, hint)
+    )
+
+
+def build_plan(conn, schema, options, now, sessions_dir):
+    """Select zombies and the prune set for one profile (reads only)."""
+    plan = Plan()
+    plan.now = now
+    plan.zombie_cutoff = now - float(options["zombie_days"]) * DAY
+    plan.prune_cutoff = now - float(options["prune_days"]) * DAY
+    sessions = load_sessions(conn, schema, now)
+    leased = live_leases(conn, schema, now)
+    plan.bad_time_rows = sum(1 for s in sessions.values() if s.bad)
+    children = {}
+    delegates = {}
+    for s in sessions.values():
+        if s.parent in sessions:
+            children.setdefault(s.parent, []).append(s)
+        if s.delegate_from:
+            delegates.setdefault(s.delegate_from, []).append(s)
+    for parent_id, kids in children.items():
+        # Hermes: a child with the marker whose parent is the doomed row is a delegate too.
+        for kid in kids:
+            if kid.delegate_from and kid.delegate_from != parent_id:
+                delegates.setdefault(parent_id, []).append(kid)
+
+    protected = {s.id for s in sessions.values() if s.bad or s.pinned or s.id in leased}
+    protected |= _pinned_continuations(sessions, children)
+    zombie_sources = set(options["zombie_sources"])
+    zombies = set()
+    for s in sessions.values():
+        if s.ended is None and s.id not in protected and s.source in zombie_sources and s.last < plan.zombie_cutoff:
+            zombies.add(s.id)
+            plan.zombies.append((s.id, s.last))
+    candidates = {
+        s.id
+        for s in sessions.values()
+        if s.id not in protected and (s.ended is not None or s.id in zombies) and s.last < plan.prune_cutoff
+    }
+    units = {c: _delegate_closure(c, delegates) for c in candidates}
+    while True:
+        doomed = set()
+        for c in candidates:
+            doomed |= units[c]
+        blocked = {c for c in candidates if _blocked(units[c], sessions, protected, zombies, doomed, children)}
+        if not blocked:
+            break
+        candidates -= blocked
+    for c in candidates:
+        for member in units[c] - {c}:
+            plan.delegate_root.setdefault(member, c)
+    plan.delete_order = _children_first(doomed, sessions)
+    for sid in plan.delete_order:
+        plan.messages[sid] = sessions[sid].messages
+        plan.parents[sid] = sessions[sid].parent
+    plan.orphaned = sum(1 for s in sessions.values() if s.id not in doomed and s.parent in doomed)
+    plan.transcripts = transcript_files(sessions_dir, doomed)
+    if "system_prompts" in schema["tables"] and "system_prompt_hash" in schema["session_columns"]:
+        kept = {s.prompt_hash for s in sessions.values() if s.id not in doomed}
+        freed = {sessions[sid].prompt_hash for sid in doomed} - kept - {None}
+        plan.prompts = len(freed)
+    return plan
+
+
+def _pinned_continuations(sessions, children):
+    """Compression continuations of a pinned session, transitively, are kept with it."""
+    kept = set()
+    stack = [s for s in sessions.values() if s.pinned]
+    while stack:
+        s = stack.pop()
+        if s.end_reason != COMPRESSION:
+            continue
+        for kid in children.get(s.id, ()):
+            if kid.id not in kept:
+                kept.add(kid.id)
+                stack.append(kid)
+    return kept
+
+
+def _delegate_closure(root, delegates):
+    found = {root}
+    stack = [root]
+    while stack:
+        for kid in delegates.get(stack.pop(), ()):
+            if kid.id not in found:
+                found.add(kid.id)
+                stack.append(kid.id)
+    return found
+
+
+def _blocked(unit, sessions, protected, zombies, doomed, children):
+    for sid in unit:
+        s = sessions[sid]
+        if sid in protected:
+            return True
+        if s.ended is None and sid not in zombies:
+            return True  # a delegate still running: keep its parent too
+        if s.end_reason == COMPRESSION and any(k.id not in doomed for k in children.get(sid, ())):
+            return True  # a compression ancestor stays while a continuation stays
+    return False
+
+
+def _children_first(doomed, sessions):
+    """Deepest first along parent links, so no row is deleted while a doomed child points at it."""
+    depth = {}
+    for sid in doomed:
+        chain, cur = [], sid
+        while cur in doomed and cur not in depth and cur not in chain:
+            chain.append(cur)
+            cur = sessions[cur].parent
+        base = depth.get(cur, -1)  # -1 above the doomed set, and to break a parent cycle
+        for member in reversed(chain):
+            base += 1
+            depth[member] = base
+    return sorted(doomed, key=lambda sid: (-depth[sid], sid))
+
+
+def transcript_files(sessions_dir, session_ids):
+    """Hermes's per-session files: <id>.json, <id>.jsonl, request_dump_<id>_*.json."""
+    found = {}
+    if not session_ids or not sessions_dir or os.path.islink(sessions_dir) or not os.path.isdir(sessions_dir):
+        return found
+    for name in os.listdir(sessions_dir):
+        sid = None
+        if name.startswith("request_dump_") and name.endswith(".json"):
+            middle = name[len("request_dump_") : -len(".json")]
+            for i, char in enumerate(middle):
+                if char == "_" and middle[:i] in session_ids:
+                    sid = middle[:i]
+                    break
+        elif name.endswith(".jsonl"):
+            sid = name[: -len(".jsonl")]
+        elif name.endswith(".json"):
+            sid = name[: -len(".json")]
+        if sid in session_ids:
+            found.setdefault(sid, []).append(os.path.join(sessions_dir, name))
+    return found

@@ -1,0 +1,131 @@
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Give space back: FTS segment merges, VACUUM or incremental_vacuum, WAL checkpoint.
+
+A full VACUUM holds the write lock for seconds and has broken live Hermes handles, so
+it runs only when no other process has the file open and the disk has room for it. A
+file in ``auto_vacuum=INCREMENTAL`` mode is reclaimed in short steps even while live.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+from ._hermes_db import MB, begin_immediate, file_size, free_bytes, holders
+
+MERGE_PAGES = 256  # FTS5 'merge' work per transaction: a bounded write-lock hold
+MERGE_MAX_STEPS = 2000
+INCREMENTAL_PAGES = 2000  # pages freed per incremental_vacuum step (~60 ms here)
+AUTO_VACUUM_INCREMENTAL = 2
+
+
+def fts_merge(conn, fts, pause):
+    """Merge FTS5 segments left sparse by the deletes, a few pages per transaction."""
+    steps = 0
+    for table in fts:
+        if table["error"]:
+            continue
+        name = '"%s"' % table["name"].replace('"', '""')
+        sql = "INSERT INTO %s(%s, rank) VALUES('merge', %d)" % (name, name, MERGE_PAGES)
+        for _ in range(MERGE_MAX_STEPS):
+            begin_immediate(conn)
+            before = conn.total_changes
+            try:
+                conn.execute(sql)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            steps += 1
+            time.sleep(pause)
+            if conn.total_changes - before < 2:  # FTS5's documented "no more work" signal
+                break
+    return steps
+
+
+def pragma(conn, name):
+    return conn.execute("PRAGMA %s" % name).fetchone()[0]
+
+
+def decide(conn, db_path, mode, threshold_percent, auto_vacuum):
+    """Return (action, reason): action is 'full', 'incremental' or None with a reason."""
+    free, pages = pragma(conn, "freelist_count"), pragma(conn, "page_count")
+    if mode == "never":
+        return None, "vacuum_mode is never"
+    if auto_vacuum == AUTO_VACUUM_INCREMENTAL and mode in ("auto", "incremental"):
+        return ("incremental", None) if free else (None, "no free pages")
+    if mode == "incremental":
+        return None, (
+            "the file is not in auto_vacuum=INCREMENTAL mode; one full VACUUM (vacuum_mode=full, "
+            "in a service window) switches it"
+        )
+    switch = auto_vacuum != AUTO_VACUUM_INCREMENTAL and mode == "full"
+    if not free and not switch:
+        return None, "no free pages"
+    percent = 100.0 * free / pages if pages else 0.0
+    if mode == "auto" and percent < float(threshold_percent):
+        return None, "free pages are %.1f%% of the file, below vacuum_threshold %s%%" % (percent, threshold_percent)
+    others = holders(db_path)
+    if others:
+        names = ", ".join("%s (pid %d)" % (h["command"], h["pid"]) for h in others[:5])
+        return None, "held open by %s: a full VACUUM would stall or break it; run maintain.yml's service window" % names
+    size = file_size(db_path) + file_size(db_path + "-wal")
+    for where, need in ((db_path, 2 * size), (tempfile.gettempdir(), size)):
+        have = free_bytes(where if where != db_path else _dir(db_path))
+        if have < need:
+            return None, "VACUUM needs about %d MB free near %s, %d MB are free" % (need // MB, where, have // MB)
+    return "full", None
+
+
+def _dir(path):
+    return os.path.dirname(os.path.abspath(path)) or "."
+
+
+def incremental_vacuum(conn, pause):
+    """Free pages in short steps; ``executescript`` runs the pragma to completion."""
+    steps = 0
+    while pragma(conn, "freelist_count") > 0 and steps < 100000:
+        conn.executescript("PRAGMA incremental_vacuum(%d);" % INCREMENTAL_PAGES)
+        steps += 1
+        time.sleep(pause)
+    return steps
+
+
+def full_vacuum(conn, switch_to_incremental):
+    """In place (the inode stays), optionally leaving the file in incremental mode."""
+    if switch_to_incremental:
+        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+    conn.execute("VACUUM")
+
+
+def checkpoint(conn, db_path):
+    """TRUNCATE blocks writers while it waits, so only when nobody else holds the file."""
+    kind = "PASSIVE" if holders(db_path) else "TRUNCATE"
+    try:
+        conn.execute("PRAGMA wal_checkpoint(%s)" % kind).fetchall()
+    except Exception:  # a busy checkpoint is harmless: SQLite retries at the next commit
+        return None
+    return kind
+
+
+def reclaim(conn, db_path, options, schema, pruned, check_mode):
+    """Merge, vacuum as the options and the situation allow; report what and why."""
+    mode = options["vacuum_mode"]
+    report = {"mode": mode, "action": None, "bytes_freed": 0, "skipped_reason": None, "fts_merge_steps": 0}
+    if pruned and not check_mode:
+        report["fts_merge_steps"] = fts_merge(conn, schema["fts"], options["batch_pause"])
+    action, reason = decide(conn, db_path, mode, options["vacuum_threshold"], schema["auto_vacuum"])
+    report["action"], report["skipped_reason"] = action, reason
+    if check_mode:
+        if pruned and action is None and reason == "no free pages":
+            report["skipped_reason"] = "decided after the prune, from the pages it frees"
+        return report
+    if action == "incremental":
+        incremental_vacuum(conn, options["batch_pause"])
+    elif action == "full":
+        full_vacuum(conn, options["vacuum_switch_incremental"])
+    if pruned or action:
+        report["checkpoint"] = checkpoint(conn, db_path)
+    return report
