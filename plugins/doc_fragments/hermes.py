@@ -1,0 +1,68 @@
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+
+class ModuleDocFragment:
+    # Where the databases are, and the selection thresholds shared by both modules.
+    DOCUMENTATION = r"""
+options:
+  hermes_home:
+    description:
+      - Hermes homes to work on. Each home's C(state.db) is profile C(default); each
+        C(profiles/<name>/state.db) below it is profile C(<name>).
+      - Defaults to C(~/.hermes) of the user the module runs as.
+    type: list
+    elements: path
+  profiles:
+    description:
+      - Names of the profiles to include. All profiles when omitted.
+    type: list
+    elements: str
+  zombie_days:
+    description:
+      - An open session (no C(ended_at)) idle for longer than this many days is a zombie.
+      - Idle time counts from the latest of C(last_activity_at), the newest message and C(started_at).
+    type: float
+    default: 1
+  prune_days:
+    description:
+      - An ended session whose last activity is older than this many days is pruned.
+    type: float
+    default: 7
+  zombie_sources:
+    description:
+      - Session sources whose zombies may be closed. Messaging platforms (telegram, discord, slack, ...)
+        are left out on purpose, as Hermes does, because closing them makes the gateway start a new conversation
+        in a live chat.
+    type: list
+    elements: str
+    default: [cli, cron, kanban, acp, api_server, subagent, tool, recovered]
+  backup_dir:
+    description:
+      - Where backups are written and looked up. Defaults to C(HOME/backups) of each home.
+      - Must be a real directory owned by the owner of C(state.db) and not writable by others.
+    type: path
+  busy_timeout:
+    description:
+      - Seconds to wait for a lock held by Hermes before the profile is skipped.
+    type: float
+    default: 5
+"""
+
+    ATTRIBUTES = r"""
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Opens every database read-only and creates no file (no backup, no lock file, no WAL).
+  diff_mode:
+    support: full
+    details:
+      - Shows each profile's counts and sizes before and after.
+  idempotent:
+    support: full
+    details:
+      - A second run on unchanged data reports no change.
+"""

@@ -1,0 +1,140 @@
+#!/usr/bin/python
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: state_db_info
+short_description: Report sizes, counts and maintenance needs of Hermes Agent's state.db files
+version_added: 0.1.0
+description:
+  - Read-only statistics for every profile of the given Hermes homes, for reports and for deciding when to
+    maintain.
+  - Opens each database read-only and creates no file. It reports even on files that
+    M(hermes_agent.ops.session_maintenance) would refuse (for example a schema newer than it knows).
+  - The open / idle / prunable counts use the same selection code as M(hermes_agent.ops.session_maintenance).
+author:
+  - hermes_agent.ops contributors
+extends_documentation_fragment:
+  - hermes_agent.ops.hermes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Never changes anything, in check mode or not.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+options: {}
+seealso:
+  - module: hermes_agent.ops.session_maintenance
+"""
+
+EXAMPLES = r"""
+- name: Gather state.db facts of the Hermes user
+  hermes_agent.ops.state_db_info:
+    hermes_home: /home/hermes/.hermes
+    prune_days: 30
+  register: hermes_db
+
+- name: Warn about big databases
+  ansible.builtin.debug:
+    msg: "{{ item.name }} is {{ (item.db_bytes / 1048576) | round(1) }} MB, {{ item.prunable_sessions }} prunable"
+  loop: "{{ hermes_db.profiles }}"
+  when: item.status == 'ok' and item.db_bytes > 1073741824
+"""
+
+RETURN = r"""
+profiles:
+  description: One entry per profile found.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    name:
+      description: V(default) for C(HOME/state.db), else the profile's directory name.
+      type: str
+    path:
+      description: The C(state.db) path.
+      type: str
+    status:
+      description: V(ok) or V(failed) (then RV(profiles[].error) says why).
+      type: str
+    error:
+      description: Why the profile could not be read; null when ok.
+      type: str
+    db_bytes:
+      description: Size of C(state.db).
+      type: int
+    wal_bytes:
+      description: Size of C(state.db-wal).
+      type: int
+    sessions:
+      description: Sessions in the database.
+      type: int
+    messages:
+      description: Messages in the database.
+      type: int
+    open_sessions:
+      description: Sessions without C(ended_at).
+      type: int
+    idle_open:
+      description: Open sessions maintenance would close as zombies with the given O(zombie_days).
+      type: int
+    prunable_sessions:
+      description: Sessions maintenance would prune with the given O(prune_days).
+      type: int
+    prunable_messages:
+      description: Messages maintenance would prune.
+      type: int
+    bad_time_rows:
+      description: Sessions whose time values are not unix seconds.
+      type: int
+    free_pages:
+      description: Pages on the freelist.
+      type: int
+    page_size:
+      description: Page size in bytes.
+      type: int
+    schema_version:
+      description: Hermes's C(schema_version).
+      type: int
+    fts_layout:
+      description: V(none), V(inline), V(external-content) or V(external-content-views).
+      type: str
+    fts_unusable:
+      description: FTS indexes whose tokenizer this host's SQLite lacks (deletes would fail).
+      type: list
+      elements: str
+    holders:
+      description: Processes holding the file open (V(pid), V(command)).
+      type: list
+      elements: dict
+    newest_backup:
+      description: Newest backup of this collection (V(path), V(age_days)), or null.
+      type: dict
+    backups:
+      description: Number of this collection's backups of the profile.
+      type: int
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support import shared_argument_spec
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info
+
+
+def main():
+    module = AnsibleModule(argument_spec=shared_argument_spec(), supports_check_mode=True)
+    try:
+        info = gather_info(dict(module.params))
+    except MaintenanceError as exc:
+        module.fail_json(msg="invalid options: %s" % exc)
+    module.exit_json(changed=False, profiles=info["profiles"])
+
+
+if __name__ == "__main__":
+    main()
