@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Create one virtualenv per Hermes Agent release from PyPI, for the test fixtures
+# (tests/lib/hermes_fixtures.py runs each release's own SessionDB to build state.db files).
+#
+#   tests/setup_hermes_venvs.sh [VERSIONS...]      default: 0.13.0 0.16.0 0.19.0
+#
+# Venvs go to $HERMES_VENV_DIR (default <repo>/.cache/venvs)/hermes-<ver>.
+# Idempotent: a venv whose python can already import hermes_state is left alone.
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv_dir="${HERMES_VENV_DIR:-$repo_root/.cache/venvs}"
+if [ "$#" -gt 0 ]; then versions=("$@"); else versions=(0.13.0 0.16.0 0.19.0); fi
+
+if [ -x /root/.pyenv/versions/3.11.7/bin/python3 ]; then
+    py=/root/.pyenv/versions/3.11.7/bin/python3
+elif command -v python3.11 >/dev/null 2>&1; then
+    py="$(command -v python3.11)"
+else
+    py="$(command -v python3)"
+fi
+
+mkdir -p "$venv_dir"
+rc=0
+for ver in "${versions[@]}"; do
+    dest="$venv_dir/hermes-$ver"
+    if [ -x "$dest/bin/python" ] && "$dest/bin/python" -c 'import hermes_state' >/dev/null 2>&1; then
+        echo "hermes-$ver: ok ($dest)"
+        continue
+    fi
+    rm -rf "$dest"
+    echo "hermes-$ver: installing into $dest ..."
+    log="$venv_dir/hermes-$ver.install.log"
+    if "$py" -m venv "$dest" >"$log" 2>&1 \
+        && "$dest/bin/python" -m pip install -q --disable-pip-version-check \
+            "hermes-agent==$ver" >>"$log" 2>&1 \
+        && "$dest/bin/python" -c 'import hermes_state' >>"$log" 2>&1; then
+        echo "hermes-$ver: installed"
+        rm -f "$log"
+    else
+        echo "hermes-$ver: FAILED; last lines of $log:" >&2
+        tail -n 20 "$log" >&2
+        rm -rf "$dest"
+        rc=1
+    fi
+done
+exit $rc
