@@ -1,0 +1,305 @@
+"""Bad input: a clear error that names the thing, nothing lost, the other profiles still maintained."""
+
+import fcntl
+import hashlib
+import os
+import shutil
+import sqlite3
+import time
+
+import pytest
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import (
+    gather_info,
+    normalize_options,
+    run_maintenance,
+)
+from hermes_fixtures import build_home
+
+OLD = [
+    {"id": "old", "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3},
+    {"id": "zombie", "source": "cli", "started_days_ago": 3, "messages": 2, "last_message_days_ago": 2},
+    {"id": "new", "source": "cli", "started_days_ago": 1, "ended_days_ago": 0.5, "messages": 2},
+]
+
+
+def digest(path):
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+@pytest.fixture
+def home(tmp_path):
+    """A home whose default profile is healthy; tests add a broken profile beside it."""
+    build_home(str(tmp_path), "v30", OLD)
+    return tmp_path
+
+
+def broken_profile(home, name):
+    path = home / "profiles" / name
+    path.mkdir(parents=True)
+    return path / "state.db"
+
+
+def by_name(result):
+    return {p["name"]: p for p in result["profiles"]}
+
+
+def run_both_modes(home):
+    """Check mode then the real run; return both results keyed by profile."""
+    return by_name(run_maintenance({"hermes_home": [str(home)]}, check_mode=True)), by_name(
+        run_maintenance({"hermes_home": [str(home)]})
+    )
+
+
+def assert_good_one_maintained(results):
+    check, real = results
+    assert check["default"]["status"] == "ok" and check["default"]["sessions_pruned"] == 1
+    assert real["default"]["status"] == "ok" and real["default"]["sessions_pruned"] == 1
+    assert real["default"]["zombies_closed"] == 1
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda p: p.write_bytes(b"this is a text file, not sqlite" * 40), "not a SQLite database"),
+        (lambda p: p.write_bytes(b""), "is empty"),
+        (lambda p: p.mkdir(), "is a directory"),
+    ],
+    ids=["not-sqlite", "empty", "directory"],
+)
+def test_broken_file_is_named_and_left_alone(home, make, words):
+    path = broken_profile(home, "broken")
+    make(path)
+    before = digest(path) if path.is_file() else None
+    results = run_both_modes(home)
+    assert_good_one_maintained(results)
+    for mode in results:
+        assert mode["broken"]["status"] == "failed"
+        assert words in mode["broken"]["error"] and str(path) in mode["broken"]["error"]
+    if before:
+        assert digest(path) == before
+    assert sorted(os.listdir(path.parent)) == ["state.db"]
+
+
+def test_truncated_file(home):
+    path = broken_profile(home, "truncated")
+    data = open(home / "state.db", "rb").read()
+    path.write_bytes(data[: len(data) // 2 + 100])
+    before = digest(path)
+    results = run_both_modes(home)
+    assert_good_one_maintained(results)
+    assert all(r["truncated"]["status"] == "failed" for r in results)
+    assert "truncated" in results[1]["truncated"]["error"]
+    assert digest(path) == before
+
+
+def test_page_aligned_truncation_fails_quick_check(tmp_path):
+    build_home(str(tmp_path), "v30", OLD * 1)
+    db = tmp_path / "state.db"
+    data = db.read_bytes()
+    page = int.from_bytes(data[16:18], "big")
+    db.write_bytes(data[: (len(data) // page // 2) * page])
+    before = digest(db)
+    profile = run_maintenance({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    assert profile["status"] == "failed"
+    assert "quick_check" in profile["error"] or "malformed" in profile["error"]
+    assert digest(db) == before
+
+
+def test_symlinked_state_db_refused(home, tmp_path_factory):
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    build_home(str(elsewhere), "v30", OLD)
+    link = broken_profile(home, "linked")
+    link.symlink_to(elsewhere / "state.db")
+    before = digest(elsewhere / "state.db")
+    results = run_both_modes(home)
+    assert_good_one_maintained(results)
+    assert "symbolic link" in results[1]["linked"]["error"]
+    assert digest(elsewhere / "state.db") == before
+
+
+@pytest.mark.parametrize("kind, shown", [("ms", "milliseconds"), ("iso", "not unix seconds")])
+def test_column_in_wrong_unit_refuses_the_profile(home, kind, shown):
+    db = build_home(str(home), "v30", OLD, profile="wrongunit")
+    conn = sqlite3.connect(str(db))
+    if kind == "ms":
+        conn.execute("UPDATE sessions SET started_at = started_at * 1000")
+    else:
+        conn.execute("UPDATE sessions SET started_at = strftime('%Y-%m-%dT%H:%M:%S', started_at, 'unixepoch')")
+    conn.commit()
+    conn.close()
+    before = digest(db)
+    results = run_both_modes(home)
+    assert_good_one_maintained(results)
+    error = results[1]["wrongunit"]["error"]
+    assert "sessions.started_at" in error and shown in error
+    assert digest(db) == before
+
+
+def test_isolated_bad_rows_are_counted_not_touched(tmp_path):
+    specs = OLD + [
+        {"id": "bad", "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 2, "bad_time": "ms"}
+    ]
+    build_home(str(tmp_path), "v30", specs)
+    profile = run_maintenance({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    assert profile["status"] == "ok"
+    assert profile["bad_time_rows"] == 1
+    conn = sqlite3.connect(str(tmp_path / "state.db"))
+    assert conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = 'bad'").fetchone() == (2,)
+
+
+def test_missing_home_is_an_error_the_other_home_still_runs(home, tmp_path_factory):
+    missing = str(tmp_path_factory.mktemp("x") / "nope")
+    result = run_maintenance({"hermes_home": [missing, str(home)]})
+    names = {(p["home"], p["status"]) for p in result["profiles"]}
+    assert (missing, "failed") in names
+    assert "does not exist" in [p for p in result["profiles"] if p["home"] == missing][0]["error"]
+    assert [p for p in result["profiles"] if p["home"] == str(home)][0]["sessions_pruned"] == 1
+
+
+def test_held_lock_skips_the_profile(home):
+    lock_path = str(home / "state.db.auto-maintenance.lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        before = digest(home / "state.db")
+        for check in (True, False):
+            profile = run_maintenance({"hermes_home": [str(home)]}, check_mode=check)["profiles"][0]
+            assert profile["status"] == "skipped" and "auto-maintenance.lock" in profile["error"]
+        assert digest(home / "state.db") == before
+    finally:
+        os.close(fd)
+    assert run_maintenance({"hermes_home": [str(home)]})["profiles"][0]["sessions_pruned"] == 1
+
+
+def test_writer_holding_the_lock_longer_than_busy_timeout_skips(home):
+    build_home(str(home), "v30", OLD, profile="busy")
+    busy_db = str(home / "profiles" / "busy" / "state.db")
+    holder = sqlite3.connect(busy_db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        result = by_name(run_maintenance({"hermes_home": [str(home)], "busy_timeout": 0.2, "backup": False}))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert result["busy"]["status"] == "skipped" and "busy_timeout" in result["busy"]["error"]
+    assert result["default"]["status"] == "ok" and result["default"]["sessions_pruned"] == 1
+    conn = sqlite3.connect(busy_db)
+    assert conn.execute("SELECT COUNT(*) FROM sessions").fetchone() == (3,)
+
+
+def test_newer_schema_refused_but_reported(tmp_path):
+    db = build_home(str(tmp_path), "v30", OLD)
+    conn = sqlite3.connect(str(db))
+    conn.execute("UPDATE schema_version SET version = 99")
+    conn.commit()
+    conn.close()
+    before = digest(db)
+    profile = run_maintenance({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    assert profile["status"] == "failed" and "schema_version 99" in profile["error"]
+    assert digest(db) == before
+    info = gather_info({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    assert info["status"] == "ok" and info["schema_version"] == 99 and info["prunable_sessions"] == 1
+    allowed = run_maintenance({"hermes_home": [str(tmp_path)], "allow_unknown_schema": True})["profiles"][0]
+    assert allowed["status"] == "ok" and allowed["sessions_pruned"] == 1
+
+
+def test_missing_tokenizer_refuses_deletes_but_closes_zombies(tmp_path):
+    db = build_home(str(tmp_path), "v30", OLD)
+    conn = sqlite3.connect(str(db))
+    # An index made with Hermes's CJK tokenizer, which this SQLite does not have.
+    conn.execute("PRAGMA writable_schema=ON")
+    conn.execute(
+        "INSERT INTO sqlite_master(type, name, tbl_name, rootpage, sql) VALUES ('table', 'messages_fts_cjk', "
+        "'messages_fts_cjk', 0, 'CREATE VIRTUAL TABLE messages_fts_cjk USING fts5(content, tokenize=''cjk_unicode61'')')"
+    )
+    conn.commit()
+    conn.close()
+    profile = run_maintenance({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    assert profile["status"] == "failed"
+    assert "messages_fts_cjk" in profile["error"] and "pruning refused" in profile["error"]
+    assert profile["zombies_closed"] == 1 and profile["sessions_pruned"] == 0
+    conn = sqlite3.connect(str(db))
+    assert conn.execute("SELECT COUNT(*) FROM sessions").fetchone() == (3,)
+
+
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"prune_days": -1}, "prune_days must not be negative"),
+        ({"zombie_days": 10, "prune_days": 7}, "zombie_days (10) is larger than prune_days (7)"),
+        ({"vacuum_mode": "sometimes"}, "vacuum_mode must be one of"),
+        ({"batch_size": 0}, "batch_size must be at least 1"),
+        ({"vacuum_threshold": 150}, "vacuum_threshold is a percentage"),
+    ],
+)
+def test_invalid_options_are_refused_by_name(options, words):
+    with pytest.raises(MaintenanceError) as err:
+        normalize_options(options)
+    assert words in str(err.value)
+
+
+def test_unsafe_backup_dir_refused_before_any_change(home, tmp_path_factory):
+    target = tmp_path_factory.mktemp("real-backups")
+    link = home / "linked-backups"
+    link.symlink_to(target)
+    before = digest(home / "state.db")
+    profile = run_maintenance({"hermes_home": [str(home)], "backup_dir": str(link)})["profiles"][0]
+    assert profile["status"] == "failed" and "symbolic link" in profile["error"]
+    assert digest(home / "state.db") == before
+    open_dir = tmp_path_factory.mktemp("open-backups")
+    os.chmod(open_dir, 0o777)
+    profile = run_maintenance({"hermes_home": [str(home)], "backup_dir": str(open_dir)})["profiles"][0]
+    assert "writable by group or others" in profile["error"]
+    assert digest(home / "state.db") == before
+
+
+def test_failed_backup_changes_nothing(home, monkeypatch):
+    """ENOSPC from the disk: the partial file goes, the database stays as it was."""
+    from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_backup
+
+    real_copy = shutil.copyfileobj
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_hermes_backup.shutil, "copyfileobj", full_disk)
+    before = digest(home / "state.db")
+    profile = run_maintenance({"hermes_home": [str(home)], "backup_compress": True})["profiles"][0]
+    monkeypatch.setattr(_hermes_backup.shutil, "copyfileobj", real_copy)
+    assert profile["status"] == "failed" and "ran out of space" in profile["error"]
+    assert digest(home / "state.db") == before
+    assert os.listdir(home / "backups") == []
+
+
+def test_session_resumed_during_the_run_is_left_alone(tmp_path, monkeypatch):
+    """Hermes reopens a planned session before its batch: the in-transaction re-check keeps it."""
+    from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine
+
+    specs = [
+        {"id": "s%02d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
+        for i in range(20)
+    ]
+    db = str(build_home(str(tmp_path), "v30", specs))
+    real_build_plan = _hermes_engine.build_plan
+
+    def plan_then_resume(*args):
+        plan = real_build_plan(*args)
+        gateway = sqlite3.connect(db, timeout=5)
+        gateway.execute("UPDATE sessions SET ended_at = NULL WHERE id = 's07'")
+        gateway.execute(
+            "INSERT INTO messages(session_id, role, content, timestamp) VALUES ('s07', 'user', 'back again', ?)",
+            (time.time(),),
+        )
+        gateway.commit()
+        gateway.close()
+        return plan
+
+    monkeypatch.setattr(_hermes_engine, "build_plan", plan_then_resume)
+    profile = run_maintenance({"hermes_home": [str(tmp_path)], "batch_size": 6})["profiles"][0]
+    assert profile["status"] == "ok"
+    assert profile["sessions_pruned"] == 19 and profile["sessions_left_alone"] == 1
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT id FROM sessions").fetchall() == [("s07",)]
+    assert conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = 's07'").fetchone() == (4,)
