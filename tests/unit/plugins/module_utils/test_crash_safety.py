@@ -1,0 +1,296 @@
+"""Crash safety: SIGKILL the maintenance process at random points, then check nothing is worse.
+
+Each trial copies one prepared home (a bulk profile with hundreds of zombies, prunable
+sessions, transcripts and old backups, plus a profile with every selection rule), starts
+``run_maintenance`` in a separate ``python -c`` process that imports the engine from
+build/collections, waits until that process enters the phase the trial's seed picked
+(backup, zombie close, prune or reclaim; the phases are announced on stderr by thin
+wrappers that change nothing else), sleeps a seeded random fraction of that phase's
+measured length and sends SIGKILL. Then:
+
+* ``PRAGMA integrity_check``, every FTS5 ``integrity-check`` and ``foreign_key_check`` pass;
+* every session an uninterrupted run keeps is there, its row and messages unchanged;
+* every file that retention or restore would take for a backup (``hermes-ops_*``, not the
+  hidden ``.hermes-ops_*.partial``) is complete: quick_check ok, all sessions in it;
+* a second, uninterrupted run succeeds and leaves exactly the state of a run that was
+  never interrupted, with no partial backup left behind.
+
+Trials: ``HERMES_CRASH_TRIALS`` (default 20; ``make crash-trials`` runs more);
+base seed ``HERMES_CRASH_SEED`` (default: random, printed). Trial i uses seed base+i;
+re-run one with HERMES_CRASH_SEED=<seed> HERMES_CRASH_TRIALS=1.
+"""
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import list_backups
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from hermes_fixtures import build_home, make_big_home, standard_scenario
+from hermes_reliability import COLLECTIONS_ROOT, backup_problems, db_problems, full_rows, session_rows
+
+PHASES = ("backup", "zombies", "prune", "reclaim")
+DAY = 86400.0
+TRIALS = int(os.environ.get("HERMES_CRASH_TRIALS", "20"))
+
+# The child: the real engine, with each phase announced on stderr (monotonic clock,
+# comparable across processes) by a wrapper that only adds the announcement.
+CHILD = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
+
+def mark(text):
+    os.write(2, ("@@ %s %.6f\n" % (text, time.monotonic())).encode())
+
+def announce(name, real):
+    def wrapper(*args, **kwargs):
+        mark(name + " start")
+        try:
+            return real(*args, **kwargs)
+        finally:
+            mark(name + " end")
+    return wrapper
+
+for name, attr in (("backup", "take_backup"), ("zombies", "close_zombies"), ("prune", "prune"),
+                   ("reclaim", "reclaim")):
+    setattr(engine, attr, announce(name, getattr(engine, attr)))
+mark("run start")
+result = engine.run_maintenance(json.loads(sys.argv[2]))
+mark("run end")
+print(json.dumps(result))
+"""
+
+
+def options(home, compress):
+    return {
+        "hermes_home": [str(home)],
+        "batch_size": 40,
+        "batch_pause": 0.003,
+        "backup_compress": compress,
+        "backup_keep_days": 30,
+        "vacuum_mode": "full",
+    }
+
+
+def build_template(root):
+    """The home every trial starts from; returns its path."""
+    home = root / "template"
+    now = time.time()
+    db = make_big_home(str(home), "v30", 600, 5, old_fraction=0.5, seed=11, now=now)
+    conn = sqlite3.connect(str(db))
+    # Hundreds of zombies (more than one close transaction): idle cli/cron sessions
+    # reopened, both old ones (closed, then pruned) and recent ones (closed, kept).
+    conn.execute(
+        "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE source IN ('cli', 'cron') "
+        "AND ended_at IS NOT NULL AND ended_at < ? AND (CAST(substr(id, 5) AS INTEGER) % 3) != 0",
+        (now - 1.5 * DAY,),
+    )
+    conn.commit()
+    ids = [
+        r[0] for r in conn.execute("SELECT id FROM sessions WHERE ended_at IS NULL OR ended_at < ?", (now - 7 * DAY,))
+    ]
+    conn.close()
+    sessions = home / "sessions"
+    sessions.mkdir()
+    for sid in ids[::3]:  # transcripts of sessions that will go, removed with them
+        (sessions / ("%s.json" % sid)).write_text('{"id": "%s"}' % sid)
+        (sessions / ("%s.jsonl" % sid)).write_text("{}\n")
+    build_home(str(home), "v30", standard_scenario("v30")[0], now=now, profile="rules")
+    # Old backups: retention removes the two beyond backup_keep_days, keeps the recent one.
+    backups = home / "backups"
+    backups.mkdir(mode=0o700)
+    for days, profile in ((45, "default"), (40, "default"), (2, "default"), (45, "rules")):
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now - days * DAY))
+        target = backups / ("hermes-ops_%s_%s.db" % (profile, stamp))
+        src = db if profile == "default" else home / "profiles" / "rules" / "state.db"
+        shutil.copyfile(str(src), str(target))
+        os.chmod(str(target), 0o600)
+    return home
+
+
+def profile_dbs(home):
+    return {"default": home / "state.db", "rules": home / "profiles" / "rules" / "state.db"}
+
+
+def sessions_count(db):
+    conn = sqlite3.connect(str(db))
+    try:
+        return conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def run_child(home, opts, target=None, delay_for=None, rng=None, timeout=120):
+    """Run maintenance in a child; with target, SIGKILL it inside that phase.
+
+    Returns (markers [(text, t)], kill time or None, stdout, returncode).
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(COLLECTIONS_ROOT), json.dumps(opts)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    markers, other = [], []
+    entered = threading.Event()
+
+    def reader():
+        for line in proc.stderr:
+            match = re.match(r"^@@ (.+) (\d+\.\d+)$", line.strip())
+            if match:
+                markers.append((match.group(1), float(match.group(2))))
+                if target and match.group(1) == target + " start":
+                    entered.set()
+            else:
+                other.append(line)
+        entered.set()  # the child ended without reaching the phase
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    killed_at = None
+    if target:
+        entered.wait(timeout)
+        if proc.poll() is None and any(m[0] == target + " start" for m in markers):
+            time.sleep(rng.random() * delay_for)
+            killed_at = time.monotonic()
+            proc.send_signal(signal.SIGKILL)
+    stdout, _ = proc.communicate(timeout=timeout)
+    thread.join(10)
+    if not target:
+        assert proc.returncode == 0, "".join(other)
+    return markers, killed_at, stdout, proc.returncode
+
+
+def landed(markers, killed_at):
+    """The phase the kill hit ('between phases' when none was running, 'after the run')."""
+    if killed_at is None:
+        return "not killed"
+    open_phases = []
+    for text, when in markers:
+        if when > killed_at:
+            break
+        name, edge = text.rsplit(" ", 1)
+        if edge == "start":
+            open_phases.append(name)
+        elif name in open_phases:
+            open_phases.remove(name)
+    inner = [p for p in open_phases if p != "run"]
+    if inner:
+        return inner[-1]
+    return "between phases" if "run" in open_phases else "after the run"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The template, and what one uninterrupted run makes of it (state, phase lengths)."""
+    root = tmp_path_factory.mktemp("crash")
+    template = build_template(root)
+    before = {name: session_rows(db) for name, db in profile_dbs(template).items()}
+    counts = {name: sessions_count(db) for name, db in profile_dbs(template).items()}
+    durations = {}
+    finals = {}
+    for compress in (False, True):
+        home = root / ("reference-%s" % compress)
+        shutil.copytree(str(template), str(home), symlinks=True)
+        markers, _, stdout, _ = run_child(home, options(home, compress))
+        result = json.loads(stdout.strip().splitlines()[-1])
+        assert not result["failed"], result
+        starts = {}
+        for text, when in markers:
+            name, edge = text.rsplit(" ", 1)
+            if edge == "start":
+                starts[name] = when
+            elif name in starts:
+                durations[(compress, name)] = max(durations.get((compress, name), 0), when - starts.pop(name))
+        finals[compress] = {name: full_rows(db) for name, db in profile_dbs(home).items()}
+        finals[compress]["transcripts"] = sorted(os.listdir(str(home / "sessions")))
+    assert finals[False] == finals[True]
+    kept = {name: set(rows) for name, rows in finals[False].items() if name != "transcripts"}
+    for name, rows in before.items():
+        assert len(kept[name]) < len(rows), "the template must have work to do in %s" % name
+    return {
+        "template": template,
+        "root": root,
+        "before": before,
+        "counts": counts,
+        "kept": kept,
+        "final": finals[False],
+        "durations": durations,
+    }
+
+
+def check_after_kill(home, ref, workdir):
+    problems = []
+    for name, db in profile_dbs(home).items():
+        problems += ["%s: %s" % (name, p) for p in db_problems(db)]
+        now_rows = session_rows(db)
+        for sid in ref["kept"][name]:
+            if sid not in now_rows:
+                problems.append("%s: kept session %s is missing" % (name, sid))
+            elif now_rows[sid] != ref["before"][name][sid]:
+                problems.append("%s: kept session %s changed (row or messages)" % (name, sid))
+        for path, _ in list_backups(str(home / "backups"), name):
+            problems += backup_problems(path, workdir, ref["counts"][name])
+    return problems
+
+
+def test_sigkill_at_random_points(reference, tmp_path):
+    base = int(os.environ.get("HERMES_CRASH_SEED") or random.SystemRandom().randrange(10**6))
+    print(
+        "crash trials: %d, base seed %d (re-run one: HERMES_CRASH_SEED=<seed> HERMES_CRASH_TRIALS=1)" % (TRIALS, base)
+    )
+    report, failures, hits = [], [], {}
+    for i in range(TRIALS):
+        seed = base + i
+        rng = random.Random(seed)
+        phase = PHASES[seed % len(PHASES)] if TRIALS >= len(PHASES) else rng.choice(PHASES)
+        compress = rng.random() < 0.5
+        home = tmp_path / ("trial-%d" % seed)
+        shutil.copytree(str(reference["template"]), str(home), symlinks=True)
+        opts = options(home, compress)
+        span = reference["durations"].get((compress, phase), 0.05)
+        markers, killed_at, _, rc = run_child(home, opts, target=phase, delay_for=span, rng=rng)
+        where = landed(markers, killed_at)
+        hits[where] = hits.get(where, 0) + 1
+        line = "seed %d: phase %s compress=%s -> killed in %s (rc %s)" % (seed, phase, compress, where, rc)
+        report.append(line)
+        problems = ["after the kill: %s" % p for p in check_after_kill(home, reference, tmp_path)]
+        # The next run completes the work and leaves what an uninterrupted run leaves.
+        second = run_maintenance(opts)
+        if second["failed"]:
+            problems.append("the next run failed: %s" % second["summary"])
+        for name, db in profile_dbs(home).items():
+            problems += ["after the next run: %s: %s" % (name, p) for p in db_problems(db)]
+            if full_rows(db) != reference["final"][name]:
+                got = set(full_rows(db))
+                problems.append(
+                    "after the next run: %s differs from an uninterrupted run (extra %s, missing %s)"
+                    % (name, sorted(got - reference["kept"][name])[:5], sorted(reference["kept"][name] - got)[:5])
+                )
+        leftovers = [n for n in os.listdir(str(home / "backups")) if n.startswith(".")]
+        if leftovers:
+            problems.append("after the next run: partial backups left: %s" % leftovers)
+        left_transcripts = sorted(set(os.listdir(str(home / "sessions"))) - set(reference["final"]["transcripts"]))
+        if left_transcripts:
+            # Known gap (docs/safety.md): a kill between a batch's COMMIT and the unlink of
+            # its transcripts leaves those files; the sessions themselves are gone.
+            report.append("    transcripts of pruned sessions left behind: %d" % len(left_transcripts))
+        if problems:
+            failures.append("%s\n    %s" % (line, "\n    ".join(problems)))
+        shutil.rmtree(str(home))
+    print("\n".join(report))
+    print("kills landed: %s" % hits)
+    assert not failures, "base seed %d\n%s" % (base, "\n".join(failures))
+    if TRIALS >= 4 * len(PHASES):
+        missed = [p for p in PHASES if not hits.get(p)]
+        assert not missed, "no kill landed inside %s (timing); kills landed: %s" % (missed, hits)
