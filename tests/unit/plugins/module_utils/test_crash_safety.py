@@ -33,10 +33,11 @@ import threading
 import time
 
 import pytest
+from hermes_reliability import COLLECTIONS_ROOT, backup_problems, db_problems, full_rows, session_rows
+
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import list_backups
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from hermes_fixtures import build_home, make_big_home, standard_scenario
-from hermes_reliability import COLLECTIONS_ROOT, backup_problems, db_problems, full_rows, session_rows
 
 PHASES = ("backup", "zombies", "prune", "reclaim")
 DAY = 86400.0
