@@ -43,7 +43,8 @@ def close_zombies(conn, plan, schema, end_reason, pause):
                     closed.append(sid)
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # SQLite already rolled back after e.g. SQLITE_FULL
+                conn.execute("ROLLBACK")
             raise
         time.sleep(pause)
     return closed
@@ -94,7 +95,8 @@ def prune(conn, plan, schema, batch_size, pause, on_batch=None):
                 done.append(sid)
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # SQLite already rolled back after e.g. SQLITE_FULL
+                conn.execute("ROLLBACK")
             raise
         result.sessions += len(done)
         for sid in done:

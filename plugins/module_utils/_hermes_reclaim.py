@@ -36,7 +36,8 @@ def fts_merge(conn, fts, pause):
                 conn.execute(sql)
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # SQLite already rolled back after e.g. SQLITE_FULL
+                    conn.execute("ROLLBACK")
                 raise
             steps += 1
             time.sleep(pause)
