@@ -94,6 +94,8 @@ def take_backup(conn, db_path, backup_dir, profile, compress, must_contain):
     """Back up through ``conn``'s snapshot; verify; return {path, bytes, verified, ...}."""
     remove_partials(backup_dir, profile)
     needed = int((file_size(db_path) + file_size(db_path + "-wal")) * 1.1) + MB
+    if compress:  # the plain copy stays until its .gz is complete, and gzip can't promise to shrink it
+        needed = 2 * needed
     available = free_bytes(backup_dir)
     if available < needed:
         raise MaintenanceError(
@@ -133,7 +135,7 @@ def take_backup(conn, db_path, backup_dir, profile, compress, must_contain):
                 os.unlink(leftover)
             except OSError:
                 pass
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or _disk_full(exc):
             raise MaintenanceError(
                 "the backup ran out of space in %s (it needs about %d MB): the partial file was removed, "
                 "nothing was changed" % (backup_dir, needed // MB)
@@ -144,6 +146,13 @@ def take_backup(conn, db_path, backup_dir, profile, compress, must_contain):
     result = {"path": final, "bytes": file_size(final), "verified": True, "compressed": bool(compress)}
     result.update(counts)
     return result
+
+
+def _disk_full(exc):
+    """SQLite's SQLITE_FULL (13): its page copy hit ENOSPC."""
+    if not isinstance(exc, sqlite3.Error):
+        return False
+    return getattr(exc, "sqlite_errorcode", None) == 13 or "disk is full" in str(exc)
 
 
 def verify(target, path, must_contain):
