@@ -41,10 +41,18 @@ def list_backups(backup_dir, profile):
     for name in names:
         match = _NAME.match(name)
         if match and match.group("profile") == profile:
-            stamp = calendar.timegm(time.strptime(match.group("stamp"), "%Y%m%dT%H%M%SZ"))
+            stamp = _stamp_time(match.group("stamp"))
             found.append((os.path.join(backup_dir, name), stamp, int(match.group("seq") or 0)))
     found.sort(key=lambda item: (item[1], item[2]), reverse=True)
     return [(path, stamp) for path, stamp, _ in found]
+
+
+def _stamp_time(stamp):
+    """YYYYmmddTHHMMSSZ as unix time. Not time.strptime: it imports ``_strptime`` lazily, and
+    as root the work runs in a child switched to the Hermes user, who may not be able to
+    read this interpreter's library (a Python under /root): that import then fails."""
+    fields = (stamp[0:4], stamp[4:6], stamp[6:8], stamp[9:11], stamp[11:13], stamp[13:15])
+    return calendar.timegm(tuple(int(f) for f in fields) + (0, 0, 0))
 
 
 def check_backup_dir(backup_dir, owner_uid, create):
