@@ -22,6 +22,34 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 COLLECTIONS_ROOT = REPO_ROOT / "build" / "collections"
 ENGINE = "ansible_collections.hermes_agent.ops.plugins.module_utils"
 
+# The child: the real engine, with each phase announced on stderr (monotonic clock,
+# comparable across processes) by a wrapper that only adds the announcement.
+CHILD = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
+
+def mark(text):
+    os.write(2, ("@@ %s %.6f\n" % (text, time.monotonic())).encode())
+
+def announce(name, real):
+    def wrapper(*args, **kwargs):
+        mark(name + " start")
+        try:
+            return real(*args, **kwargs)
+        finally:
+            mark(name + " end")
+    return wrapper
+
+for name, attr in (("backup", "take_backup"), ("zombies", "close_zombies"), ("prune", "prune"),
+                   ("reclaim", "reclaim")):
+    setattr(engine, attr, announce(name, getattr(engine, attr)))
+mark("run start")
+result = engine.run_maintenance(json.loads(sys.argv[2]))
+mark("run end")
+print(json.dumps(result))
+"""
+
 
 def fts_tables(conn):
     rows = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL").fetchall()

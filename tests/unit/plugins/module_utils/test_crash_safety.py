@@ -33,7 +33,7 @@ import threading
 import time
 
 import pytest
-from hermes_reliability import COLLECTIONS_ROOT, backup_problems, db_problems, full_rows, session_rows
+from hermes_reliability import CHILD, COLLECTIONS_ROOT, backup_problems, db_problems, full_rows, session_rows
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import list_backups
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
@@ -42,34 +42,6 @@ from hermes_fixtures import build_home, make_big_home, standard_scenario
 PHASES = ("backup", "zombies", "prune", "reclaim")
 DAY = 86400.0
 TRIALS = int(os.environ.get("HERMES_CRASH_TRIALS", "20"))
-
-# The child: the real engine, with each phase announced on stderr (monotonic clock,
-# comparable across processes) by a wrapper that only adds the announcement.
-CHILD = r"""
-import json, os, sys, time
-sys.path.insert(0, sys.argv[1])
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
-
-def mark(text):
-    os.write(2, ("@@ %s %.6f\n" % (text, time.monotonic())).encode())
-
-def announce(name, real):
-    def wrapper(*args, **kwargs):
-        mark(name + " start")
-        try:
-            return real(*args, **kwargs)
-        finally:
-            mark(name + " end")
-    return wrapper
-
-for name, attr in (("backup", "take_backup"), ("zombies", "close_zombies"), ("prune", "prune"),
-                   ("reclaim", "reclaim")):
-    setattr(engine, attr, announce(name, getattr(engine, attr)))
-mark("run start")
-result = engine.run_maintenance(json.loads(sys.argv[2]))
-mark("run end")
-print(json.dumps(result))
-"""
 
 
 def options(home, compress):
