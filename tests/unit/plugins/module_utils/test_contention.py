@@ -16,10 +16,11 @@ import textwrap
 import time
 
 import pytest
+from hermes_reliability import CHILD, COLLECTIONS_ROOT, db_problems, full_rows, session_rows
+
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from hermes_fixtures import build_home, make_big_home
-from hermes_reliability import CHILD, COLLECTIONS_ROOT, db_problems, full_rows, session_rows
 
 SPECS = [
     {"id": "old", "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3},
