@@ -1,0 +1,40 @@
+# Copyright: contributors to hermes_agent.ops
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""pytest set-up for the engine unit tests.
+
+Makes these imports work in a plain ``pytest tests/unit`` run (no install, no activation)::
+
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+    import hermes_fixtures          # tests/lib/hermes_fixtures.py
+
+by putting ``<repo>/build/collections`` (creating the ``ansible_collections/hermes_agent/ops``
+symlink to the repo root there if it is missing, as ``make collection-link`` does) and
+``<repo>/tests/lib`` on ``sys.path``. Under ``ansible-test units`` the collection already sits
+at a real ``ansible_collections/hermes_agent/ops`` path, which is used as is.
+"""
+
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _collections_root(repo):
+    if repo.parent.name == "hermes_agent" and repo.parent.parent.name == "ansible_collections":
+        return repo.parents[2]  # already inside ansible_collections/ (ansible-test, installed copy)
+    root = repo / "build" / "collections"
+    link = root / "ansible_collections" / "hermes_agent" / "ops"
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink():  # dangling
+            link.unlink()
+        try:
+            link.symlink_to(Path("..", "..", "..", ".."), target_is_directory=True)
+        except FileExistsError:  # created meanwhile by a parallel worker
+            pass
+    return root
+
+
+for _path in (str(_collections_root(REPO_ROOT)), str(REPO_ROOT / "tests" / "lib")):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
