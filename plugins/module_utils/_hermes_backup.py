@@ -23,6 +23,7 @@ import time
 from ._hermes_db import MB, MaintenanceError, file_size, free_bytes, fsync_path
 
 PREFIX = "hermes-ops_"
+BACKUP_STEP_BYTES = 16 * 1024 * 1024  # copied per backup step, then flushed (see _copy_snapshot)
 _NAME = re.compile(r"^hermes-ops_(?P<profile>.+)_(?P<stamp>\d{8}T\d{6}Z)(?:-(?P<seq>\d+))?\.db(?P<gz>\.gz)?$")
 
 
@@ -123,7 +124,7 @@ def take_backup(conn, db_path, backup_dir, profile, compress, must_contain):
         os.close(os.open(work, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         target = sqlite3.connect(work, isolation_level=None)
         try:
-            conn.backup(target)
+            _copy_snapshot(conn, target, work)
             # A standalone file: no -wal beside a backup, whatever the source used.
             target.execute("PRAGMA journal_mode=DELETE")
             counts = verify(target, work, must_contain)
@@ -154,6 +155,35 @@ def take_backup(conn, db_path, backup_dir, profile, compress, must_contain):
     result = {"path": final, "bytes": file_size(final), "verified": True, "compressed": bool(compress)}
     result.update(counts)
     return result
+
+
+def _copy_snapshot(conn, target, work):
+    """Copy ``conn``'s database into ``target`` from ONE read snapshot, in paced steps.
+
+    The backup API restarts a stepped copy whenever another connection writes, which
+    with a live gateway means never finishing; but it only notices that when it opens
+    a new read transaction on the source. Holding one open on ``conn`` for the whole
+    copy keeps every step on the same snapshot (WAL writers are not blocked by it).
+    The destination is a private ``.partial`` file verified and fsynced before it is
+    renamed, so it needs no rollback journal and no syncs of its own; instead it is
+    flushed after every step of BACKUP_STEP_BYTES, which keeps the dirty data the kernel has to write
+    back at once small: one big flush at the end delayed the gateway's own commits.
+    """
+    target.execute("PRAGMA journal_mode=OFF")
+    target.execute("PRAGMA synchronous=OFF")
+    own_snapshot = not conn.in_transaction
+    if own_snapshot:
+        conn.execute("BEGIN")
+        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    pages = max(1, BACKUP_STEP_BYTES // page_size)
+    fd = os.open(work, os.O_RDONLY)
+    try:
+        conn.backup(target, pages=pages, progress=lambda status, remaining, total: os.fdatasync(fd))
+    finally:
+        os.close(fd)
+        if own_snapshot:
+            conn.execute("COMMIT")
 
 
 def _disk_full(exc):
