@@ -1,0 +1,251 @@
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Restore one profile's state.db from a backup of this collection.
+
+``plan_restore`` picks the backup (the one asked for, or the newest that verifies) and
+checks it without writing anything near the database; ``restore`` then does it:
+
+1. the backup is copied (or decompressed) to a hidden ``.state.db.restore.partial``
+   beside state.db, fsynced, verified (``quick_check`` and the counts of the plan), and
+   given the owner and mode 0600 of the file it replaces;
+2. state.db and its sidecars (``-wal``, ``-shm``) are moved, together, into a new
+   directory ``state.db.pre-restore-<UTC time>`` beside them: kept, never deleted;
+3. the verified copy is renamed to state.db and checked again.
+
+Anything failing after step 2 puts the original files back. A database held open by
+another process (a running gateway) is refused unless ``force``: Hermes remembers the
+inode of its file and would refuse all writes after the swap until restarted.
+Standard library only, Python 3.8+.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import gzip
+import os
+import shutil
+import sqlite3
+import stat
+import tempfile
+import time
+
+from ._hermes_backup import list_backups
+from ._hermes_db import MB, SIDECAR_SUFFIXES, MaintenanceError, _uri, file_size, free_bytes, fsync_path, holders
+from ._hermes_engine import LOCK_SUFFIX
+
+PARTIAL = ".state.db.restore.partial"
+ASIDE_PREFIX = "state.db.pre-restore-"
+MOVED_SUFFIXES = ("",) + SIDECAR_SUFFIXES + ("-journal",)
+
+
+def profile_db(home, profile):
+    home = os.path.abspath(os.path.expanduser(home))
+    if profile == "default":
+        return os.path.join(home, "state.db")
+    return os.path.join(home, "profiles", profile, "state.db")
+
+
+def db_counts(path):
+    """quick_check and counts of a database file, read without creating any file beside it."""
+    conn = sqlite3.connect(_uri(path, mode="ro", immutable="1"), uri=True, isolation_level=None)
+    try:
+        check = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
+        if check != ["ok"]:
+            raise MaintenanceError("quick_check failed: %s" % "; ".join(check[:3]))
+        counts = {
+            "sessions": conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0],
+            "messages": conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0],
+        }
+        try:
+            counts["schema_version"] = conn.execute("SELECT version FROM schema_version").fetchone()[0]
+        except sqlite3.Error:
+            counts["schema_version"] = None
+        return counts
+    except sqlite3.Error as exc:
+        raise MaintenanceError("not a readable Hermes database: %s" % exc) from None
+    finally:
+        conn.close()
+
+
+def _unpack(backup, target):
+    """Copy or decompress ``backup`` into the new file ``target`` (0600), fsynced."""
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as dst:
+        opener = gzip.open if backup.endswith(".gz") else open
+        with opener(backup, "rb") as src:
+            shutil.copyfileobj(src, dst, 4 * MB)
+        dst.flush()
+        os.fsync(dst.fileno())
+
+
+def verify_backup(path):
+    """Counts of a backup (a .gz is decompressed into a private temporary directory)."""
+    if not path.endswith(".gz"):
+        return db_counts(path)
+    tmpdir = tempfile.mkdtemp(prefix="hermes-ops-restore-")
+    try:
+        plain = os.path.join(tmpdir, "backup.db")
+        try:
+            _unpack(path, plain)
+        except (OSError, EOFError) as exc:
+            raise MaintenanceError("cannot decompress: %s" % exc) from None
+        return db_counts(plain)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _resolve_backup(backup, backup_dir):
+    path = backup if os.path.isabs(backup) else os.path.join(backup_dir, backup)
+    if not os.path.isfile(path):
+        raise MaintenanceError("backup %s does not exist" % path)
+    if os.path.basename(path).startswith(".") or ".partial" in os.path.basename(path):
+        raise MaintenanceError("%s is an unfinished backup (a hidden .partial file): refused" % path)
+    return path
+
+
+def plan_restore(home, profile, backup_dir=None, backup=None):
+    """What a restore would do; reads only. Raises MaintenanceError with the reason."""
+    db = profile_db(home, profile)
+    backup_dir = os.path.abspath(backup_dir or os.path.join(os.path.abspath(os.path.expanduser(home)), "backups"))
+    plan = {"db": db, "backup_dir": backup_dir, "backup": None, "rejected": [], "current": None}
+    if backup:
+        candidates = [_resolve_backup(backup, backup_dir)]
+    else:
+        candidates = [path for path, _ in list_backups(backup_dir, profile)]
+        if not candidates:
+            raise MaintenanceError(
+                "no backup of profile %s in %s (hermes-ops_%s_*.db[.gz])" % (profile, backup_dir, profile)
+            )
+    for path in candidates:
+        try:
+            counts = verify_backup(path)
+        except MaintenanceError as exc:
+            plan["rejected"].append({"path": path, "error": str(exc)})
+            continue
+        counts.update(path=path, bytes=file_size(path), compressed=path.endswith(".gz"))
+        plan["backup"] = counts
+        break
+    if plan["backup"] is None:
+        raise MaintenanceError(
+            "no backup of profile %s verifies: %s"
+            % (profile, "; ".join("%s: %s" % (r["path"], r["error"]) for r in plan["rejected"]))
+        )
+    if os.path.lexists(db):
+        st = os.lstat(db)
+        if not stat.S_ISREG(st.st_mode):
+            raise MaintenanceError("%s is not a regular file (a link or a directory): restore refused" % db)
+        current = {"exists": True, "uid": st.st_uid, "gid": st.st_gid, "mode": "%o" % stat.S_IMODE(st.st_mode)}
+        try:
+            current.update(db_counts(db) if not os.path.exists(db + "-wal") else {})
+        except MaintenanceError as exc:
+            current["error"] = str(exc)  # a damaged file is a reason to restore, not to refuse
+    else:
+        parent = os.path.dirname(db)
+        if not os.path.isdir(parent):
+            raise MaintenanceError("%s does not exist: check hermes_home and profile" % parent)
+        st = os.stat(parent)
+        current = {"exists": False, "uid": st.st_uid, "gid": st.st_gid, "mode": None}
+    # A -journal too: left beside the restored file, a hot journal would be rolled back into it.
+    current["files"] = [os.path.basename(db) + s for s in MOVED_SUFFIXES if os.path.lexists(db + s)]
+    plan["current"] = current
+    plan["holders"] = holders(db)
+    plan["aside"] = os.path.join(os.path.dirname(db), ASIDE_PREFIX + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+    return plan
+
+
+def restore(plan, force=False):
+    """Carry out ``plan`` under the profile's maintenance lock; returns it with ``restored``."""
+    lock = _lock(plan["db"], plan["current"])
+    try:
+        return _restore(plan, force)
+    finally:
+        os.close(lock)
+
+
+def _lock(db, current):
+    """The lock maintenance runs take (LOCK_SUFFIX): no scheduled run works on the file meanwhile."""
+    path = db + LOCK_SUFFIX
+    existed = os.path.lexists(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    if not existed and os.geteuid() == 0:
+        os.fchown(fd, current["uid"], current["gid"])
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise MaintenanceError(
+            "%s is locked by a maintenance run (ours or Hermes's auto-maintenance): try again when it is done" % path
+        ) from None
+    return fd
+
+
+def _restore(plan, force):
+    db, backup, current = plan["db"], plan["backup"], plan["current"]
+    others = holders(db)
+    if others and not force:
+        names = ", ".join("%s (pid %d)" % (h["command"], h["pid"]) for h in others[:5])
+        raise MaintenanceError(
+            "%s is held open by %s: stop the Hermes gateway first (hermes_gateway_service), or force the restore "
+            "and restart every process that had it open" % (db, names)
+        )
+    directory = os.path.dirname(db)
+    need = int(file_size(backup["path"]) * (4 if backup["compressed"] else 1.05)) + MB
+    if free_bytes(directory) < need:
+        raise MaintenanceError(
+            "not enough space in %s for the restored file: about %d MB needed, %d MB free; nothing was changed"
+            % (directory, need // MB, free_bytes(directory) // MB)
+        )
+    partial = os.path.join(directory, PARTIAL)
+    if os.path.lexists(partial):
+        os.unlink(partial)  # left by an interrupted restore
+    try:
+        _unpack(backup["path"], partial)
+        got = db_counts(partial)
+        if (got["sessions"], got["messages"]) != (backup["sessions"], backup["messages"]):
+            raise MaintenanceError("the copy of %s does not match its verified counts" % backup["path"])
+        os.chown(partial, current["uid"], current["gid"])
+        os.chmod(partial, 0o600)
+    except BaseException:
+        _remove(partial)
+        raise
+    aside, moved, renamed = plan["aside"], [], False
+    seq = 1
+    while os.path.lexists(aside):
+        aside, seq = "%s-%d" % (plan["aside"], seq), seq + 1
+    try:
+        if current["files"]:
+            os.mkdir(aside, 0o700)
+            os.chown(aside, current["uid"], current["gid"])
+            # The sidecars first: a -wal must never sit beside a state.db it does not belong to.
+            for name in sorted(current["files"], key=lambda n: n == "state.db"):
+                os.rename(os.path.join(directory, name), os.path.join(aside, name))
+                moved.append(name)
+            fsync_path(aside)
+        os.rename(partial, db)
+        renamed = True
+        fsync_path(directory)
+        restored = db_counts(db)
+        if (restored["sessions"], restored["messages"]) != (backup["sessions"], backup["messages"]):
+            raise MaintenanceError("%s does not match the backup after the rename" % db)
+    except BaseException:
+        # Back to how it was: the new file goes, the originals return (state.db first).
+        if renamed:
+            _remove(db)
+        for name in sorted(moved, key=lambda n: n != "state.db"):
+            os.rename(os.path.join(aside, name), os.path.join(directory, name))
+        if moved:
+            os.rmdir(aside)
+        _remove(partial)
+        raise
+    plan["restored"] = restored
+    plan["moved_aside"] = {"dir": aside, "files": moved} if moved else None
+    st = os.stat(db)
+    plan["owner"] = {"uid": st.st_uid, "gid": st.st_gid, "mode": "%o" % stat.S_IMODE(st.st_mode)}
+    return plan
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
