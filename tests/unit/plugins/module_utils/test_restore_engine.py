@@ -1,0 +1,147 @@
+"""The restore engine (_hermes_restore) on its own: choice, refusals, and putting things back on failure.
+
+playbooks/restore.yml end to end is tests/integration/test_restore.py.
+"""
+
+import fcntl
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+from hermes_reliability import digest
+
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_restore
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_restore import plan_restore, restore
+from hermes_fixtures import build_home
+
+SPECS = [
+    {"id": "old", "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3},
+    {"id": "new", "source": "cli", "started_days_ago": 1, "ended_days_ago": 0.5, "messages": 2},
+]
+
+
+def ids(db):
+    conn = sqlite3.connect(str(db))
+    try:
+        return {r[0] for r in conn.execute("SELECT id FROM sessions")}
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def home(tmp_path):
+    """A home whose backup has 'old' and 'new' and whose state.db, after the prune, only 'new'."""
+    build_home(str(tmp_path), "v30", SPECS)
+    result = run_maintenance({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    assert result["sessions_pruned"] == 1 and result["backup"]
+    return tmp_path
+
+
+def test_newest_verified_backup_is_restored_and_the_old_files_kept(home):
+    db = home / "state.db"
+    (home / "state.db-journal").write_bytes(b"")  # a journal goes with its database, never stays behind
+    before = digest(db)
+    plan = plan_restore(str(home), "default")
+    done = restore(plan)
+    assert ids(db) == {"old", "new"} and done["restored"]["sessions"] == 2
+    aside = done["moved_aside"]["dir"]
+    assert sorted(os.listdir(aside)) == ["state.db", "state.db-journal"]
+    assert digest(os.path.join(aside, "state.db")) == before
+    assert not os.path.exists(str(db) + "-journal")
+    assert oct(os.stat(str(db)).st_mode & 0o777) == "0o600"
+
+
+def test_damaged_newer_backup_is_passed_over(home):
+    backups = home / "backups"
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() + 60))
+    bad = backups / ("hermes-ops_default_%s.db.gz" % stamp)
+    bad.write_bytes(b"not gzip at all")
+    plan = plan_restore(str(home), "default")
+    assert plan["rejected"][0]["path"] == str(bad) and "decompress" in plan["rejected"][0]["error"]
+    assert plan["backup"]["sessions"] == 2
+
+
+def test_no_usable_backup_is_an_error_naming_them(home):
+    for name in os.listdir(str(home / "backups")):
+        (home / "backups" / name).write_bytes(b"SQLite format 3\x00" + b"\x00" * 1000)
+    with pytest.raises(MaintenanceError) as err:
+        plan_restore(str(home), "default")
+    assert "no backup of profile default verifies" in str(err.value)
+    with pytest.raises(MaintenanceError) as err:
+        plan_restore(str(home), "work")
+    assert "no backup of profile work" in str(err.value)
+
+
+def test_a_partial_is_never_restored(home):
+    (home / "backups" / ".hermes-ops_default_20990101T000000Z.db.partial").write_bytes(b"x")
+    with pytest.raises(MaintenanceError) as err:
+        plan_restore(str(home), "default", backup=".hermes-ops_default_20990101T000000Z.db.partial")
+    assert "unfinished backup" in str(err.value)
+
+
+def test_failure_after_the_move_puts_everything_back(home, monkeypatch):
+    db = home / "state.db"
+    conn = sqlite3.connect(str(db))  # leaves -wal and -shm beside it while open
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('only-in-wal', 'cli', ?)", (time.time(),))
+    conn.commit()
+    files = sorted(n for n in os.listdir(str(home)) if n.startswith("state.db"))
+    digests = {n: digest(home / n) for n in files}
+    plan = plan_restore(str(home), "default")
+    real_counts = _hermes_restore.db_counts
+    calls = []
+
+    def fail_on_the_final_check(path):
+        calls.append(path)
+        if path == str(db):
+            raise MaintenanceError("simulated: the restored file does not verify")
+        return real_counts(path)
+
+    monkeypatch.setattr(_hermes_restore, "db_counts", fail_on_the_final_check)
+    with pytest.raises(MaintenanceError):
+        restore(plan, force=True)  # force: this test holds the file open itself
+    assert sorted(n for n in os.listdir(str(home)) if n.startswith("state.db")) == files
+    assert {n: digest(home / n) for n in files} == digests
+    assert not [n for n in os.listdir(str(home)) if n.startswith(".state.db.restore")]
+    assert conn.execute("SELECT COUNT(*) FROM sessions WHERE id = 'only-in-wal'").fetchone() == (1,)
+    conn.close()
+
+
+def test_held_open_is_refused_without_force(home):
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1]); "
+            "c.execute('SELECT 1').fetchall(); print('open', flush=True); time.sleep(30)",
+            str(home / "state.db"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "open"
+        before = digest(home / "state.db")
+        with pytest.raises(MaintenanceError) as err:
+            restore(plan_restore(str(home), "default"))
+        assert "held open by" in str(err.value) and "pid %d" % proc.pid in str(err.value)
+        assert digest(home / "state.db") == before
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_restore_waits_for_no_maintenance_run(home):
+    fd = os.open(str(home / "state.db.auto-maintenance.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(MaintenanceError) as err:
+            restore(plan_restore(str(home), "default"))
+        assert "locked by a maintenance run" in str(err.value)
+    finally:
+        os.close(fd)
