@@ -9,6 +9,7 @@ busy handler in, and re-checks inside the transaction that its rows still qualif
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -16,6 +17,8 @@ from ._hermes_db import begin_immediate
 from ._hermes_plan import live_leases
 
 ZOMBIE_CHUNK = 200
+# Beside state.db while a batch commits: the transcripts of its sessions, removed right after.
+PENDING_SUFFIX = ".hermes-ops-transcripts"
 
 
 def close_zombies(conn, plan, schema, end_reason, pause):
@@ -65,6 +68,8 @@ def prune(conn, plan, schema, batch_size, pause, on_batch=None):
     result = PruneResult()
     skipped = set()
     has_prompts = "system_prompts" in schema["tables"] and "system_prompt_hash" in schema["session_columns"]
+    pending = conn.execute("PRAGMA database_list").fetchone()[2] + PENDING_SUFFIX
+    result.transcripts += finish_pending(conn, pending)
     for batch in _batches(plan, max(1, int(batch_size))):
         begin_immediate(conn)
         try:
@@ -93,6 +98,9 @@ def prune(conn, plan, schema, batch_size, pause, on_batch=None):
                         (prompt, prompt),
                     ).rowcount
                 done.append(sid)
+            files = {sid: list(plan.transcripts.get(sid, ())) for sid in done if plan.transcripts.get(sid)}
+            if files:  # a kill after the COMMIT must not leave these behind for good
+                _write_pending(pending, files)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:  # SQLite already rolled back after e.g. SQLITE_FULL
@@ -101,11 +109,38 @@ def prune(conn, plan, schema, batch_size, pause, on_batch=None):
         result.sessions += len(done)
         for sid in done:
             result.transcripts += remove_files(plan.transcripts.get(sid, ()))
+        if files:
+            remove_files([pending])
         if on_batch:
             on_batch(result)
         time.sleep(pause)
     result.left_alone = sorted(skipped)
     return result
+
+
+def _write_pending(path, files):
+    with open(path, "w") as handle:
+        json.dump(files, handle)
+
+
+def finish_pending(conn, path):
+    """Remove the transcripts an interrupted run listed, of the sessions whose deletion committed.
+
+    A session still in the database (its transaction never committed) keeps its files.
+    """
+    try:
+        with open(path) as handle:
+            files = json.load(handle)
+    except FileNotFoundError:
+        return 0
+    except ValueError:  # cut short while written: its transaction never committed
+        files = {}
+    removed = 0
+    for sid, paths in files.items():
+        if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone() is None:
+            removed += remove_files(paths)
+    remove_files([path])
+    return removed
 
 
 def _batches(plan, batch_size):
