@@ -33,7 +33,7 @@ ANSIBLE_ENV := ANSIBLE_COLLECTIONS_PATH=$(COLLECTIONS_ROOT) \
 	ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0 \
 	PATH=$(BIN):$$PATH
 
-.PHONY: fmt help setup hermes-venvs collection-link lint ruff ansible-lint changelog-lint \
+.PHONY: fmt help setup hermes-venvs collection-link lint ruff-check ruff-format ansible-lint changelog-lint \
 	unit integration matrix sanity test demo changelog build requirements-lock clean distclean
 
 help: ## list targets
@@ -82,14 +82,16 @@ requirements-lock: ## re-resolve requirements-dev.txt into requirements/constrai
 
 # ----------------------------------------------------------------------------- lint
 
-lint: ruff ansible-lint changelog-lint ## ruff check + format check, ansible-lint (production), changelog lint
+lint: ruff-check ruff-format ansible-lint changelog-lint ## ruff check + format check, ansible-lint (production), changelog lint
 
 fmt: $(STAMP) ## apply ruff's safe fixes and formatting (then review the diff)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-ruff: $(STAMP)
+ruff-check: $(STAMP)
 	$(BIN)/ruff check .
+
+ruff-format: $(STAMP)
 	$(BIN)/ruff format --check .
 
 # ansible-lint only where there is Ansible content (roles/, playbooks/ with YAML in them).

@@ -10,7 +10,8 @@ for target in "$@"; do
     echo
     echo "================================================================ make ${target}"
     start=$(date +%s)
-    if $make_cmd "$target"; then status=ok; else status=FAILED; failed=$((failed + 1)); fi
+    # -k: inside a step, independent parts still run after one fails (all lint findings at once)
+    if $make_cmd -k "$target"; then status=ok; else status=FAILED; failed=$((failed + 1)); fi
     results+=("$(printf '%-12s %-7s %5ss' "$target" "$status" "$(($(date +%s) - start))")")
 done
 echo

@@ -9,6 +9,9 @@
 # The only tolerated failures are the entries of tests/sanity/ignore-<ansible>.txt,
 # and each entry must carry a "# reason" comment.
 #
+# Runs: ansible-test sanity --venv --python 3.11 (all tests), then --python 3.8 for the
+# compile and import tests when a Python 3.8 is installed (the engine's floor on hosts).
+#
 # Usage: scripts/sanity.sh ANSIBLE_TEST [extra ansible-test args...]
 set -euo pipefail
 ansible_test=$1
@@ -70,4 +73,26 @@ fi
 #    into its own venvs under ~/.ansible/test; nothing else is needed on the host.
 cd "$dest"
 echo "+ ansible-test sanity --venv --python 3.11 $* (in $dest)"
-"$ansible_test" sanity --venv --python 3.11 --color no "$@"
+rc=0
+"$ansible_test" sanity --venv --python 3.11 --color no "$@" || rc=$?
+
+# 4. The engine and the modules run on managed hosts with Python 3.8+: compile and import
+#    them there too (SANITY_PY38=0 skips this). ansible-test finds python3.8 on PATH.
+if [ "${SANITY_PY38:-1}" != 0 ]; then
+    py38=""
+    for candidate in "$(command -v pyenv >/dev/null 2>&1 && pyenv root)"/versions/3.8*/bin/python3.8 \
+        /usr/local/bin/python3.8 /usr/bin/python3.8; do
+        if [ -x "$candidate" ] && "$candidate" -c 'import sys' >/dev/null 2>&1; then
+            py38=$candidate
+            break
+        fi
+    done
+    if [ -n "$py38" ]; then
+        echo "+ ansible-test sanity --venv --python 3.8 --test compile --test import (python3.8: $py38)"
+        PATH="$(dirname "$py38"):$PATH" "$ansible_test" sanity --venv --python 3.8 --test compile --test import \
+            --color no "$@" || rc=$?
+    else
+        echo "sanity: no Python 3.8 interpreter found; skipped the Python 3.8 compile/import check" >&2
+    fi
+fi
+exit "$rc"
