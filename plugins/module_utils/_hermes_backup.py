@@ -87,12 +87,14 @@ def check_backup_dir(backup_dir, owner_uid, create):
 
 def remove_partials(backup_dir, profile):
     """Leftovers of an interrupted backup of this profile (we hold its lock)."""
+    partial = re.compile(r"^\.%s%s_\d{8}T\d{6}Z(?:-\d+)?\.db.*\.partial" % (re.escape(PREFIX), re.escape(profile)))
     try:
         names = os.listdir(backup_dir)
     except OSError:
         return
     for name in names:
-        if name.startswith("." + PREFIX + profile + "_") and ".partial" in name:
+        # The time stamp right after the name: profile "work" must not take "work_bot"'s partials.
+        if partial.match(name):
             try:
                 os.unlink(os.path.join(backup_dir, name))
             except OSError:
