@@ -156,3 +156,19 @@ def test_writer_taking_the_lock_mid_prune_skips_the_profile(tmp_path, monkeypatc
     again = by_name(run_maintenance({"hermes_home": [str(tmp_path)], "batch_pause": 0}))["default"]
     assert again["status"] == "ok" and again["sessions_pruned"] == reference["sessions_pruned"]
     assert set(session_rows(db)) == set(kept)
+
+
+def test_a_run_leaves_the_unfinished_backup_of_a_similarly_named_profile_alone(tmp_path):
+    """Profile work_bot's backup in progress (another run holds its lock) while profile work is maintained."""
+    build_home(str(tmp_path), "v30", SPECS, profile="work")
+    build_home(str(tmp_path), "v30", SPECS, profile="work_bot")
+    backups = tmp_path / "backups"
+    backups.mkdir(mode=0o700)
+    in_progress = backups / (".hermes-ops_work_bot_%s.db.partial" % time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+    in_progress.write_bytes(b"being written by the other run")
+    stale = backups / ".hermes-ops_work_20200101T000000Z.db.partial"
+    stale.write_bytes(b"left by a killed run of profile work")
+    result = by_name(run_maintenance({"hermes_home": [str(tmp_path)], "profiles": ["work"]}))
+    assert result["work"]["status"] == "ok" and result["work"]["backup"]
+    assert in_progress.exists(), "a run of profile work removed profile work_bot's unfinished backup"
+    assert not stale.exists()
