@@ -111,7 +111,7 @@ def plan_restore(home, profile, backup_dir=None, backup=None):
     if backup:
         candidates = [_resolve_backup(backup, backup_dir)]
     else:
-        candidates = [path for path, _ in list_backups(backup_dir, profile)]
+        candidates = [path for path, _stamp in list_backups(backup_dir, profile)]
         if not candidates:
             raise MaintenanceError(
                 "no backup of profile %s in %s (hermes-ops_%s_*.db[.gz])" % (profile, backup_dir, profile)

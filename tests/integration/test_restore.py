@@ -89,7 +89,9 @@ class Gateway:
         self.run, self.name = run, name
 
     def ctl(self, action):
-        return subprocess.run(["/etc/init.d/" + self.name, action], capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            ["/etc/init.d/" + self.name, action], capture_output=True, text=True, timeout=60, check=False
+        )
 
     def running(self):
         return self.ctl("status").returncode == 0

@@ -137,7 +137,7 @@ def run_child(home, opts, target=None, delay_for=None, rng=None, timeout=120):
             time.sleep(rng.random() * delay_for * 0.9)
             killed_at = time.monotonic()
             proc.send_signal(signal.SIGKILL)
-    stdout, _ = proc.communicate(timeout=timeout)
+    stdout = proc.communicate(timeout=timeout)[0]
     thread.join(10)
     if not target:
         assert proc.returncode == 0, "".join(other)
@@ -175,7 +175,7 @@ def reference(tmp_path_factory):
     for compress in (False, True):
         home = root / ("reference-%s" % compress)
         shutil.copytree(str(template), str(home), symlinks=True)
-        markers, _, stdout, _ = run_child(home, options(home, compress))
+        markers, _killed, stdout, _rc = run_child(home, options(home, compress))
         result = json.loads(stdout.strip().splitlines()[-1])
         assert not result["failed"], result
         starts = {}
@@ -212,7 +212,7 @@ def check_after_kill(home, ref, workdir):
                 problems.append("%s: kept session %s is missing" % (name, sid))
             elif now_rows[sid] != ref["before"][name][sid]:
                 problems.append("%s: kept session %s changed (row or messages)" % (name, sid))
-        for path, _ in list_backups(str(home / "backups"), name):
+        for path, _stamp in list_backups(str(home / "backups"), name):
             problems += backup_problems(path, workdir, ref["counts"][name])
     return problems
 
@@ -232,7 +232,7 @@ def test_sigkill_at_random_points(reference, tmp_path):
         shutil.copytree(str(reference["template"]), str(home), symlinks=True)
         opts = options(home, compress)
         span = reference["durations"].get((compress, phase), 0.05)
-        markers, killed_at, _, rc = run_child(home, opts, target=phase, delay_for=span, rng=rng)
+        markers, killed_at, _out, rc = run_child(home, opts, target=phase, delay_for=span, rng=rng)
         where = landed(markers, killed_at)
         hits[where] = hits.get(where, 0) + 1
         line = "seed %d: phase %s compress=%s -> killed in %s (rc %s)" % (seed, phase, compress, where, rc)

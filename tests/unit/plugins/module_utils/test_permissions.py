@@ -51,7 +51,7 @@ def make_user_home(parent, user, profiles=("default",)):
     for profile in profiles:
         build_home(str(home), "v30", SPECS, profile=None if profile == "default" else profile)
     chown_tree(home, uid, gid)
-    for dirpath, _, filenames in os.walk(str(home)):
+    for dirpath, _dirs, filenames in os.walk(str(home)):
         os.chmod(dirpath, 0o700)
         for name in filenames:
             os.chmod(os.path.join(dirpath, name), 0o600)
@@ -67,7 +67,7 @@ def parent():
 
 
 def test_root_run_creates_only_owner_files_with_private_modes(parent, monkeypatch):
-    home, uid, _ = make_user_home(parent, "hermes-ops-t1", profiles=("default", "work"))
+    home, uid, _gid = make_user_home(parent, "hermes-ops-t1", profiles=("default", "work"))
     seen_dir = world_traversable_dir("hermes-ops-seen-")
     os.chmod(str(seen_dir), 0o1777)
     real_prune = _hermes_engine.prune
@@ -134,7 +134,7 @@ def test_two_users_never_write_each_others_files(parent):
 
 
 def test_backup_dir_of_another_user_refused(parent):
-    home, uid, _ = make_user_home(parent, "hermes-ops-t1")
+    home, uid, _gid = make_user_home(parent, "hermes-ops-t1")
     build_home(str(home), "v30", SPECS, profile="mine")
     chown_tree(home / "profiles", uid, uid)
     other_uid, other_gid = ensure_user("hermes-ops-t2")
@@ -186,7 +186,7 @@ def _runner(config, *args, user=None, python=sys.executable):
         "--json",
     ] + list(args)
     kwargs = {"user": user, "group": user} if user is not None else {}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd="/", **kwargs)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd="/", check=False, **kwargs)
 
 
 def test_runner_refuses_root_on_a_foreign_home_unless_told(parent):
