@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: Contributors to the hermes_agent.ops collection
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -126,7 +125,7 @@ def has_trigram():
 
 
 def sentence(rng, n):
-    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
+    return " ".join(rng.choice(WORDS) for dummy in range(n)).capitalize() + "."
 
 
 def make_profile(home, name, sessions, rng, now, trigram):
@@ -220,7 +219,7 @@ def make_profile(home, name, sessions, rng, now, trigram):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("home")
     parser.add_argument("--profiles", default="default,work,research")
     parser.add_argument("--sessions", type=int, default=60)

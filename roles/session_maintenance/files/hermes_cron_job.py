@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: Contributors to the hermes_agent.ops collection
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -23,7 +22,6 @@ import errno
 import fcntl
 import json
 import os
-import sys
 import tempfile
 import time
 
@@ -210,4 +208,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
