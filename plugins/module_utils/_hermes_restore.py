@@ -81,7 +81,9 @@ def _unpack(backup, target):
 def verify_backup(path):
     """Counts of a backup (a .gz is decompressed into a private temporary directory)."""
     if not path.endswith(".gz"):
-        return db_counts(path)
+        counts = db_counts(path)
+        counts["db_bytes"] = file_size(path)
+        return counts
     tmpdir = tempfile.mkdtemp(prefix="hermes-ops-restore-")
     try:
         plain = os.path.join(tmpdir, "backup.db")
@@ -89,7 +91,9 @@ def verify_backup(path):
             _unpack(path, plain)
         except (OSError, EOFError) as exc:
             raise MaintenanceError("cannot decompress: %s" % exc) from None
-        return db_counts(plain)
+        counts = db_counts(plain)
+        counts["db_bytes"] = file_size(plain)
+        return counts
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
@@ -189,7 +193,7 @@ def _restore(plan, force):
             "and restart every process that had it open" % (db, names)
         )
     directory = os.path.dirname(db)
-    need = int(file_size(backup["path"]) * (4 if backup["compressed"] else 1.05)) + MB
+    need = int(backup["db_bytes"] * 1.05) + MB
     if free_bytes(directory) < need:
         raise MaintenanceError(
             "not enough space in %s for the restored file: about %d MB needed, %d MB free; nothing was changed"

@@ -91,7 +91,9 @@ db:
   returned: always
   type: str
 backup:
-  description: The backup used (V(path), V(bytes), V(compressed), V(sessions), V(messages), V(schema_version)).
+  description:
+    - The backup used (V(path), V(bytes), V(compressed), V(sessions), V(messages), V(schema_version)).
+    - V(db_bytes) is the size of the database it holds (decompressed).
   returned: success
   type: dict
 rejected:

@@ -5,19 +5,20 @@ playbooks/restore.yml end to end is tests/integration/test_restore.py.
 
 import fcntl
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
 import time
 
 import pytest
-from hermes_reliability import digest
+from hermes_reliability import digest, tiny_fs
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_restore
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_restore import plan_restore, restore
-from hermes_fixtures import build_home
+from hermes_fixtures import build_home, make_big_home
 
 SPECS = [
     {"id": "old", "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3},
@@ -145,3 +146,25 @@ def test_restore_waits_for_no_maintenance_run(home):
         assert "locked by a maintenance run" in str(err.value)
     finally:
         os.close(fd)
+
+
+def test_no_room_for_the_restored_file_refused_before_anything_moves(tmp_path):
+    """(root) The home on a tiny tmpfs, the backup elsewhere: refused with the space needed, nothing moved."""
+    source = tmp_path / "source"
+    make_big_home(str(source), "v30", 400, 6, seed=1)
+    with tiny_fs(int(os.path.getsize(str(source / "state.db")) * 1.6) // 1024) as mnt:
+        home = mnt / "home"
+        home.mkdir()
+        shutil.copyfile(str(source / "state.db"), str(home / "state.db"))
+        backups = tmp_path / "backups"
+        backups.mkdir()
+        shutil.copyfile(str(source / "state.db"), str(backups / "hermes-ops_default_20260101T000000Z.db"))
+        filler = home / "filler"
+        filler.write_bytes(b"\0" * (int(shutil.disk_usage(str(mnt)).free) - 256 * 1024))
+        before = digest(home / "state.db")
+        with pytest.raises(MaintenanceError) as err:
+            restore(plan_restore(str(home), "default", backup_dir=str(backups)))
+        assert "not enough space in %s for the restored file" % home in str(err.value)
+        assert "MB needed" in str(err.value) and "nothing was changed" in str(err.value)
+        assert sorted(os.listdir(str(home))) == ["filler", "state.db", "state.db.auto-maintenance.lock"]
+        assert digest(home / "state.db") == before
