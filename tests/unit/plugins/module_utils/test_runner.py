@@ -1,0 +1,236 @@
+# Copyright: contributors to hermes_agent.ops
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The scheduled job's CLI (_hermes_runner): output format, dry run, exit codes, config
+errors, root refusal, syslog and log rotation, and running as the plain package
+``hermes_ops`` the role installs (no Ansible on the path)."""
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_runner as runner
+
+REPO = Path(__file__).resolve().parents[4]
+LINE = re.compile(
+    r"^\d\d:\d\d:\d\d (?P<name>[\w-]+): zombies=(?P<z>\d+) pruned=(?P<p>\d+) freed=\d+MB "
+    r"remaining=\d+ sessions, \d+ messages$"
+)
+PROFILES = ["default", "work", "research"]
+
+
+def _demo_module():
+    spec = importlib.util.spec_from_file_location(
+        "hermes_demo_home", REPO / "playbooks" / "files" / "hermes_demo_home.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def home(tmp_path):
+    """A generated Hermes home (the demo generator: 0.19.0 schema), three profiles."""
+    path = tmp_path / "hermes"
+    assert _demo_module().main([str(path), "--profiles", ",".join(PROFILES), "--sessions", "40", "--force"]) == 0
+    return path
+
+
+def _config(tmp_path, **options):
+    path = tmp_path / "maintenance.json"
+    path.write_text(json.dumps(options))
+    return str(path)
+
+
+def _db_paths(home):
+    return [home / "state.db"] + sorted(home.glob("profiles/*/state.db"))
+
+
+def _digests(home):
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in _db_paths(home)}
+
+
+def _run(capsys, argv):
+    rc = runner.main(argv)
+    out, err = capsys.readouterr()
+    return rc, out.splitlines(), err
+
+
+@pytest.fixture(autouse=True)
+def no_syslog(monkeypatch):
+    monkeypatch.setattr(runner, "syslog", None)
+
+
+def test_dry_run_prints_seed_lines_and_changes_nothing(tmp_path, home, capsys):
+    cfg = _config(tmp_path, hermes_home=[str(home)], prune_days=90, syslog=False)
+    before = _digests(home)
+    rc, lines, err = _run(capsys, ["--config", cfg, "--dry-run"])
+    assert rc == 0, err
+    assert lines[0] == "=== Session Maintenance Start ==="
+    assert lines[-1] == "=== Session Maintenance Done ==="
+    matches = [LINE.match(line) for line in lines[1:-1]]
+    assert all(matches), lines
+    assert sorted(m["name"] for m in matches) == sorted(PROFILES)
+    assert any(int(m["p"]) > 0 for m in matches)
+    assert _digests(home) == before
+    assert not (home / "backups").exists() or not list((home / "backups").iterdir())
+
+
+def test_real_run_does_what_the_dry_run_predicted(tmp_path, home, capsys):
+    cfg = _config(tmp_path, hermes_home=[str(home)], prune_days=90, syslog=False)
+    _, predicted, _ = _run(capsys, ["--config", cfg, "--dry-run"])
+    rc, done, err = _run(capsys, ["--config", cfg])
+    assert rc == 0, err
+
+    def counts(lines):
+        return {m["name"]: (m["z"], m["p"]) for m in map(LINE.match, lines[1:-1])}
+
+    assert counts(done) == counts(predicted)
+    rc, again, _ = _run(capsys, ["--config", cfg, "--dry-run"])
+    assert rc == 0
+    assert set(counts(again).values()) == {("0", "0")}
+
+
+def test_json_output(tmp_path, home, capsys):
+    cfg = _config(tmp_path, hermes_home=[str(home)], syslog=False)
+    rc, lines, _ = _run(capsys, ["--config", cfg, "--dry-run", "--json"])
+    assert rc == 0
+    result = json.loads("\n".join(lines))
+    assert {p["name"] for p in result["profiles"]} == set(PROFILES)
+    assert result["failed"] == []
+    assert len(result["summary"]) == len(PROFILES)
+
+
+def test_failed_profile_exit_1_others_maintained(tmp_path, home, capsys):
+    broken = home / "profiles" / "broken"
+    broken.mkdir()
+    (broken / "state.db").write_bytes(b"this is not a database\n")
+    cfg = _config(tmp_path, hermes_home=[str(home)], prune_days=90, syslog=False)
+    rc, lines, err = _run(capsys, ["--config", cfg])
+    assert rc == 1
+    assert "broken" in err and str(broken / "state.db") in err
+    ok = [m["name"] for m in map(LINE.match, lines[1:-1]) if m]
+    assert sorted(ok) == sorted(PROFILES)
+    assert lines[-1] == "=== Session Maintenance Done ==="
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ({"zombiedays": 3}, "unknown key 'zombiedays'"),
+        ({"zombie_days": "three"}, "key 'zombie_days' must be a number"),
+        ({"backup": "yes"}, "key 'backup' must be true/false"),
+        ({"hermes_home": [1]}, "key 'hermes_home' must be a list"),
+        ({"log_keep": 0}, "key 'log_keep' must be at least 1"),
+        ({"zombie_days": 30, "prune_days": 7}, "zombie_days"),  # refused by the engine
+        ([1, 2], "expected a JSON object"),
+    ],
+)
+def test_bad_config_exit_2_names_file_and_key(tmp_path, home, capsys, content, needle):
+    if isinstance(content, dict):
+        content = dict(content, hermes_home=content.get("hermes_home", [str(home)]))
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(content))
+    before = _digests(home)
+    rc, lines, err = _run(capsys, ["--config", str(path)])
+    assert rc == 2
+    assert str(path) in err and needle in err, err
+    assert _digests(home) == before
+
+
+def test_unreadable_or_invalid_config(tmp_path, capsys):
+    rc, _, err = _run(capsys, ["--config", str(tmp_path / "missing.json")])
+    assert rc == 2 and "missing.json" in err and "cannot read" in err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    rc, _, err = _run(capsys, ["--config", str(bad)])
+    assert rc == 2 and "not valid JSON" in err
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root")
+def test_root_refuses_a_home_of_another_user(tmp_path, home, capsys):
+    for path in [home, *home.rglob("*")]:
+        os.lchown(path, 65534, 65534)
+    cfg = _config(tmp_path, hermes_home=[str(home)], syslog=False)
+    before = _digests(home)
+    rc, _, err = _run(capsys, ["--config", cfg, "--dry-run"])
+    assert rc == 2
+    assert "refusing to run as root" in err and "--allow-root" in err and str(home) in err
+    assert _digests(home) == before
+
+
+def test_syslog_one_line_per_profile(tmp_path, home, capsys, monkeypatch):
+    calls = []
+
+    class FakeSyslog:
+        LOG_PID = LOG_USER = LOG_INFO = 0
+        LOG_ERR = 3
+
+        def openlog(self, ident, *args):
+            calls.append(("open", ident))
+
+        def syslog(self, priority, message):
+            calls.append(("log", priority, message))
+
+        def closelog(self):
+            calls.append(("close",))
+
+    monkeypatch.setattr(runner, "syslog", FakeSyslog())
+    cfg = _config(tmp_path, hermes_home=[str(home)])
+    rc, _, _ = _run(capsys, ["--config", cfg, "--dry-run"])
+    assert rc == 0
+    assert ("open", "hermes-maintenance") in calls
+    logged = [c[2] for c in calls if c[0] == "log"]
+    assert len(logged) == len(PROFILES)
+    assert all(m.startswith("dry run: ") for m in logged)
+
+
+def test_log_file_keeps_last_runs(tmp_path, home, capsys):
+    log = tmp_path / "log" / "maintenance.log"
+    cfg = _config(tmp_path, hermes_home=[str(home)], log_file=str(log), log_keep=2, syslog=False)
+    for _dummy in range(3):
+        assert runner.main(["--config", cfg, "--dry-run"]) == 0
+    capsys.readouterr()
+    text = log.read_text()
+    assert text.count("=== Session Maintenance Start") == 2
+    assert text.count("=== Session Maintenance Done ===") == 2
+    assert oct(log.stat().st_mode & 0o777) == "0o600"
+
+
+def test_runs_as_plain_package_without_ansible(tmp_path, home):
+    """What the role installs: module_utils/_hermes_*.py as package hermes_ops, python3 -m."""
+    pkg = tmp_path / "lib" / "hermes_ops"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    for src in (REPO / "plugins" / "module_utils").glob("_hermes_*.py"):
+        shutil.copy(src, pkg / src.name)
+    cfg = _config(tmp_path, hermes_home=[str(home)], syslog=False)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(tmp_path / "lib"), "HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-s", "-m", "hermes_ops._hermes_runner", "--config", cfg, "--dry-run"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        check=False,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "=== Session Maintenance Start ===" and lines[-1] == "=== Session Maintenance Done ==="
+    assert len([ln for ln in lines if LINE.match(ln)]) == len(PROFILES)
+    check = subprocess.run(
+        [sys.executable, "-s", "-c", "import hermes_ops._hermes_runner, sys; print('ansible' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    assert check.stdout.strip() == "False"
