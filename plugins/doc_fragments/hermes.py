@@ -54,14 +54,17 @@ options:
     ATTRIBUTES = r"""
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details:
       - Opens every database read-only and creates no file (no backup, no lock file, no WAL).
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details:
       - Shows each profile's counts and sizes before and after.
   idempotent:
+    description: Run twice in a row outside check mode with the same arguments, the second run reports no change.
     support: full
     details:
       - A second run on unchanged data reports no change.

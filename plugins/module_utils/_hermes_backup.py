@@ -45,7 +45,7 @@ def list_backups(backup_dir, profile):
             stamp = _stamp_time(match.group("stamp"))
             found.append((os.path.join(backup_dir, name), stamp, int(match.group("seq") or 0)))
     found.sort(key=lambda item: (item[1], item[2]), reverse=True)
-    return [(path, stamp) for path, stamp, _ in found]
+    return [(path, stamp) for path, stamp, _seq in found]
 
 
 def _stamp_time(stamp):
@@ -152,7 +152,9 @@ def take_backup(conn, db_path, backup_dir, profile, compress, must_contain):
                 "nothing was changed" % (backup_dir, needed // MB)
             ) from None
         if isinstance(exc, sqlite3.Error):
-            raise MaintenanceError("backup of %s to %s failed: %s; nothing was changed" % (db_path, final, exc)) from None
+            raise MaintenanceError(
+                "backup of %s to %s failed: %s; nothing was changed" % (db_path, final, exc)
+            ) from None
         raise
     result = {"path": final, "bytes": file_size(final), "verified": True, "compressed": bool(compress)}
     result.update(counts)
@@ -210,7 +212,8 @@ def verify(target, path, must_contain):
         present += target.execute(sql, chunk).fetchone()[0]
     if present != len(ids):
         raise MaintenanceError(
-            "backup %s lacks %d of the %d sessions about to be pruned; nothing was changed" % (path, len(ids) - present, len(ids))
+            "backup %s lacks %d of the %d sessions about to be pruned; nothing was changed"
+            % (path, len(ids) - present, len(ids))
         )
     return {"sessions": sessions, "messages": messages}
 

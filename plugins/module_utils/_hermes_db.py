@@ -35,7 +35,9 @@ def check_db_file(path):
     except FileNotFoundError:
         raise MaintenanceError("%s does not exist" % path) from None
     except PermissionError:
-        raise MaintenanceError("%s cannot be read (permission denied): run as the owner of the Hermes home" % path) from None
+        raise MaintenanceError(
+            "%s cannot be read (permission denied): run as the owner of the Hermes home" % path
+        ) from None
     if stat.S_ISLNK(st.st_mode):
         raise MaintenanceError(
             "%s is a symbolic link (to %s); Hermes keeps state.db as a plain file, so this is refused: "

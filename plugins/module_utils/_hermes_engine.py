@@ -71,7 +71,9 @@ def normalize_options(options):
             "use zombie_days <= prune_days" % (opts["zombie_days"], opts["prune_days"])
         )
     if opts["vacuum_mode"] not in VACUUM_MODES:
-        raise MaintenanceError("vacuum_mode must be one of %s (got %r)" % (", ".join(VACUUM_MODES), opts["vacuum_mode"]))
+        raise MaintenanceError(
+            "vacuum_mode must be one of %s (got %r)" % (", ".join(VACUUM_MODES), opts["vacuum_mode"])
+        )
     if int(opts["batch_size"]) < 1:
         raise MaintenanceError("batch_size must be at least 1 (got %s)" % opts["batch_size"])
     if opts["backup_keep_count"] is not None and int(opts["backup_keep_count"]) < 1:
@@ -267,9 +269,13 @@ def _predict(result, plan, backup_due, backup_dir, name):
         changed=plan.has_changes or bool(backup_due),
     )
     if backup_due:
-        result["backup"] = {"path": os.path.join(backup_dir, "hermes-ops_%s_<timestamp>.db" % name), "bytes": None, "verified": None}
+        result["backup"] = {
+            "path": os.path.join(backup_dir, "hermes-ops_%s_<timestamp>.db" % name),
+            "bytes": None,
+            "verified": None,
+        }
     after = dict(before)
-    zombie_ids = {sid for sid, _ in plan.zombies}
+    zombie_ids = {sid for sid, _last in plan.zombies}
     after["sessions"] = before["sessions"] - len(plan.delete_order)
     after["messages"] = before["messages"] - plan.messages_pruned
     after["open_sessions"] = before["open_sessions"] - len(zombie_ids)

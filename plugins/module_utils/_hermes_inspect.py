@@ -42,15 +42,16 @@ def load_cjk_extension(conn, home):
 def inspect_schema(conn, home):
     """Describe what the maintenance needs to know about this file's schema."""
     objects = conn.execute("SELECT type, name, sql FROM sqlite_master").fetchall()
-    tables = {name for kind, name, _ in objects if kind in ("table", "view")}
-    views = {name for kind, name, _ in objects if kind == "view"}
+    tables = {name for kind, name, _sql in objects if kind in ("table", "view")}
+    views = {name for kind, name, _sql in objects if kind == "view"}
     for table, needed in REQUIRED_COLUMNS.items():
         if table not in tables:
             raise MaintenanceError("table %r is missing: this is not a Hermes state.db" % table)
         missing = [c for c in needed if c not in columns(conn, table)]
         if missing:
             raise MaintenanceError(
-                "%s lacks column(s) %s: this is not a Hermes state.db this collection knows" % (table, ", ".join(missing))
+                "%s lacks column(s) %s: this is not a Hermes state.db this collection knows"
+                % (table, ", ".join(missing))
             )
     version = None
     if "schema_version" in tables:
@@ -134,7 +135,10 @@ def _damaged(path, detail):
 
 def stats(conn, path):
     """Sizes and counts for the before/after report."""
-    one = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
+
+    def one(sql):
+        return conn.execute(sql).fetchone()[0]
+
     return {
         "db_bytes": file_size(path),
         "wal_bytes": file_size(path + "-wal"),

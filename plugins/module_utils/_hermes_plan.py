@@ -79,7 +79,9 @@ def load_sessions(conn, schema, now):
     extra = [
         "last_activity_at" if "last_activity_at" in cols else "NULL",
         "pinned" if "pinned" in cols else "0",
-        "CASE WHEN instr(model_config, '_delegate_from') > 0 THEN model_config END" if "model_config" in cols else "NULL",
+        "CASE WHEN instr(model_config, '_delegate_from') > 0 THEN model_config END"
+        if "model_config" in cols
+        else "NULL",
         "system_prompt_hash" if "system_prompt_hash" in cols else "NULL",
     ]
     sql = "SELECT id, source, parent_session_id, started_at, ended_at, end_reason, %s FROM sessions" % ", ".join(extra)
@@ -143,7 +145,8 @@ def _refuse_if_mostly_bad(conn, table, column, bad, total, now, example=None):
     hint = "milliseconds?" if isinstance(value, (int, float)) and value > 1e11 else "not unix seconds"
     raise MaintenanceError(
         "%s.%s does not hold unix seconds: %d of %d values are out of range, e.g. %r (%s); nothing was changed. "
-        "Hermes writes time.time() seconds: convert the column, or restore a backup" % (table, column, bad, total, value, hint)
+        "Hermes writes time.time() seconds: convert the column, or restore a backup"
+        % (table, column, bad, total, value, hint)
     )
 
 

@@ -29,7 +29,7 @@ def fts_merge(conn, fts, pause):
             continue
         name = '"%s"' % table["name"].replace('"', '""')
         sql = "INSERT INTO %s(%s, rank) VALUES('merge', %d)" % (name, name, MERGE_PAGES)
-        for _ in range(MERGE_MAX_STEPS):
+        for _step in range(MERGE_MAX_STEPS):
             begin_immediate(conn)
             before = conn.total_changes
             try:

@@ -23,7 +23,7 @@ description:
   - One profile's failure never stops the others; the task then fails naming each failed profile, with
     RV(profiles) still in the result.
 author:
-  - hermes_agent.ops contributors
+  - Hermes Agent Ops maintainers (@hermes-agent-ops)
 extends_documentation_fragment:
   - hermes_agent.ops.hermes
   - hermes_agent.ops.hermes.ATTRIBUTES
@@ -200,10 +200,14 @@ profiles:
       description: The backup taken (V(path), V(bytes), V(verified)), or null when none was needed.
       type: dict
     reclaim:
-      description: V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed), V(skipped_reason), V(fts_merge_steps).
+      description:
+        - V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed), V(skipped_reason),
+          V(fts_merge_steps).
       type: dict
     before:
-      description: V(db_bytes), V(wal_bytes), V(sessions), V(messages), V(open_sessions), V(free_pages), V(page_size), V(page_count).
+      description:
+        - V(db_bytes), V(wal_bytes), V(sessions), V(messages), V(open_sessions), V(free_pages),
+          V(page_size), V(page_count).
       type: dict
     after:
       description: The same figures after the run (predicted in check mode).
@@ -215,9 +219,9 @@ profiles:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support import diff_of, shared_argument_spec
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import DEFAULTS, run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support import diff_of, shared_argument_spec
 
 
 def main():

@@ -15,17 +15,20 @@ description:
     M(hermes_agent.ops.session_maintenance) would refuse (for example a schema newer than it knows).
   - The open / idle / prunable counts use the same selection code as M(hermes_agent.ops.session_maintenance).
 author:
-  - hermes_agent.ops contributors
+  - Hermes Agent Ops maintainers (@hermes-agent-ops)
 extends_documentation_fragment:
   - hermes_agent.ops.hermes
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details:
       - Never changes anything, in check mode or not.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   idempotent:
+    description: Run twice in a row outside check mode with the same arguments, the second run reports no change.
     support: full
 options: {}
 seealso:

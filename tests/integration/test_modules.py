@@ -30,12 +30,13 @@ def test_four_steps(ansible_playbook, tmp_path):
 
 
 def test_check_mode_changes_no_byte(ansible_playbook, tmp_path):
-    home, _ = scenario_home(tmp_path)
+    home = scenario_home(tmp_path)[0]
     db = os.path.join(home, "state.db")
     before = hashlib.sha256(open(db, "rb").read()).hexdigest()
     files = sorted(os.listdir(home))
-    rc, out = ansible_playbook(os.path.join(HERE, "playbooks", "four_step.yml"), extra_vars={"test_home": home},
-                               check=True)
+    rc, out = ansible_playbook(
+        os.path.join(HERE, "playbooks", "four_step.yml"), extra_vars={"test_home": home}, check=True
+    )
     # Under --check every step is a dry run, so the assertions on real runs fail; the
     # point here is that nothing on disk moved.
     assert hashlib.sha256(open(db, "rb").read()).hexdigest() == before
@@ -44,7 +45,7 @@ def test_check_mode_changes_no_byte(ansible_playbook, tmp_path):
 
 
 def test_broken_profile_fails_the_task_others_maintained(ansible_playbook, tmp_path):
-    home, _ = scenario_home(tmp_path)
+    home = scenario_home(tmp_path)[0]
     broken = tmp_path / "profiles" / "broken"
     broken.mkdir(parents=True)
     (broken / "state.db").write_bytes(b"garbage" * 100)

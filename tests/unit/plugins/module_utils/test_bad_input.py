@@ -8,6 +8,7 @@ import sqlite3
 import time
 
 import pytest
+
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import (
     gather_info,
@@ -212,7 +213,8 @@ def test_missing_tokenizer_refuses_deletes_but_closes_zombies(tmp_path):
     conn.execute("PRAGMA writable_schema=ON")
     conn.execute(
         "INSERT INTO sqlite_master(type, name, tbl_name, rootpage, sql) VALUES ('table', 'messages_fts_cjk', "
-        "'messages_fts_cjk', 0, 'CREATE VIRTUAL TABLE messages_fts_cjk USING fts5(content, tokenize=''cjk_unicode61'')')"
+        "'messages_fts_cjk', 0, "
+        "'CREATE VIRTUAL TABLE messages_fts_cjk USING fts5(content, tokenize=''cjk_unicode61'')')"
     )
     conn.commit()
     conn.close()

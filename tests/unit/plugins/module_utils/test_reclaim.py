@@ -7,13 +7,16 @@ import subprocess
 import sys
 
 import pytest
+
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from hermes_fixtures import build_home
 
 SPECS = [
     {"id": "old%03d" % i, "source": "cli", "started_days_ago": 40, "ended_days_ago": 39, "messages": 30}
     for i in range(60)
-] + [{"id": "keep%02d" % i, "source": "cli", "started_days_ago": 2, "ended_days_ago": 1, "messages": 5} for i in range(5)]
+] + [
+    {"id": "keep%02d" % i, "source": "cli", "started_days_ago": 2, "ended_days_ago": 1, "messages": 5} for i in range(5)
+]
 
 
 def pragma(db, name):
@@ -73,7 +76,10 @@ def test_a_live_holder_blocks_the_full_vacuum_with_a_reason(home):
         profile = maintain(home, vacuum_threshold=10)
     assert profile["sessions_pruned"] == 60
     assert profile["reclaim"]["action"] is None
-    assert "held open by" in profile["reclaim"]["skipped_reason"] and "pid %d" % holder.pid in profile["reclaim"]["skipped_reason"]
+    assert (
+        "held open by" in profile["reclaim"]["skipped_reason"]
+        and "pid %d" % holder.pid in profile["reclaim"]["skipped_reason"]
+    )
     assert pragma(db, "freelist_count") > 0
 
 
@@ -120,6 +126,8 @@ def test_full_mode_in_a_service_window_then_idempotent(home):
 def test_deleted_messages_leave_the_fts_index_consistent(home):
     maintain(home, vacuum_threshold=10)
     conn = sqlite3.connect(os.path.join(home, "state.db"))
-    for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE sql LIKE 'CREATE VIRTUAL TABLE%fts5%'").fetchall():
+    for (name,) in conn.execute(
+        "SELECT name FROM sqlite_master WHERE sql LIKE 'CREATE VIRTUAL TABLE%fts5%'"
+    ).fetchall():
         conn.execute("INSERT INTO %s(%s) VALUES('integrity-check')" % (name, name))
     assert conn.execute("SELECT COUNT(*) FROM messages").fetchone() == (25,)

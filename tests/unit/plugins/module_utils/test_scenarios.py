@@ -11,9 +11,17 @@ import sqlite3
 import stat
 
 import pytest
+
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from hermes_fixtures import LAYOUT_FEATURES, LAYOUTS, build_home, layout_available, missing_venv_message, open_with_release
-from hermes_fixtures import standard_scenario
+from hermes_fixtures import (
+    LAYOUT_FEATURES,
+    LAYOUTS,
+    build_home,
+    layout_available,
+    missing_venv_message,
+    open_with_release,
+    standard_scenario,
+)
 
 COUNTS = ("zombies_closed", "sessions_pruned", "messages_pruned", "sessions_orphaned", "transcripts_removed")
 
@@ -23,7 +31,7 @@ def digest(path):
 
 
 def listing(home):
-    return sorted(os.path.relpath(os.path.join(d, f), home) for d, _, files in os.walk(home) for f in files)
+    return sorted(os.path.relpath(os.path.join(d, f), home) for d, _dirs, files in os.walk(home) for f in files)
 
 
 def rows(db, sql, *args):
