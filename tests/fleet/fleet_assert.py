@@ -4,11 +4,13 @@
     fleet_assert.py PHASE --manifest M [--evidence E] [--before B] [--record R] [--stdout S]
 
 PHASE     what must hold
+idempotent  ``schedule.yml`` applied a second time: no host changed or failed.
 cron      the job fired by itself on every host: job in the user's crontab, log lines with
           the expected counts, database counts and kept ids, a backup per healthy profile,
           files still the user's (0600), the broken profile logged as FAILED.
 absent    no maintenance job left in any crontab; homes and backups untouched.
-quiet     (E = after waiting past a minute boundary, B = right after removal) no new run.
+quiet     (B = right after removal, E = later, past a minute boundary) no new run: no job,
+          the runner's log (watched since the cron phase) untouched.
 check     ``maintain.yml --check``: every database byte-identical (B vs E), predicted
           counts = manifest, the broken profile fails its host's task with a clear message.
 real      ``maintain.yml``: counts = manifest, databases hold exactly the kept sessions.
@@ -16,7 +18,7 @@ again     ``maintain.yml`` again: no change reported anywhere (broken still fail
 report    ``report.yml``: a table row for every host and profile.
 
 M = make_fleet_data.py's manifest, E/B = {host: fleet_inspect.py output}, R = the JSON
-record of the hermes_test_json callback, S = ansible-playbook's stdout. Prints one line
+record of the hermes_test_json callback, S = text files to search (repeatable). Prints one line
 per check and ends with ``fleet <phase>: N passed, N failed``; exit 1 on any failure.
 """
 
@@ -191,12 +193,22 @@ def phase_absent(c, manifest, evidence):
 
 
 def phase_quiet(c, manifest, before, evidence):
+    """B = right after removal, E = later: no job came back, no watched file (the runner's log,
+    from the cron phase) changed, and cron had a chance to fire in between."""
     for host in sorted(manifest["homes"]):
         b, e = before.get(host) or {}, evidence.get(host) or {}
-        c.check((b.get("log") or {}).get("text") == (e.get("log") or {}).get("text")
-                and {n: p.get("sha256") for n, p in (b.get("profiles") or {}).items()}
-                == {n: p.get("sha256") for n, p in (e.get("profiles") or {}).items()},
-                "%s: nothing ran after the job was removed (waited past a minute boundary)" % host)
+        if not c.check(bool(b) and bool(e), "%s: evidence collected" % host):
+            continue
+        c.check(not e.get("job"), "%s: still no maintenance job" % host, "%r" % e.get("job"))
+        boundary = (int(b["time"]) // 60 + 1) * 60 + 5
+        c.check(e["time"] >= boundary, "%s: a minute boundary passed since the removal" % host,
+                "removed at %d, checked at %d" % (b["time"], e["time"]))
+        watched = sorted(set(b.get("watch") or {}) | set(e.get("watch") or {}))
+        c.check(bool(watched), "%s: the runner's log is watched" % host, "no log path from the cron phase")
+        for path in watched:
+            c.check((b.get("watch") or {}).get(path) == (e.get("watch") or {}).get(path),
+                    "%s: %s untouched since the removal" % (host, path),
+                    "%r -> %r" % ((b.get("watch") or {}).get(path), (e.get("watch") or {}).get(path)))
 
 
 def check_broken_host(c, record, host, home, results):
@@ -255,10 +267,25 @@ def phase_maintain(c, manifest, record, mode, before=None, evidence=None):
                 ) and b[name]["sha256"] == e[name]["sha256"]
                 c.check(bool(same), "%s/%s: byte-identical after --check" % (host, name),
                         "before %s after %s" % ((b.get(name) or {}).get("sha256"), (e.get(name) or {}).get("sha256")))
+            c.check(before.get(host, {}).get("backups") == evidence.get(host, {}).get("backups"),
+                    "%s: no backup written by --check" % host)
     if evidence is not None and mode == "real":
         for host, home in sorted(manifest["homes"].items()):
             if host in evidence:
                 check_databases(c, host, home, evidence[host], after=True)
+
+
+def phase_idempotent(c, manifest, record):
+    stats = record.get("stats", {})
+    for host in sorted(manifest["homes"]):
+        st = stats.get(host)
+        if not c.check(st is not None, "%s: schedule.yml ran" % host):
+            continue
+        changed = [t.get("name") for p in record.get("plays", []) for t in p.get("tasks", [])
+                   if (t.get("hosts", {}).get(host) or {}).get("_status") == "changed"]
+        c.check(not st.get("changed") and not changed, "%s: second apply changed nothing" % host, "changed: %r" % changed)
+        c.check(not st.get("failures") and not st.get("unreachable"), "%s: second apply did not fail" % host,
+                "%r" % [n for n, _ in failed_tasks(record, host)])
 
 
 def phase_report(c, manifest, record, stdout_text):
@@ -276,12 +303,13 @@ def phase_report(c, manifest, record, stdout_text):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("phase", choices=["cron", "absent", "quiet", "check", "real", "again", "report"])
+    parser.add_argument("phase", choices=["idempotent", "cron", "absent", "quiet", "check", "real", "again", "report"])
     parser.add_argument("--manifest", required=True)
     parser.add_argument("--evidence")
     parser.add_argument("--before")
     parser.add_argument("--record")
-    parser.add_argument("--stdout")
+    parser.add_argument("--stdout", action="append", default=[],
+                        help="text output to search (report: ansible-playbook's stdout, the Markdown table)")
     args = parser.parse_args(argv)
 
     c = Checker(args.phase)
@@ -289,7 +317,9 @@ def main(argv=None):
     evidence = load(args.evidence) if args.evidence else None
     before = load(args.before) if args.before else None
     record = load(args.record) if args.record else None
-    if args.phase == "cron":
+    if args.phase == "idempotent":
+        phase_idempotent(c, manifest, record)
+    elif args.phase == "cron":
         phase_cron(c, manifest, evidence)
     elif args.phase == "absent":
         phase_absent(c, manifest, evidence)
@@ -298,8 +328,14 @@ def main(argv=None):
     elif args.phase in ("check", "real", "again"):
         phase_maintain(c, manifest, record, args.phase, before=before, evidence=evidence)
     elif args.phase == "report":
-        text = open(args.stdout).read() if args.stdout else ""
-        phase_report(c, manifest, record, text)
+        texts = []
+        for path in args.stdout:
+            try:
+                with open(path) as handle:
+                    texts.append(handle.read())
+            except OSError as exc:
+                c.check(False, "read %s" % path, str(exc))
+        phase_report(c, manifest, record, "\n".join(texts))
     return c.finish()
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Evidence from one fleet host, gathered AS the Hermes user (run by verify.yml).
 
-    fleet_inspect.py [--home HERMES_HOME] [--checksums-only]
+    fleet_inspect.py [--home HERMES_HOME] [--checksums-only] [--watch PATH]...
 
 Prints one JSON object:
 
@@ -14,9 +14,11 @@ Prints one JSON object:
   sha256 of state.db and of its -wal (if any), size, mode, owner uid; unless
   ``--checksums-only``: the sqlite header check, counts of sessions / messages / open
   sessions and the session ids (the database is opened read-write as Hermes would,
-  only SELECTs run; with --checksums-only it is never opened);
+  only SELECTs run; with --checksums-only it is never opened, and only HOME/backups
+  is listed);
 - ``backups``: the files in the backup directory (config ``backup_dir`` or HOME/backups);
-- ``foreign``: paths under the home / install dir not owned by the user.
+- ``foreign``: paths under the home / install dir not owned by the user;
+- ``time`` (unix seconds) and ``watch``: size and mtime of each ``--watch`` path (or null).
 
 Standard library only (runs on the container's python3).
 """
@@ -30,6 +32,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import time
 
 RUNNER_MARK = re.compile(r"hermes_ops|hermes-ops|hermes_runner|session.maintenance", re.I)
 CONFIG_ARG = re.compile(r"--config[= ]+(\S+)")
@@ -148,11 +151,19 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--home", default="~/.hermes")
     parser.add_argument("--checksums-only", action="store_true")
+    parser.add_argument("--watch", action="append", default=[], help="report size and mtime of this path")
     args = parser.parse_args(argv)
 
     uid = os.getuid()
     home = os.path.expanduser(args.home)
-    out = {"user": pwd.getpwuid(uid).pw_name, "uid": uid, "home": home, "profiles": {}}
+    out = {"user": pwd.getpwuid(uid).pw_name, "uid": uid, "home": home, "profiles": {}, "time": time.time(),
+           "watch": {}}
+    for path in args.watch:
+        try:
+            st = os.stat(os.path.expanduser(path))
+            out["watch"][path] = {"size": st.st_size, "mtime": st.st_mtime}
+        except OSError:
+            out["watch"][path] = None
     for name, path in discover(home).items():
         prof = {"path": path}
         prof.update(file_facts(path))
@@ -163,6 +174,8 @@ def main(argv=None):
             prof.update(db_counts(path))
         out["profiles"][name] = prof
     if args.checksums_only:
+        backup_dir = os.path.join(home, "backups")
+        out["backups"] = sorted(os.listdir(backup_dir)) if os.path.isdir(backup_dir) else []
         print(json.dumps(out, sort_keys=True))
         return 0
 
