@@ -1,0 +1,676 @@
+"""Benchmark: Hermes 0.19.0's own prune + VACUUM versus this collection's maintenance.
+
+    .venv/bin/python bench/run.py                 # sizes 50k, 200k, 800k messages; writes docs/benchmarks.md
+    .venv/bin/python bench/run.py --sizes 50k     # quicker
+    .venv/bin/python bench/run.py --sweep         # also the batch_size x batch_pause grid at 200k
+
+(``make bench`` runs the first form.) For each size, one generated database with the
+real 0.19.0 schema (both FTS indexes, made by the release itself; rows bulk-inserted
+through its triggers by ``tests/lib/hermes_fixtures.make_big_home``, half the sessions
+prunable) is copied, side by side in one run, into fresh homes, and on each copy a REAL
+Hermes 0.19.0 ``SessionDB`` writer process appends every 20 ms (tests/lib/hermes_writer.py)
+while the maintenance runs in its own process:
+
+* ``hermes``: the release's ``SessionDB.prune_sessions(older_than_days=7)`` then
+  ``SessionDB.vacuum()`` (optimize + VACUUM): what ``hermes sessions prune`` and
+  auto-maintenance do;
+* ``ours``: ``run_maintenance`` with the engine's defaults (backup on, vacuum_mode auto)
+  on a file as Hermes leaves it (``auto_vacuum`` NONE: under a live writer the full
+  VACUUM is refused, freed pages stay for reuse);
+* ``ours-inc``: the same on a copy already in ``auto_vacuum=INCREMENTAL`` (what one
+  ``vacuum_mode: full`` service-window run leaves), so space is given back while live.
+
+Measured: wall time of the maintenance process, its prune phase and rows/s, the writer's
+worst / p99 append latency and failed appends during the whole maintenance, bytes
+given back to the filesystem (state.db + -wal before minus after), the maintenance
+process's peak RSS (its VmHWM; ``wait4`` ru_maxrss too), and our backup's throughput against ``cp``
+(and ``cp`` + fsync) of the same file.
+"""
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "lib"))
+
+from hermes_writer import WriterProcess, latency_stats  # noqa: E402
+
+from hermes_fixtures import hermes_python, make_big_home  # noqa: E402
+
+MB = 1024 * 1024
+RELEASE = "0.19.0"
+MSGS_PER_SESSION = 100
+TARGETS = {"stall": 0.250, "rows_ratio": 0.5, "backup_ratio": 0.5, "rss_mb": 100}
+
+HERMES_CODE = r"""
+import json, os, resource, sys, time
+from pathlib import Path
+import hermes_state
+home = sys.argv[1]
+db = hermes_state.SessionDB(db_path=Path(home) / "state.db")
+t0 = time.time()
+n = db.prune_sessions(older_than_days=7, sessions_dir=Path(home) / "sessions")
+t1 = time.time()
+db.vacuum()
+t2 = time.time()
+db.close()
+with open("/proc/self/status") as fh:
+    hwm = [int(l.split()[1]) for l in fh if l.startswith("VmHWM:")][0]
+print(json.dumps({"sessions_pruned": n, "phases": {"prune": [t0, t1], "vacuum": [t1, t2]}, "start": t0, "end": t2,
+                  "vmhwm_kb": hwm}))
+"""
+
+OURS_CODE = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine as E
+phases = {}
+def wrap(name):
+    real = getattr(E, name)
+    def timed(*a, **k):
+        t0 = time.time()
+        try:
+            return real(*a, **k)
+        finally:
+            key = name if name not in phases else name + "-2"
+            phases[key] = [t0, time.time()]
+    setattr(E, name, timed)
+for name in ("quick_check", "stats", "build_plan", "take_backup", "close_zombies", "prune", "reclaim"):
+    wrap(name)
+opts = json.loads(sys.argv[2])
+t0 = time.time()
+result = E.run_maintenance(opts)
+t1 = time.time()
+p = result["profiles"][0]
+with open("/proc/self/status") as fh:
+    hwm = [int(l.split()[1]) for l in fh if l.startswith("VmHWM:")][0]
+print(json.dumps({"status": p["status"], "error": p["error"], "sessions_pruned": p["sessions_pruned"],
+                  "messages_pruned": p["messages_pruned"], "backup": p["backup"], "reclaim": p["reclaim"],
+                  "phases": phases, "start": t0, "end": t1, "vmhwm_kb": hwm}))
+"""
+
+
+def collections_root():
+    root = REPO / "build" / "collections"
+    link = root / "ansible_collections" / "hermes_agent" / "ops"
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(Path("..", "..", "..", ".."), target_is_directory=True)
+    return str(root)
+
+
+def parse_size(text):
+    text = text.strip().lower()
+    return int(float(text[:-1]) * 1000) if text.endswith("k") else int(text)
+
+
+def size_label(n):
+    return "%dk" % (n // 1000)
+
+
+def db_bytes(db):
+    return sum(os.path.getsize(p) for p in (db, db + "-wal") if os.path.exists(p))
+
+
+def run_child(cmd, env=None, cwd=None):
+    """Run a maintenance process; return (parsed JSON of its last line, ru_maxrss MB)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
+    out_fh, err_fh = proc.stdout, proc.stderr
+    _, status, usage = os.wait4(proc.pid, 0)
+    out, err = out_fh.read().decode(), err_fh.read().decode()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError("%s failed (rc %d): %s" % (cmd[:3], proc.returncode, err[-3000:]))
+    result = json.loads(out.strip().splitlines()[-1])
+    # ru_maxrss of a fork+exec child starts at the parent's size (Linux keeps the pre-exec
+    # high-water mark), so the child's own VmHWM is the figure; ru_maxrss is kept for reference.
+    result["ru_maxrss_mb"] = usage.ru_maxrss / 1024.0
+    return result, result["vmhwm_kb"] / 1024.0
+
+
+def base_db(workdir, n_messages, incremental=False):
+    """Generated once per size (cached in workdir): state.db of a real 0.19.0 home."""
+    n_sessions = max(1, n_messages // MSGS_PER_SESSION)
+    name = "base-%d%s" % (n_messages, "-inc" if incremental else "")
+    home = workdir / name
+    db = home / "state.db"
+    if (home / ".done").exists():
+        return db
+    shutil.rmtree(home, ignore_errors=True)
+    if incremental:
+        plain = base_db(workdir, n_messages)
+        home.mkdir(parents=True)
+        shutil.copyfile(plain, db)
+        conn = sqlite3.connect(str(db))
+        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        conn.execute("VACUUM")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+    else:
+        t0 = time.time()
+        print("  generating %s messages (%d sessions) ..." % (size_label(n_messages), n_sessions), flush=True)
+        make_big_home(str(home), "hermes-" + RELEASE, n_sessions, MSGS_PER_SESSION, old_fraction=0.5, seed=7)
+        print("  generated in %.0fs" % (time.time() - t0), flush=True)
+    (home / ".done").write_text("")
+    return db
+
+
+def fresh_home(workdir, name, src_db):
+    home = workdir / name
+    shutil.rmtree(home, ignore_errors=True)
+    (home / "sessions").mkdir(parents=True)
+    shutil.copyfile(src_db, home / "state.db")
+    os.chmod(home / "state.db", 0o600)
+    return home
+
+
+def count_messages(db):
+    conn = sqlite3.connect(str(db))
+    try:
+        return conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+    finally:
+        conn.close()
+
+
+CONTROL = {}  # workdir -> path of the small database the control writer appends to
+
+
+def with_writer(home, run):
+    """Start the 0.19.0 writer on home/state.db, run(), stop it; return (result, rss, writer stats).
+
+    A second, *control* writer appends to its own small untouched database at the same
+    time: its latencies are what this shared machine alone does to a writer in that
+    window (the noise floor), reported next to the measured ones.
+    """
+    db = str(home / "state.db")
+    control_home = home.parent / "control"
+    shutil.rmtree(control_home, ignore_errors=True)
+    control_home.mkdir()
+    shutil.copyfile(CONTROL[str(home.parent)], control_home / "state.db")
+    writer = WriterProcess(hermes_python(RELEASE), db, str(home / "writer.jsonl"), prefix="bench-w")
+    control = WriterProcess(
+        hermes_python(RELEASE), str(control_home / "state.db"), str(control_home / "writer.jsonl"), prefix="control"
+    )
+    writer.start()
+    control.start()
+    try:
+        time.sleep(0.5)
+        before = db_bytes(db)
+        result, rss = run()
+        after = db_bytes(db)
+        time.sleep(0.5)
+    finally:
+        summary = writer.stop()
+        control.stop()
+    records = writer.records()
+    stats = latency_stats(records, result["start"], result["end"])
+    stats["control"] = latency_stats(control.records(), result["start"], result["end"])
+    stats["phases"] = {
+        name: latency_stats(records, span[0], span[1]) for name, span in result["phases"].items() if span
+    }
+    stats["total_failed"] = summary["failed"]
+    stats["file_problems"] = summary["file_problems"]
+    result["bytes_reclaimed"] = before - after
+    shutil.rmtree(control_home, ignore_errors=True)
+    return result, rss, stats
+
+
+def run_hermes(home):
+    env = dict(os.environ, HERMES_HOME=str(home))
+    env.pop("PYTHONPATH", None)
+    msgs = count_messages(home / "state.db")
+    result, rss, stats = with_writer(
+        home, lambda: run_child([hermes_python(RELEASE), "-c", HERMES_CODE, str(home)], env)
+    )
+    result["messages_pruned"] = msgs - count_messages(home / "state.db") + stats_appended(home)
+    return result, rss, stats
+
+
+def stats_appended(home):
+    """Messages the writer added during the run (so pruned = before + appended - after)."""
+    with open(home / "writer.jsonl") as fh:
+        return sum(1 for line in fh if '"id": ' in line and '"id": null' not in line)
+
+
+def run_ours(home, opts=None):
+    options = {"hermes_home": [str(home)]}
+    options.update(opts or {})
+    cmd = [sys.executable, "-c", OURS_CODE, collections_root(), json.dumps(options)]
+    result, rss, stats = with_writer(home, lambda: run_child(cmd))
+    if result["status"] != "ok":
+        raise RuntimeError("our run failed: %s" % result["error"])
+    return result, rss, stats
+
+
+def time_cp(src, dst):
+    t0 = time.time()
+    subprocess.run(["cp", str(src), str(dst)], check=True)
+    t1 = time.time()
+    fd = os.open(str(dst), os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    t2 = time.time()
+    os.unlink(str(dst))
+    return t1 - t0, t2 - t0
+
+
+def span(result, name):
+    s = result["phases"].get(name)
+    return (s[1] - s[0]) if s else None
+
+
+def row_for(kind, result, rss, stats, size):
+    prune_s = span(result, "prune")
+    return {
+        "size": size,
+        "kind": kind,
+        "wall": result["end"] - result["start"],
+        "prune_s": prune_s,
+        "messages": result["messages_pruned"],
+        "rows_s": result["messages_pruned"] / prune_s if prune_s else None,
+        "worst": stats["max"],
+        "p99": stats["p99"],
+        "failed": stats["failed"],
+        "n_writes": stats["n"],
+        "control_worst": stats["control"]["max"],
+        "control_p99": stats["control"]["p99"],
+        "reclaimed": result["bytes_reclaimed"],
+        "rss": rss,
+        "phases": {
+            k: {"s": span(result, k), "max": v["max"], "p99": v["p99"], "failed": v["failed"]}
+            for k, v in stats["phases"].items()
+        },
+        "file_problems": stats["file_problems"],
+        "backup": result.get("backup"),
+        "reclaim": result.get("reclaim"),
+    }
+
+
+def bench_size(workdir, n, include_inc=True, opts=None):
+    size = size_label(n)
+    base = base_db(workdir, n)
+    rows = []
+    print("[%s] hermes prune_sessions + vacuum ..." % size, flush=True)
+    res = run_hermes(fresh_home(workdir, "run-hermes", base))
+    rows.append(row_for("hermes", *res, size))
+    print("[%s] ours (defaults) ..." % size, flush=True)
+    res = run_ours(fresh_home(workdir, "run-ours", base), opts)
+    rows.append(row_for("ours", *res, size))
+    backup = res[0]["backup"]
+    backup_s = span(res[0], "take_backup")
+    if include_inc:
+        inc = base_db(workdir, n, incremental=True)
+        print("[%s] ours on an auto_vacuum=INCREMENTAL copy ..." % size, flush=True)
+        res = run_ours(fresh_home(workdir, "run-ours-inc", inc), opts)
+        rows.append(row_for("ours-inc", *res, size))
+    cp_s, cp_sync_s = time_cp(base, workdir / "cp-target.db")
+    rows[1]["backup_cmp"] = {
+        "bytes": backup["bytes"],
+        "backup_s": backup_s,
+        "cp_s": cp_s,
+        "cp_fsync_s": cp_sync_s,
+        "ratio": cp_s / backup_s,
+        "ratio_fsync": cp_sync_s / backup_s,
+    }
+    for kind in ("ours", "ours-inc", "hermes"):
+        shutil.rmtree(workdir / ("run-" + kind), ignore_errors=True)
+    return rows
+
+
+def sweep(workdir, n, grid):
+    base = base_db(workdir, n)
+    out = []
+    for batch_size, pause in grid:
+        print("[sweep %s] batch_size=%d batch_pause=%s ..." % (size_label(n), batch_size, pause), flush=True)
+        # Hermes's prune on its own copy right before each point: the ratio is side by side.
+        hermes = row_for("hermes", *run_hermes(fresh_home(workdir, "run-sweep-hermes", base)), size_label(n))
+        res = run_ours(
+            fresh_home(workdir, "run-sweep", base), {"batch_size": batch_size, "batch_pause": pause, "backup": False}
+        )
+        row = row_for("ours", *res, size_label(n))
+        pr = row["phases"].get("prune", {})
+        out.append(
+            {
+                "batch_size": batch_size,
+                "batch_pause": pause,
+                "rows_s": row["rows_s"],
+                "hermes_rows_s": hermes["rows_s"],
+                "ratio": row["rows_s"] / hermes["rows_s"],
+                "prune_s": row["prune_s"],
+                "worst": pr.get("max"),
+                "p99": pr.get("p99"),
+                "failed": pr.get("failed"),
+                "control_worst": row["control_worst"],
+                "control_p99": row["control_p99"],
+            }
+        )
+        print(
+            "   rows/s %.0f (Hermes %.0f: %.2fx)  prune worst %.0f ms  p99 %.0f ms  (control worst %s p99 %s)"
+            % (
+                row["rows_s"],
+                hermes["rows_s"],
+                out[-1]["ratio"],
+                pr["max"] * 1000,
+                pr["p99"] * 1000,
+                ms(row["control_worst"]),
+                ms(row["control_p99"]),
+            ),
+            flush=True,
+        )
+    for name in ("run-sweep", "run-sweep-hermes"):
+        shutil.rmtree(workdir / name, ignore_errors=True)
+    return out
+
+
+# ------------------------------------------------------------------------ report
+
+
+def ms(value):
+    return "-" if value is None else "%.0f" % (value * 1000)
+
+
+def fmt_mb(value):
+    return "%.1f" % (value / MB)
+
+
+def machine():
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")][0]
+    except (OSError, IndexError):
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+    return "%s, %d cores (%s), %.0f GB RAM, Python %s, SQLite %s, load average at start %s" % (
+        platform.platform(),
+        os.cpu_count(),
+        cpu,
+        mem,
+        platform.python_version(),
+        sqlite3.sqlite_version,
+        "%.2f %.2f %.2f" % os.getloadavg(),
+    )
+
+
+def main_table(rows):
+    head = (
+        "| size | run | wall s | prune s | msgs pruned | rows/s | writer worst ms | writer p99 ms "
+        "| control worst / p99 ms | failed writes "
+        "| reclaimed MB | peak RSS MB |"
+    )
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        lines.append(
+            "| %s | %s | %.1f | %s | %d | %s | %s | %s | %s / %s | %d | %s | %.1f |"
+            % (
+                r["size"],
+                r["kind"],
+                r["wall"],
+                "-" if r["prune_s"] is None else "%.1f" % r["prune_s"],
+                r["messages"],
+                "-" if r["rows_s"] is None else "%.0f" % r["rows_s"],
+                ms(r["worst"]),
+                ms(r["p99"]),
+                ms(r["control_worst"]),
+                ms(r["control_p99"]),
+                r["failed"],
+                fmt_mb(r["reclaimed"]),
+                r["rss"],
+            )
+        )
+    return lines
+
+
+def phase_table(rows):
+    lines = ["| size | run | phase | s | writer worst ms | writer p99 ms | failed |", "|" + "---|" * 7]
+    for r in rows:
+        for name, ph in sorted(r["phases"].items(), key=lambda kv: kv[0]):
+            lines.append(
+                "| %s | %s | %s | %s | %s | %s | %d |"
+                % (
+                    r["size"],
+                    r["kind"],
+                    name,
+                    "-" if ph["s"] is None else "%.2f" % ph["s"],
+                    ms(ph["max"]),
+                    ms(ph["p99"]),
+                    ph["failed"] or 0,
+                )
+            )
+    return lines
+
+
+def backup_table(rows):
+    lines = [
+        "| size | file MB | our backup s (copy + verify + fsync) | cp s | cp + fsync s | backup / cp | "
+        "backup / (cp + fsync) |",
+        "|" + "---|" * 7,
+    ]
+    for r in rows:
+        b = r.get("backup_cmp")
+        if b:
+            lines.append(
+                "| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f |"
+                % (
+                    r["size"],
+                    fmt_mb(b["bytes"]),
+                    b["backup_s"],
+                    b["cp_s"],
+                    b["cp_fsync_s"],
+                    b["ratio"],
+                    b["ratio_fsync"],
+                )
+            )
+    return lines
+
+
+def targets(rows):
+    """One line per size and target: measured, target, met or MISSED."""
+    out = []
+    by = {}
+    for r in rows:
+        by.setdefault(r["size"], {})[r["kind"]] = r
+    for size, kinds in by.items():
+        h = kinds["hermes"]
+        for kind in ("ours", "ours-inc"):
+            r = kinds.get(kind)
+            if not r:
+                continue
+            checks = [
+                (
+                    "writer worst stall (whole run)",
+                    "%s ms" % ms(r["worst"]),
+                    "<= 250 ms",
+                    r["worst"] <= TARGETS["stall"],
+                ),
+                ("failed writes", str(r["failed"]), "0", r["failed"] == 0 and not r["file_problems"]),
+                (
+                    "prune rows/s vs Hermes",
+                    "%.2fx" % (r["rows_s"] / h["rows_s"]),
+                    ">= 0.5x",
+                    r["rows_s"] / h["rows_s"] >= TARGETS["rows_ratio"],
+                ),
+                ("peak RSS", "%.1f MB" % r["rss"], "<= 100 MB", r["rss"] <= TARGETS["rss_mb"]),
+            ]
+            b = r.get("backup_cmp")
+            if b:
+                checks.append(("backup vs cp", "%.2fx" % b["ratio"], ">= 0.5x", b["ratio"] >= TARGETS["backup_ratio"]))
+            for name, got, want, ok in checks:
+                out.append("| %s | %s | %s | %s | %s | %s |" % (size, kind, name, got, want, "met" if ok else "MISSED"))
+    return ["| size | run | target | measured | target | |", "|---|---|---|---|---|---|"] + out
+
+
+def growth(rows):
+    """How each figure grows with size, relative to the smallest size."""
+    lines = ["| run | figure | " + " | ".join(sorted({r["size"] for r in rows}, key=parse_size)) + " |"]
+    sizes = sorted({r["size"] for r in rows}, key=parse_size)
+    lines.append("|" + "---|" * (2 + len(sizes)))
+    for kind in ("hermes", "ours", "ours-inc"):
+        have = {r["size"]: r for r in rows if r["kind"] == kind}
+        if not have:
+            continue
+        for fig, get in (
+            ("wall s", lambda r: "%.1f" % r["wall"]),
+            ("writer worst ms", lambda r: ms(r["worst"])),
+            ("rows/s", lambda r: "%.0f" % r["rows_s"]),
+            ("peak RSS MB", lambda r: "%.1f" % r["rss"]),
+        ):
+            lines.append(
+                "| %s | %s | %s |" % (kind, fig, " | ".join(get(have[s]) if s in have else "-" for s in sizes))
+            )
+    return lines
+
+
+def write_report(path, command, rows, sweep_rows, started, finished, defaults):
+    text = [
+        "# Benchmarks: Hermes's own prune versus this collection, under a live writer",
+        "",
+        "Generated by `%s` (%s to %s UTC). Machine: %s."
+        % (
+            command,
+            time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
+            time.strftime("%H:%M", time.gmtime(finished)),
+            MACHINE,
+        ),
+        "",
+        "Each size is one generated database with the real Hermes 0.19.0 schema (both FTS indexes), half of",
+        "its sessions older than the 7-day window. Every run works on its own copy, side by side in this one",
+        "run, while a real Hermes 0.19.0 `SessionDB` in another process appends a message every 20 ms",
+        "(`tests/lib/hermes_writer.py`; Hermes's own every-1000th-write FTS optimize is switched off in the",
+        "writer so that the latencies are the ones the maintenance causes). `hermes` = `prune_sessions`",
+        "(one transaction) then `vacuum()` (FTS optimize + VACUUM); `ours` = `run_maintenance` with the",
+        "defaults (batch_size %(batch_size)s, batch_pause %(batch_pause)s s; backup, prune, FTS merge; the full"
+        % defaults,
+        "VACUUM is refused because the writer holds the file, so freed pages stay for reuse); `ours-inc` = the",
+        "same on a copy already in `auto_vacuum=INCREMENTAL` (left by one `vacuum_mode: full` run in a",
+        "service window), where `incremental_vacuum` gives the space back while Hermes writes.",
+        "",
+        "Writer latencies are those of every append that started while the maintenance process ran.",
+        "rows/s = messages pruned / duration of the prune phase (Hermes: `prune_sessions`). Peak RSS =",
+        "`VmHWM` of the maintenance process itself (its `wait4` ru_maxrss is in the raw data; on Linux it",
+        "starts from the forking parent's size, so it overstates small processes). The machine is shared:",
+        "compare the ratios measured side by side, not the absolute times across runs.",
+        "",
+        "## Targets",
+        "",
+    ]
+    text += targets(rows)
+    text += ["", "## Results", ""] + main_table(rows)
+    text += ["", "## Phases", ""] + phase_table(rows)
+    text += [
+        "",
+        "## Backup throughput",
+        "",
+        "Our backup = SQLite online backup of a read snapshot into a hidden `.partial` file, `quick_check` and",
+        "counts of the copy, fsync, rename (`take_backup`). `cp` is a plain copy of the same file.",
+        "",
+    ]
+    text += backup_table(rows)
+    text += ["", "## Growth with size", ""] + growth(rows)
+    if sweep_rows:
+        text += [
+            "",
+            "## batch_size x batch_pause (prune phase only, backup off)",
+            "",
+            "Each point: Hermes's `prune_sessions` on one copy, then ours on another, back to back.",
+            "",
+            "| batch_size | batch_pause s | rows/s | Hermes rows/s | ratio | prune s | writer worst ms "
+            "| writer p99 ms | control worst / p99 ms | failed |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for s in sweep_rows:
+            text.append(
+                "| %d | %s | %.0f | %.0f | %.2f | %.1f | %s | %s | %s / %s | %s |"
+                % (
+                    s["batch_size"],
+                    s["batch_pause"],
+                    s["rows_s"],
+                    s["hermes_rows_s"],
+                    s["ratio"],
+                    s["prune_s"],
+                    ms(s["worst"]),
+                    ms(s["p99"]),
+                    ms(s["control_worst"]),
+                    ms(s["control_p99"]),
+                    s["failed"],
+                )
+            )
+    text += [
+        "",
+        "## Raw data",
+        "",
+        "```json",
+        json.dumps({"rows": rows, "sweep": sweep_rows}, indent=1, default=str),
+        "```",
+        "",
+    ]
+    Path(path).write_text("\n".join(text))
+
+
+MACHINE = None
+
+
+def main(argv=None):
+    global MACHINE
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="50k,200k,800k")
+    parser.add_argument("--workdir", default=str(REPO / "build" / "bench"))
+    parser.add_argument("--out", default=str(REPO / "docs" / "benchmarks.md"))
+    parser.add_argument("--no-out", action="store_true", help="print only, do not write the report")
+    parser.add_argument("--no-inc", action="store_true", help="skip the ours-inc runs")
+    parser.add_argument("--sweep", action="store_true", help="also the batch_size x batch_pause grid")
+    parser.add_argument("--sweep-size", default="200k")
+    parser.add_argument("--opts", default=None, help="JSON engine options for the ours runs (exploration only)")
+    parser.add_argument(
+        "--grid",
+        default="200:0.02,500:0.02,500:0.05,1000:0.05,1000:0.1,2000:0.1",
+        help="batch_size:batch_pause pairs for --sweep",
+    )
+    args = parser.parse_args(argv)
+    if hermes_python(RELEASE) is None:
+        sys.exit("no venv with hermes-agent==%s: run tests/setup_hermes_venvs.sh %s" % (RELEASE, RELEASE))
+    MACHINE = machine()
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, collections_root())
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import DEFAULTS
+
+    CONTROL[str(workdir)] = str(base_db(workdir, 50000))
+    started = time.time()
+    print("machine: %s" % MACHINE, flush=True)
+    rows = []
+    for text in [t for t in args.sizes.split(",") if t.strip()]:
+        rows += bench_size(
+            workdir, parse_size(text), include_inc=not args.no_inc, opts=json.loads(args.opts) if args.opts else None
+        )
+        print("\n".join(main_table(rows)), flush=True)
+    sweep_rows = []
+    if args.sweep:
+        grid = [(int(a), float(b)) for a, b in (item.split(":") for item in args.grid.split(","))]
+        sweep_rows = sweep(workdir, parse_size(args.sweep_size), grid)
+    finished = time.time()
+    print()
+    for block in (main_table(rows), phase_table(rows), backup_table(rows), targets(rows)):
+        print("\n".join(block))
+        print()
+    command = "python bench/run.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
+    if not args.no_out:
+        write_report(args.out, command.strip(), rows, sweep_rows, started, finished, DEFAULTS)
+        print("wrote %s" % args.out)
+    self_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    print("(bench driver peak RSS %.0f MB)" % self_rss)
+    missed = [line for line in targets(rows) if line.endswith("MISSED |")]
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
