@@ -85,7 +85,7 @@ def test_dry_run_prints_seed_lines_and_changes_nothing(tmp_path, home, capsys):
 
 def test_real_run_does_what_the_dry_run_predicted(tmp_path, home, capsys):
     cfg = _config(tmp_path, hermes_home=[str(home)], prune_days=90, syslog=False)
-    _, predicted, _ = _run(capsys, ["--config", cfg, "--dry-run"])
+    predicted = _run(capsys, ["--config", cfg, "--dry-run"])[1]
     rc, done, err = _run(capsys, ["--config", cfg])
     assert rc == 0, err
 
@@ -93,15 +93,15 @@ def test_real_run_does_what_the_dry_run_predicted(tmp_path, home, capsys):
         return {m["name"]: (m["z"], m["p"]) for m in map(LINE.match, lines[1:-1])}
 
     assert counts(done) == counts(predicted)
-    rc, again, _ = _run(capsys, ["--config", cfg, "--dry-run"])
-    assert rc == 0
+    rc, again, err = _run(capsys, ["--config", cfg, "--dry-run"])
+    assert rc == 0, err
     assert set(counts(again).values()) == {("0", "0")}
 
 
 def test_json_output(tmp_path, home, capsys):
     cfg = _config(tmp_path, hermes_home=[str(home)], syslog=False)
-    rc, lines, _ = _run(capsys, ["--config", cfg, "--dry-run", "--json"])
-    assert rc == 0
+    rc, lines, err = _run(capsys, ["--config", cfg, "--dry-run", "--json"])
+    assert rc == 0, err
     result = json.loads("\n".join(lines))
     assert {p["name"] for p in result["profiles"]} == set(PROFILES)
     assert result["failed"] == []
@@ -146,11 +146,11 @@ def test_bad_config_exit_2_names_file_and_key(tmp_path, home, capsys, content, n
 
 
 def test_unreadable_or_invalid_config(tmp_path, capsys):
-    rc, _, err = _run(capsys, ["--config", str(tmp_path / "missing.json")])
+    rc, err = _run(capsys, ["--config", str(tmp_path / "missing.json")])[::2]
     assert rc == 2 and "missing.json" in err and "cannot read" in err
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    rc, _, err = _run(capsys, ["--config", str(bad)])
+    rc, err = _run(capsys, ["--config", str(bad)])[::2]
     assert rc == 2 and "not valid JSON" in err
 
 
@@ -160,7 +160,7 @@ def test_root_refuses_a_home_of_another_user(tmp_path, home, capsys):
         os.lchown(path, 65534, 65534)
     cfg = _config(tmp_path, hermes_home=[str(home)], syslog=False)
     before = _digests(home)
-    rc, _, err = _run(capsys, ["--config", cfg, "--dry-run"])
+    rc, err = _run(capsys, ["--config", cfg, "--dry-run"])[::2]
     assert rc == 2
     assert "refusing to run as root" in err and "--allow-root" in err and str(home) in err
     assert _digests(home) == before
@@ -184,7 +184,7 @@ def test_syslog_one_line_per_profile(tmp_path, home, capsys, monkeypatch):
 
     monkeypatch.setattr(runner, "syslog", FakeSyslog())
     cfg = _config(tmp_path, hermes_home=[str(home)])
-    rc, _, _ = _run(capsys, ["--config", cfg, "--dry-run"])
+    rc = _run(capsys, ["--config", cfg, "--dry-run"])[0]
     assert rc == 0
     assert ("open", "hermes-maintenance") in calls
     logged = [c[2] for c in calls if c[0] == "log"]
