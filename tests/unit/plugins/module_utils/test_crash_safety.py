@@ -1,12 +1,13 @@
 """Crash safety: SIGKILL the maintenance process at random points, then check nothing is worse.
 
 Each trial copies one prepared home (a bulk profile with hundreds of zombies, prunable
-sessions, transcripts and old backups, plus a profile with every selection rule), starts
+sessions, transcripts and old backups; a profile with every selection rule; and, when its
+venv exists, a file written by the real Hermes 0.19.0 with its inline FTS layout), starts
 ``run_maintenance`` in a separate ``python -c`` process that imports the engine from
 build/collections, waits until that process enters the phase the trial's seed picked
-(backup, zombie close, prune or reclaim; the phases are announced on stderr by thin
-wrappers that change nothing else), sleeps a seeded random fraction of that phase's
-measured length and sends SIGKILL. Then:
+(backup, zombie close, prune or reclaim, of the first profile or of a later one; the
+phases are announced on stderr by thin wrappers that change nothing else), sleeps a
+seeded random fraction of that phase's measured length and sends SIGKILL. Then:
 
 * ``PRAGMA integrity_check``, every FTS5 ``integrity-check`` and ``foreign_key_check`` pass;
 * every session an uninterrupted run keeps is there, its row and messages unchanged;
@@ -37,9 +38,10 @@ from hermes_reliability import CHILD, COLLECTIONS_ROOT, backup_problems, db_prob
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import list_backups
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from hermes_fixtures import build_home, make_big_home, standard_scenario
+from hermes_fixtures import build_home, layout_available, make_big_home, standard_scenario
 
 PHASES = ("backup", "zombies", "prune", "reclaim")
+RELEASE = "hermes-0.19.0"
 DAY = 86400.0
 TRIALS = int(os.environ.get("HERMES_CRASH_TRIALS", "20"))
 
@@ -79,6 +81,8 @@ def build_template(root):
         (sessions / ("%s.json" % sid)).write_text('{"id": "%s"}' % sid)
         (sessions / ("%s.jsonl" % sid)).write_text("{}\n")
     build_home(str(home), "v30", standard_scenario("v30")[0], now=now, profile="rules")
+    if layout_available(RELEASE):  # Hermes 0.19.0's own file: the inline FTS layout and its triggers
+        build_home(str(home), RELEASE, standard_scenario(RELEASE)[0], now=now, profile="release")
     # Old backups: retention removes the two beyond backup_keep_days, keeps the recent one.
     backups = home / "backups"
     backups.mkdir(mode=0o700)
@@ -92,7 +96,11 @@ def build_template(root):
 
 
 def profile_dbs(home):
-    return {"default": home / "state.db", "rules": home / "profiles" / "rules" / "state.db"}
+    dbs = {"default": home / "state.db"}
+    for name in ("rules", "release"):
+        if (home / "profiles" / name / "state.db").exists():
+            dbs[name] = home / "profiles" / name / "state.db"
+    return dbs
 
 
 def sessions_count(db):
@@ -103,8 +111,8 @@ def sessions_count(db):
         conn.close()
 
 
-def run_child(home, opts, target=None, delay_for=None, rng=None, timeout=120):
-    """Run maintenance in a child; with target, SIGKILL it inside that phase.
+def run_child(home, opts, target=None, occurrence=1, delay_for=None, rng=None, timeout=120):
+    """Run maintenance in a child; with target, SIGKILL it inside that phase (its n-th profile's).
 
     Returns (markers [(text, t)], kill time or None, stdout, returncode).
     """
@@ -122,7 +130,7 @@ def run_child(home, opts, target=None, delay_for=None, rng=None, timeout=120):
             match = re.match(r"^@@ (.+) (\d+\.\d+)$", line.strip())
             if match:
                 markers.append((match.group(1), float(match.group(2))))
-                if target and match.group(1) == target + " start":
+                if target and sum(1 for m in markers if m[0] == target + " start") == occurrence:
                     entered.set()
             else:
                 other.append(line)
@@ -133,7 +141,7 @@ def run_child(home, opts, target=None, delay_for=None, rng=None, timeout=120):
     killed_at = None
     if target:
         entered.wait(timeout)
-        if proc.poll() is None and any(m[0] == target + " start" for m in markers):
+        if proc.poll() is None and sum(1 for m in markers if m[0] == target + " start") >= occurrence:
             time.sleep(rng.random() * delay_for * 0.9)
             killed_at = time.monotonic()
             proc.send_signal(signal.SIGKILL)
@@ -178,13 +186,14 @@ def reference(tmp_path_factory):
         markers, _killed, stdout, _rc = run_child(home, options(home, compress))
         result = json.loads(stdout.strip().splitlines()[-1])
         assert not result["failed"], result
-        starts = {}
-        for text, when in markers:
+        starts, seen = {}, {}
+        for text, when in markers:  # each phase once per profile, profiles in a fixed order
             name, edge = text.rsplit(" ", 1)
             if edge == "start":
                 starts[name] = when
+                seen[name] = seen.get(name, 0) + 1
             elif name in starts:
-                durations[(compress, name)] = max(durations.get((compress, name), 0), when - starts.pop(name))
+                durations[(compress, name, seen[name])] = when - starts.pop(name)
         finals[compress] = {name: full_rows(db) for name, db in profile_dbs(home).items()}
         finals[compress]["transcripts"] = sorted(os.listdir(str(home / "sessions")))
     assert finals[False] == finals[True]
@@ -231,11 +240,23 @@ def test_sigkill_at_random_points(reference, tmp_path):
         home = tmp_path / ("trial-%d" % seed)
         shutil.copytree(str(reference["template"]), str(home), symlinks=True)
         opts = options(home, compress)
-        span = reference["durations"].get((compress, phase), 0.05)
-        markers, killed_at, _out, rc = run_child(home, opts, target=phase, delay_for=span, rng=rng)
+        # Which profile's phase: the big default one half the time, else one of the small ones.
+        count = max([k for (c, p, k) in reference["durations"] if (c, p) == (compress, phase)] or [1])
+        occurrence = 1 if rng.random() < 0.5 or count == 1 else rng.randint(2, count)
+        span = reference["durations"].get((compress, phase, occurrence), 0.05)
+        markers, killed_at, _out, rc = run_child(
+            home, opts, target=phase, occurrence=occurrence, delay_for=span, rng=rng
+        )
         where = landed(markers, killed_at)
         hits[where] = hits.get(where, 0) + 1
-        line = "seed %d: phase %s compress=%s -> killed in %s (rc %s)" % (seed, phase, compress, where, rc)
+        line = "seed %d: phase %s of profile #%d, compress=%s -> killed in %s (rc %s)" % (
+            seed,
+            phase,
+            occurrence,
+            compress,
+            where,
+            rc,
+        )
         report.append(line)
         problems = ["after the kill: %s" % p for p in check_after_kill(home, reference, tmp_path)]
         # The next run completes the work and leaves what an uninterrupted run leaves.
