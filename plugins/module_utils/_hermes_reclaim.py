@@ -17,7 +17,7 @@ from ._hermes_db import MB, begin_immediate, file_size, free_bytes, holders
 
 MERGE_PAGES = 256  # FTS5 'merge' work per transaction: a bounded write-lock hold
 MERGE_MAX_STEPS = 2000
-INCREMENTAL_PAGES = 2000  # pages freed per incremental_vacuum step (~60 ms here)
+INCREMENTAL_PAGES = 1000  # pages freed per incremental_vacuum step (30-80 ms here, see docs/benchmarks.md)
 AUTO_VACUUM_INCREMENTAL = 2
 
 

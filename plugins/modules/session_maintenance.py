@@ -84,13 +84,16 @@ options:
     description:
       - Most messages deleted in one transaction (messages fire Hermes's FTS triggers, so they bound the time
         the write lock is held).
+      - The default is the largest batch that, with the default O(batch_pause), kept a live Hermes writer's worst
+        stall within 250 ms in the collection's benchmark (docs/benchmarks.md); lower it on a busy small host.
     type: int
-    default: 200
+    default: 1000
   batch_pause:
     description:
       - Seconds to pause between transactions, so that a live gateway's writes get the lock.
+      - A waiting writer polls the lock every 25 ms or more, so a pause shorter than that can starve it.
     type: float
-    default: 0.02
+    default: 0.03
   allow_unknown_schema:
     description:
       - Maintain a C(schema_version) newer than any this collection knows. Refused by default.
