@@ -31,7 +31,9 @@ FULL = os.environ.get("HERMES_LIVE_SIZE", "reduced") == "full"
 SIZE = (2200, 100) if FULL else (400, 100)
 OLD_ZOMBIES = 20  # open cli sessions idle for weeks: closed, then pruned in the same run
 RECENT_ZOMBIES = 10  # open cli sessions idle 2-5 days: closed, kept
-STALL_LIMIT = 1.0  # seconds; far above the benchmark's 250 ms target: CI machines are shared
+# A safety net only (Hermes gives up on a write after ~17 s): the 250 ms target is measured by
+# bench/run.py with a control writer beside it; CI machines are shared and their load varies.
+STALL_LIMIT = 3.0
 
 pytestmark = [
     pytest.mark.slow,
