@@ -13,7 +13,7 @@ import json
 import os
 import time
 
-from ._hermes_db import begin_immediate
+from ._hermes_db import write_transaction
 from ._hermes_plan import live_leases
 
 ZOMBIE_CHUNK = 200
@@ -33,8 +33,7 @@ def close_zombies(conn, plan, schema, end_reason, pause):
     closed = []
     for start in range(0, len(plan.zombies), ZOMBIE_CHUNK):
         chunk = plan.zombies[start : start + ZOMBIE_CHUNK]
-        begin_immediate(conn)
-        try:
+        with write_transaction(conn):
             leased = live_leases(conn, schema, time.time())
             for sid, last in chunk:
                 if sid in leased:
@@ -44,11 +43,6 @@ def close_zombies(conn, plan, schema, end_reason, pause):
                     params.append(plan.zombie_cutoff)
                 if conn.execute(sql, params).rowcount:
                     closed.append(sid)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:  # SQLite already rolled back after e.g. SQLITE_FULL
-                conn.execute("ROLLBACK")
-            raise
         time.sleep(pause)
     return closed
 
@@ -63,7 +57,7 @@ class PruneResult:
         self.left_alone = []  # sessions that stopped qualifying while we worked
 
 
-def prune(conn, plan, schema, batch_size, pause, on_batch=None):
+def prune(conn, plan, schema, batch_size, pause):
     """Delete plan.delete_order in transactions of at most batch_size messages."""
     result = PruneResult()
     skipped = set()
@@ -71,8 +65,7 @@ def prune(conn, plan, schema, batch_size, pause, on_batch=None):
     pending = conn.execute("PRAGMA database_list").fetchone()[2] + PENDING_SUFFIX
     result.transcripts += finish_pending(conn, pending)
     for batch in _batches(plan, max(1, int(batch_size))):
-        begin_immediate(conn)
-        try:
+        with write_transaction(conn):
             leased = live_leases(conn, schema, time.time())
             done = []
             for sid, chunk in batch:
@@ -101,18 +94,11 @@ def prune(conn, plan, schema, batch_size, pause, on_batch=None):
             files = {sid: list(plan.transcripts.get(sid, ())) for sid in done if plan.transcripts.get(sid)}
             if files:  # a kill after the COMMIT must not leave these behind for good
                 _write_pending(pending, files)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:  # SQLite already rolled back after e.g. SQLITE_FULL
-                conn.execute("ROLLBACK")
-            raise
         result.sessions += len(done)
         for sid in done:
             result.transcripts += remove_files(plan.transcripts.get(sid, ()))
         if files:
             remove_files([pending])
-        if on_batch:
-            on_batch(result)
         time.sleep(pause)
     result.left_alone = sorted(skipped)
     return result

@@ -8,6 +8,7 @@ runner and the tests all use this file as it is.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -115,8 +116,21 @@ def open_rw(path, busy_timeout=5.0):
     return conn
 
 
-def begin_immediate(conn):
+@contextlib.contextmanager
+def write_transaction(conn):
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``: take the write lock up front, as Hermes's writers do.
+
+    On error, roll back unless SQLite already did (it does after e.g. SQLITE_FULL, and a
+    second ROLLBACK would hide the real error).
+    """
     conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 def file_size(path):

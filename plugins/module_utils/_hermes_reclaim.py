@@ -13,7 +13,7 @@ import os
 import tempfile
 import time
 
-from ._hermes_db import MB, begin_immediate, file_size, free_bytes, holders
+from ._hermes_db import MB, file_size, free_bytes, holders, write_transaction
 
 MERGE_PAGES = 256  # FTS5 'merge' work per transaction: a bounded write-lock hold
 MERGE_MAX_STEPS = 2000
@@ -30,15 +30,9 @@ def fts_merge(conn, fts, pause):
         name = '"%s"' % table["name"].replace('"', '""')
         sql = "INSERT INTO %s(%s, rank) VALUES('merge', %d)" % (name, name, MERGE_PAGES)
         for _step in range(MERGE_MAX_STEPS):
-            begin_immediate(conn)
             before = conn.total_changes
-            try:
+            with write_transaction(conn):
                 conn.execute(sql)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:  # SQLite already rolled back after e.g. SQLITE_FULL
-                    conn.execute("ROLLBACK")
-                raise
             steps += 1
             time.sleep(pause)
             if conn.total_changes - before < 2:  # FTS5's documented "no more work" signal
