@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Judge one phase of the fleet test from the evidence verify.yml collected.
 
     fleet_assert.py PHASE --manifest M [--evidence E] [--before B] [--record R] [--stdout S]
@@ -68,6 +67,7 @@ def broken(home):
 
 # ---------------------------------------------------------------------- record helpers
 
+
 def module_results(record):
     """{host: [result dicts of the session_maintenance module]} (loop results flattened)."""
     out = {}
@@ -118,6 +118,7 @@ def all_strings(value):
 
 # ---------------------------------------------------------------------------- phases
 
+
 def phase_cron(c, manifest, evidence):
     for host, home in sorted(manifest["homes"].items()):
         ev = evidence.get(host)
@@ -125,23 +126,39 @@ def phase_cron(c, manifest, evidence):
             continue
         c.check(bool(ev.get("cron_pids")), "%s: cron daemon running" % host, "no cron process")
         job = ev.get("job") or []
-        c.check(len(job) == 1, "%s: one maintenance job in %s's crontab" % (host, ev["user"]),
-                "crontab lines: %r" % ev.get("crontab", {}).get("lines"))
+        c.check(
+            len(job) == 1,
+            "%s: one maintenance job in %s's crontab" % (host, ev["user"]),
+            "crontab lines: %r" % ev.get("crontab", {}).get("lines"),
+        )
         if job:
             c.check(job[0].split()[:5] == ["*"] * 5, "%s: job runs every minute" % host, job[0])
         log = ev.get("log") or {}
-        if not c.check(log.get("exists"), "%s: runner log exists" % host,
-                       "config %s log_file=%r" % (ev.get("config_path"), (ev.get("config") or {}).get("log_file"))):
+        if not c.check(
+            log.get("exists"),
+            "%s: runner log exists" % host,
+            "config %s log_file=%r" % (ev.get("config_path"), (ev.get("config") or {}).get("log_file")),
+        ):
             continue
         text = log["text"]
         c.check(START in text and DONE in text, "%s: log has a complete run" % host, text[-400:])
         for name, prof in sorted(healthy(home).items()):
             want = re.compile(
                 r"^\d\d:\d\d:\d\d %s: zombies=%d pruned=%d freed=\d+MB remaining=%d sessions, %d messages"
-                % (re.escape(name), prof["zombies_closed"], prof["sessions_pruned"],
-                   prof["sessions_after"], prof["messages_after"]), re.M)
-            c.check(bool(want.search(text)), "%s/%s: log line with the expected counts" % (host, name),
-                    "wanted /%s/ in:\n%s" % (want.pattern, text[-1500:]))
+                % (
+                    re.escape(name),
+                    prof["zombies_closed"],
+                    prof["sessions_pruned"],
+                    prof["sessions_after"],
+                    prof["messages_after"],
+                ),
+                re.M,
+            )
+            c.check(
+                bool(want.search(text)),
+                "%s/%s: log line with the expected counts" % (host, name),
+                "wanted /%s/ in:\n%s" % (want.pattern, text[-1500:]),
+            )
         for name in broken(home):
             line = next((ln for ln in text.splitlines() if "ERROR" in ln and name in ln and "FAILED" in ln), None)
             c.check(line is not None, "%s/%s: log names the broken profile as FAILED" % (host, name), text[-800:])
@@ -150,11 +167,17 @@ def phase_cron(c, manifest, evidence):
         check_databases(c, host, home, ev, after=True)
         for name in healthy(home):
             rx = re.compile(BACKUP_NAME.format(profile=re.escape(name)))
-            c.check(any(rx.match(b) for b in ev.get("backups", [])), "%s/%s: backup in %s" % (host, name, ev.get("backup_dir")),
-                    "backups: %r" % ev.get("backups"))
+            c.check(
+                any(rx.match(b) for b in ev.get("backups", [])),
+                "%s/%s: backup in %s" % (host, name, ev.get("backup_dir")),
+                "backups: %r" % ev.get("backups"),
+            )
         for name in broken(home):
             rx = re.compile(BACKUP_NAME.format(profile=re.escape(name)))
-            c.check(not any(rx.match(b) for b in ev.get("backups", [])), "%s/%s: no backup of the broken file" % (host, name))
+            c.check(
+                not any(rx.match(b) for b in ev.get("backups", [])),
+                "%s/%s: no backup of the broken file" % (host, name),
+            )
         c.check(not ev.get("foreign"), "%s: every file is %s's" % (host, ev["user"]), "%r" % ev.get("foreign"))
 
 
@@ -163,21 +186,29 @@ def check_databases(c, host, home, ev, after):
         got = ev["profiles"].get(name)
         if not c.check(got is not None, "%s/%s: state.db present" % (host, name)):
             continue
-        c.check(got["mode"] == "0600" and got["uid"] == ev["uid"], "%s/%s: state.db 0600 and %s's" % (host, name, ev["user"]),
-                "mode %s uid %s" % (got["mode"], got["uid"]))
+        c.check(
+            got["mode"] == "0600" and got["uid"] == ev["uid"],
+            "%s/%s: state.db 0600 and %s's" % (host, name, ev["user"]),
+            "mode %s uid %s" % (got["mode"], got["uid"]),
+        )
         if prof["broken"]:
             c.check(not got.get("sqlite"), "%s/%s: broken file left as it was" % (host, name))
             continue
         sessions = prof["sessions_after"] if after else prof["sessions_before"]
         messages = prof["messages_after"] if after else prof["messages_before"]
-        c.check(got.get("sessions") == sessions and got.get("messages") == messages,
-                "%s/%s: %d sessions, %d messages" % (host, name, sessions, messages),
-                "found %s sessions, %s messages (%s)" % (got.get("sessions"), got.get("messages"), got.get("error", "")))
+        c.check(
+            got.get("sessions") == sessions and got.get("messages") == messages,
+            "%s/%s: %d sessions, %d messages" % (host, name, sessions, messages),
+            "found %s sessions, %s messages (%s)" % (got.get("sessions"), got.get("messages"), got.get("error", "")),
+        )
         if after:
             missing = sorted(set(prof["kept"]) - set(got.get("ids", [])))
             extra = sorted(set(got.get("ids", [])) - set(prof["kept"]))
-            c.check(not missing and not extra, "%s/%s: exactly the kept sessions remain" % (host, name),
-                    "missing %r, not pruned %r" % (missing, extra))
+            c.check(
+                not missing and not extra,
+                "%s/%s: exactly the kept sessions remain" % (host, name),
+                "missing %r, not pruned %r" % (missing, extra),
+            )
         c.check(got.get("integrity") == "ok", "%s/%s: quick_check ok" % (host, name), str(got.get("integrity")))
 
 
@@ -201,14 +232,19 @@ def phase_quiet(c, manifest, before, evidence):
             continue
         c.check(not e.get("job"), "%s: still no maintenance job" % host, "%r" % e.get("job"))
         boundary = (int(b["time"]) // 60 + 1) * 60 + 5
-        c.check(e["time"] >= boundary, "%s: a minute boundary passed since the removal" % host,
-                "removed at %d, checked at %d" % (b["time"], e["time"]))
+        c.check(
+            e["time"] >= boundary,
+            "%s: a minute boundary passed since the removal" % host,
+            "removed at %d, checked at %d" % (b["time"], e["time"]),
+        )
         watched = sorted(set(b.get("watch") or {}) | set(e.get("watch") or {}))
         c.check(bool(watched), "%s: the runner's log is watched" % host, "no log path from the cron phase")
         for path in watched:
-            c.check((b.get("watch") or {}).get(path) == (e.get("watch") or {}).get(path),
-                    "%s: %s untouched since the removal" % (host, path),
-                    "%r -> %r" % ((b.get("watch") or {}).get(path), (e.get("watch") or {}).get(path)))
+            c.check(
+                (b.get("watch") or {}).get(path) == (e.get("watch") or {}).get(path),
+                "%s: %s untouched since the removal" % (host, path),
+                "%r -> %r" % ((b.get("watch") or {}).get(path), (e.get("watch") or {}).get(path)),
+            )
 
 
 def check_broken_host(c, record, host, home, results):
@@ -216,14 +252,20 @@ def check_broken_host(c, record, host, home, results):
     fails = failed_tasks(record, host)
     if not c.check(bool(fails), "%s: the task fails (broken profile %s)" % (host, ", ".join(names))):
         return
-    msg = " ".join(str(r.get("msg", "")) for _, r in fails)
-    c.check(all(n in msg for n in names) and "state.db" in msg,
-            "%s: the failure message names the broken profile and its file" % host, msg[:600])
+    msg = " ".join(str(r.get("msg", "")) for _name, r in fails)
+    c.check(
+        all(n in msg for n in names) and "state.db" in msg,
+        "%s: the failure message names the broken profile and its file" % host,
+        msg[:600],
+    )
     profs = profile_results(results)
     for name in healthy(home):
         if name in profs:
-            c.check(profs[name].get("status") == "ok", "%s/%s: healthy profile ok beside the broken one" % (host, name),
-                    str(profs[name].get("error")))
+            c.check(
+                profs[name].get("status") == "ok",
+                "%s/%s: healthy profile ok beside the broken one" % (host, name),
+                str(profs[name].get("error")),
+            )
 
 
 def phase_maintain(c, manifest, record, mode, before=None, evidence=None):
@@ -237,38 +279,59 @@ def phase_maintain(c, manifest, record, mode, before=None, evidence=None):
         if broken(home):
             check_broken_host(c, record, host, home, res)
         else:
-            c.check(not failed_tasks(record, host) and not stats.get(host, {}).get("failures"),
-                    "%s: no failed task" % host, "%r" % [n for n, _ in failed_tasks(record, host)])
+            c.check(
+                not failed_tasks(record, host) and not stats.get(host, {}).get("failures"),
+                "%s: no failed task" % host,
+                "%r" % [name for name, _res in failed_tasks(record, host)],
+            )
         for name, prof in sorted(healthy(home).items()):
             got = profs.get(name)
             if not c.check(got is not None, "%s/%s: profile reported" % (host, name), "reported: %r" % sorted(profs)):
                 continue
             if mode in ("check", "real"):
                 for key in ("zombies_closed", "sessions_pruned", "messages_pruned"):
-                    c.check(got.get(key) == prof[key], "%s/%s: %s=%d" % (host, name, key, prof[key]),
-                            "reported %r" % got.get(key))
+                    c.check(
+                        got.get(key) == prof[key],
+                        "%s/%s: %s=%d" % (host, name, key, prof[key]),
+                        "reported %r" % got.get(key),
+                    )
                 c.check(bool(got.get("changed")), "%s/%s: reported as changed" % (host, name))
                 after = got.get("after") or {}
-                c.check(after.get("sessions") == prof["sessions_after"],
-                        "%s/%s: %s sessions after = %d" % (host, name, "predicted" if mode == "check" else "reported",
-                                                           prof["sessions_after"]), "got %r" % after.get("sessions"))
+                c.check(
+                    after.get("sessions") == prof["sessions_after"],
+                    "%s/%s: %s sessions after = %d"
+                    % (host, name, "predicted" if mode == "check" else "reported", prof["sessions_after"]),
+                    "got %r" % after.get("sessions"),
+                )
             else:  # again
-                c.check(not got.get("changed") and not got.get("zombies_closed") and not got.get("sessions_pruned"),
-                        "%s/%s: no change on the second run" % (host, name),
-                        "changed=%r zombies_closed=%r sessions_pruned=%r" % (
-                            got.get("changed"), got.get("zombies_closed"), got.get("sessions_pruned")))
+                c.check(
+                    not got.get("changed") and not got.get("zombies_closed") and not got.get("sessions_pruned"),
+                    "%s/%s: no change on the second run" % (host, name),
+                    "changed=%r zombies_closed=%r sessions_pruned=%r"
+                    % (got.get("changed"), got.get("zombies_closed"), got.get("sessions_pruned")),
+                )
         if mode == "again" and not broken(home):
             c.check(not any(r.get("changed") for r in res), "%s: task reports no change" % host)
         if mode == "check":
             b, e = before.get(host, {}).get("profiles", {}), evidence.get(host, {}).get("profiles", {})
             for name in sorted(home["profiles"]):
-                same = b.get(name) and e.get(name) and all(
-                    (b[name].get(k) or {}).get("sha256") == (e[name].get(k) or {}).get("sha256") for k in ("wal",)
-                ) and b[name]["sha256"] == e[name]["sha256"]
-                c.check(bool(same), "%s/%s: byte-identical after --check" % (host, name),
-                        "before %s after %s" % ((b.get(name) or {}).get("sha256"), (e.get(name) or {}).get("sha256")))
-            c.check(before.get(host, {}).get("backups") == evidence.get(host, {}).get("backups"),
-                    "%s: no backup written by --check" % host)
+                same = (
+                    b.get(name)
+                    and e.get(name)
+                    and all(
+                        (b[name].get(k) or {}).get("sha256") == (e[name].get(k) or {}).get("sha256") for k in ("wal",)
+                    )
+                    and b[name]["sha256"] == e[name]["sha256"]
+                )
+                c.check(
+                    bool(same),
+                    "%s/%s: byte-identical after --check" % (host, name),
+                    "before %s after %s" % ((b.get(name) or {}).get("sha256"), (e.get(name) or {}).get("sha256")),
+                )
+            c.check(
+                before.get(host, {}).get("backups") == evidence.get(host, {}).get("backups"),
+                "%s: no backup written by --check" % host,
+            )
     if evidence is not None and mode == "real":
         for host, home in sorted(manifest["homes"].items()):
             if host in evidence:
@@ -281,11 +344,20 @@ def phase_idempotent(c, manifest, record):
         st = stats.get(host)
         if not c.check(st is not None, "%s: schedule.yml ran" % host):
             continue
-        changed = [t.get("name") for p in record.get("plays", []) for t in p.get("tasks", [])
-                   if (t.get("hosts", {}).get(host) or {}).get("_status") == "changed"]
-        c.check(not st.get("changed") and not changed, "%s: second apply changed nothing" % host, "changed: %r" % changed)
-        c.check(not st.get("failures") and not st.get("unreachable"), "%s: second apply did not fail" % host,
-                "%r" % [n for n, _ in failed_tasks(record, host)])
+        changed = [
+            t.get("name")
+            for p in record.get("plays", [])
+            for t in p.get("tasks", [])
+            if (t.get("hosts", {}).get(host) or {}).get("_status") == "changed"
+        ]
+        c.check(
+            not st.get("changed") and not changed, "%s: second apply changed nothing" % host, "changed: %r" % changed
+        )
+        c.check(
+            not st.get("failures") and not st.get("unreachable"),
+            "%s: second apply did not fail" % host,
+            "%r" % [name for name, _res in failed_tasks(record, host)],
+        )
 
 
 def phase_report(c, manifest, record, stdout_text):
@@ -297,19 +369,24 @@ def phase_report(c, manifest, record, stdout_text):
         for name in sorted(home["profiles"]):
             rx = re.compile(r"(^|[^\w-])%s([^\w-]|$)" % re.escape(host))
             rp = re.compile(r"(^|[^\w-])%s([^\w-]|$)" % re.escape(name))
-            c.check(any(rx.search(ln) and rp.search(ln) for ln in lines),
-                    "%s/%s: a row in the fleet table" % (host, name))
+            c.check(
+                any(rx.search(ln) and rp.search(ln) for ln in lines), "%s/%s: a row in the fleet table" % (host, name)
+            )
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("phase", choices=["idempotent", "cron", "absent", "quiet", "check", "real", "again", "report"])
     parser.add_argument("--manifest", required=True)
     parser.add_argument("--evidence")
     parser.add_argument("--before")
     parser.add_argument("--record")
-    parser.add_argument("--stdout", action="append", default=[],
-                        help="text output to search (report: ansible-playbook's stdout, the Markdown table)")
+    parser.add_argument(
+        "--stdout",
+        action="append",
+        default=[],
+        help="text output to search (report: ansible-playbook's stdout, the Markdown table)",
+    )
     args = parser.parse_args(argv)
 
     c = Checker(args.phase)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Evidence from one fleet host, gathered AS the Hermes user (run by verify.yml).
 
     fleet_inspect.py [--home HERMES_HOME] [--checksums-only] [--watch PATH]...
@@ -90,8 +89,7 @@ def db_counts(path):
 
 def crontab():
     try:
-        proc = subprocess.run(["crontab", "-l"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              universal_newlines=True, check=False)
+        proc = subprocess.run(["crontab", "-l"], capture_output=True, text=True, check=False)
     except OSError as exc:
         return {"rc": None, "error": str(exc), "lines": []}
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
@@ -148,7 +146,7 @@ def find_config(job_lines):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--home", default="~/.hermes")
     parser.add_argument("--checksums-only", action="store_true")
     parser.add_argument("--watch", action="append", default=[], help="report size and mtime of this path")
@@ -156,8 +154,14 @@ def main(argv=None):
 
     uid = os.getuid()
     home = os.path.expanduser(args.home)
-    out = {"user": pwd.getpwuid(uid).pw_name, "uid": uid, "home": home, "profiles": {}, "time": time.time(),
-           "watch": {}}
+    out = {
+        "user": pwd.getpwuid(uid).pw_name,
+        "uid": uid,
+        "home": home,
+        "profiles": {},
+        "time": time.time(),
+        "watch": {},
+    }
     for path in args.watch:
         try:
             st = os.stat(os.path.expanduser(path))

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Generate the Hermes homes of the fleet test on the controller, one archive per home.
 
     make_fleet_data.py --spec SPEC.json --out DIR [--now UNIX_TIME]
@@ -68,11 +67,12 @@ def build_profile(hermes_home, prof, now):
         return entry
     layout = prof.get("layout", "v30")
     if not hermes_fixtures.layout_available(layout):
-        raise SystemExit("make_fleet_data: layout %s is not available here: %s"
-                         % (layout, hermes_fixtures.missing_venv_message(layout)))
+        raise SystemExit(
+            "make_fleet_data: layout %s is not available here: %s"
+            % (layout, hermes_fixtures.missing_venv_message(layout))
+        )
     specs, expected = hermes_fixtures.standard_scenario(layout)
-    db = hermes_fixtures.build_home(hermes_home, layout, specs, now=now,
-                                    profile=None if name == "default" else name)
+    db = hermes_fixtures.build_home(hermes_home, layout, specs, now=now, profile=None if name == "default" else name)
     sessions, messages, open_sessions = count_rows(db)
     zombies = sorted(expected["zombies"])
     pruned = sorted(expected["pruned"])
@@ -95,8 +95,10 @@ def build_profile(hermes_home, prof, now):
         messages_after=messages - expected["messages_pruned"],
     )
     if entry["sessions_after"] != len(kept):
-        raise SystemExit("make_fleet_data: %s/%s: %d sessions built, %d expected kept + %d pruned"
-                         % (hermes_home, name, sessions, len(kept), len(pruned)))
+        raise SystemExit(
+            "make_fleet_data: %s/%s: %d sessions built, %d expected kept + %d pruned"
+            % (hermes_home, name, sessions, len(kept), len(pruned))
+        )
     return entry
 
 
@@ -126,7 +128,7 @@ def build_home_archive(home_spec, out_dir, now):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--spec", required=True, help="JSON file: {'homes': [...]}")
     parser.add_argument("--out", required=True, help="output directory (created)")
     parser.add_argument("--now", type=float, default=None, help="unix time the data ages count back from")
@@ -141,9 +143,17 @@ def main(argv=None):
     for home_spec in spec["homes"]:
         home = build_home_archive(home_spec, out_dir, now)
         homes[home["host"]] = home
-        print("%s (%s): %s" % (home["host"], home["user"], ", ".join(
-            "%s=%s" % (n, "BROKEN" if p["broken"] else "%s/%d sessions" % (p["layout"], p["sessions_before"]))
-            for n, p in sorted(home["profiles"].items()))))
+        print(
+            "%s (%s): %s"
+            % (
+                home["host"],
+                home["user"],
+                ", ".join(
+                    "%s=%s" % (n, "BROKEN" if p["broken"] else "%s/%d sessions" % (p["layout"], p["sessions_before"]))
+                    for n, p in sorted(home["profiles"].items())
+                ),
+            )
+        )
     manifest = {"now": now, "generator": "tests/lib/hermes_fixtures.py standard_scenario", "homes": homes}
     path = out_dir / "manifest.json"
     path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
