@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hermes_reliability import chown_tree, ensure_user, need_root, world_traversable_dir
+from hermes_reliability import chown_tree, ensure_user, files_not_owned_by, need_root, world_traversable_dir
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from hermes_fixtures import build_home, layout_available, missing_venv_message, open_with_release, standard_scenario
@@ -243,6 +243,8 @@ def test_restore_end_to_end(ansible_playbook, world):
     with gzip.open(world["gz"]) as handle:
         assert handle.read(16) == b"SQLite format 3\x00"  # the backup itself is still there, still compressed
     gateway.ctl("stop")
+    # Run as root, yet every file in the home (restored file, lock, kept copies) is the user's.
+    assert files_not_owned_by(home, world["uid"]) == []
 
     # The real Hermes opens the restored file and finds its sessions and messages.
     if not layout_available("hermes-0.19.0"):

@@ -103,6 +103,15 @@ def profile_dbs(home):
     return dbs
 
 
+def transcripts(home):
+    """Every transcript file of every profile, relative to the home."""
+    found = []
+    for dirpath, _dirs, filenames in os.walk(str(home)):
+        if os.path.basename(dirpath) == "sessions":
+            found += [os.path.relpath(os.path.join(dirpath, n), str(home)) for n in filenames]
+    return sorted(found)
+
+
 def sessions_count(db):
     conn = sqlite3.connect(str(db))
     try:
@@ -195,7 +204,7 @@ def reference(tmp_path_factory):
             elif name in starts:
                 durations[(compress, name, seen[name])] = when - starts.pop(name)
         finals[compress] = {name: full_rows(db) for name, db in profile_dbs(home).items()}
-        finals[compress]["transcripts"] = sorted(os.listdir(str(home / "sessions")))
+        finals[compress]["transcripts"] = transcripts(home)
     assert finals[False] == finals[True]
     kept = {name: set(rows) for name, rows in finals[False].items() if name != "transcripts"}
     for name, rows in before.items():
@@ -231,7 +240,7 @@ def test_sigkill_at_random_points(reference, tmp_path):
     print(
         "crash trials: %d, base seed %d (re-run one: HERMES_CRASH_SEED=<seed> HERMES_CRASH_TRIALS=1)" % (TRIALS, base)
     )
-    report, failures, hits = [], [], {}
+    failures, hits = [], {}
     for i in range(TRIALS):
         seed = base + i
         rng = random.Random(seed)
@@ -257,7 +266,7 @@ def test_sigkill_at_random_points(reference, tmp_path):
             where,
             rc,
         )
-        report.append(line)
+        print(line, flush=True)  # live with -s (make crash-trials)
         problems = ["after the kill: %s" % p for p in check_after_kill(home, reference, tmp_path)]
         # The next run completes the work and leaves what an uninterrupted run leaves.
         second = run_maintenance(opts)
@@ -274,7 +283,7 @@ def test_sigkill_at_random_points(reference, tmp_path):
         leftovers = [n for n in os.listdir(str(home / "backups")) if n.startswith(".")]
         if leftovers:
             problems.append("after the next run: partial backups left: %s" % leftovers)
-        left_transcripts = sorted(set(os.listdir(str(home / "sessions"))) - set(reference["final"]["transcripts"]))
+        left_transcripts = sorted(set(transcripts(home)) - set(reference["final"]["transcripts"]))
         if left_transcripts:
             problems.append("after the next run: transcripts of pruned sessions left: %s" % left_transcripts[:5])
         journals = [n for n in os.listdir(str(home)) if n.endswith(".hermes-ops-transcripts")]
@@ -283,7 +292,6 @@ def test_sigkill_at_random_points(reference, tmp_path):
         if problems:
             failures.append("%s\n    %s" % (line, "\n    ".join(problems)))
         shutil.rmtree(str(home))
-    print("\n".join(report))
     print("kills landed: %s" % hits)
     assert not failures, "base seed %d\n%s" % (base, "\n".join(failures))
     inside = sum(hits.get(p, 0) for p in PHASES)
