@@ -8,9 +8,11 @@ checks it without writing anything near the database; ``restore`` then does it:
 1. the backup is copied (or decompressed) to a hidden ``.state.db.restore.partial``
    beside state.db, fsynced, verified (``quick_check`` and the counts of the plan), and
    given the owner and mode 0600 of the file it replaces;
-2. state.db and its sidecars (``-wal``, ``-shm``) are moved, together, into a new
-   directory ``state.db.pre-restore-<UTC time>`` beside them: kept, never deleted;
-3. the verified copy is renamed to state.db and checked again.
+2. state.db (hard-linked) and its sidecars (``-wal``, ``-shm``, ``-journal``, moved) go,
+   together, into a new directory ``state.db.pre-restore-<UTC time>`` beside them: kept,
+   never deleted;
+3. the verified copy is renamed over state.db (atomically: the name never goes missing,
+   so a gateway started after a crash can never create an empty database) and checked again.
 
 Anything failing after step 2 puts the original files back. A database held open by
 another process (a running gateway) is refused unless ``force``: Hermes remembers the
@@ -216,28 +218,41 @@ def _restore(plan, force):
     seq = 1
     while os.path.lexists(aside):
         aside, seq = "%s-%d" % (plan["aside"], seq), seq + 1
+    kept = os.path.join(aside, "state.db")
+    has_db = "state.db" in current["files"]
     try:
         if current["files"]:
             os.mkdir(aside, 0o700)
             os.chown(aside, current["uid"], current["gid"])
-            # The sidecars first: a -wal must never sit beside a state.db it does not belong to.
-            for name in sorted(current["files"], key=lambda n: n == "state.db"):
-                os.rename(os.path.join(directory, name), os.path.join(aside, name))
-                moved.append(name)
-            fsync_path(aside)
-        os.rename(partial, db)
+            if has_db:  # a second name for the old file: state.db itself never goes missing
+                os.link(db, kept)
+                moved.append("state.db")
+            # The sidecars go before the new file comes: a -wal must never sit beside a
+            # state.db it does not belong to (SQLite would replay it into that file).
+            for name in current["files"]:
+                if name != "state.db":
+                    os.rename(os.path.join(directory, name), os.path.join(aside, name))
+                    moved.append(name)
+        os.rename(partial, db)  # atomic: at every moment state.db is the old file or the new one
         renamed = True
-        fsync_path(directory)
+        for path in ([aside] if moved else []) + [directory]:
+            fsync_path(path)
         restored = db_counts(db)
         if (restored["sessions"], restored["messages"]) != (backup["sessions"], backup["messages"]):
             raise MaintenanceError("%s does not match the backup after the rename" % db)
     except BaseException:
-        # Back to how it was: the new file goes, the originals return (state.db first).
-        if renamed:
+        # Back to how it was: the old file at its name again (over the new one), then its sidecars.
+        if has_db and "state.db" in moved:
+            if renamed:
+                os.rename(kept, db)
+            else:
+                os.unlink(kept)
+        elif renamed:
             _remove(db)
-        for name in sorted(moved, key=lambda n: n != "state.db"):
-            os.rename(os.path.join(aside, name), os.path.join(directory, name))
-        if moved:
+        for name in moved:
+            if name != "state.db":
+                os.rename(os.path.join(aside, name), os.path.join(directory, name))
+        if moved or os.path.isdir(aside):
             os.rmdir(aside)
         _remove(partial)
         raise

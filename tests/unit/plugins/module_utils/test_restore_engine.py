@@ -168,3 +168,31 @@ def test_no_room_for_the_restored_file_refused_before_anything_moves(tmp_path):
         assert "MB needed" in str(err.value) and "nothing was changed" in str(err.value)
         assert sorted(os.listdir(str(home))) == ["filler", "state.db", "state.db.auto-maintenance.lock"]
         assert digest(home / "state.db") == before
+
+
+def test_failure_before_the_new_file_arrives_puts_everything_back(home, monkeypatch):
+    db = home / "state.db"
+    conn = sqlite3.connect(str(db))
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('only-in-wal', 'cli', ?)", (time.time(),))
+    conn.commit()
+    files = sorted(n for n in os.listdir(str(home)) if n.startswith("state.db"))
+    digests = {n: digest(home / n) for n in files}
+    inode = os.stat(str(db)).st_ino
+    real_rename = os.rename
+
+    def no_rename_of_the_new_file(src, dst):
+        if os.path.basename(src) == _hermes_restore.PARTIAL:
+            raise OSError(5, "simulated I/O error")
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", no_rename_of_the_new_file)
+    with pytest.raises(OSError):
+        restore(plan_restore(str(home), "default"), force=True)
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert sorted(n for n in os.listdir(str(home)) if n.startswith("state.db")) == files
+    assert {n: digest(home / n) for n in files} == digests and os.stat(str(db)).st_ino == inode
+    assert os.stat(str(db)).st_nlink == 1  # the second name in the aside directory is gone again
+    assert not [n for n in os.listdir(str(home)) if n.startswith(".state.db.restore")]
+    assert conn.execute("SELECT COUNT(*) FROM sessions WHERE id = 'only-in-wal'").fetchone() == (1,)
+    conn.close()
