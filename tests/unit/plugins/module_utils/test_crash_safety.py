@@ -34,8 +34,21 @@ import threading
 import time
 
 import pytest
-from hermes_reliability import CHILD, COLLECTIONS_ROOT, backup_problems, db_problems, full_rows, session_rows
+from hermes_reliability import (
+    CHILD,
+    COLLECTIONS_ROOT,
+    backup_problems,
+    chown_tree,
+    db_problems,
+    ensure_user,
+    files_not_owned_by,
+    full_rows,
+    need_root,
+    session_rows,
+    world_traversable_dir,
+)
 
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply, _hermes_engine
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import list_backups
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from hermes_fixtures import build_home, layout_available, make_big_home, standard_scenario
@@ -297,3 +310,46 @@ def test_sigkill_at_random_points(reference, tmp_path):
     inside = sum(hits.get(p, 0) for p in PHASES)
     # Timing on a loaded machine moves some kills into the next phase; but most must land in one.
     assert inside * 2 >= TRIALS, "only %d of %d kills landed inside a phase: %s" % (inside, TRIALS, hits)
+
+
+def test_killed_worker_is_reported_and_the_other_profiles_maintained(monkeypatch):
+    """(root) On a user's home the work runs in a child switched to that user; SIGKILL it mid-prune."""
+    need_root()
+    uid, gid = ensure_user("hermes-ops-t1")
+    base = world_traversable_dir("hermes-ops-worker-")
+    try:
+        home = base / "home"
+        specs = [
+            {"id": "old%02d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
+            for i in range(6)
+        ] + [{"id": "new", "source": "cli", "started_days_ago": 1, "ended_days_ago": 0.5, "messages": 2}]
+        for profile in (None, "work"):
+            build_home(str(home), "v30", specs, profile=profile)
+        chown_tree(home, uid, gid)
+        real_prune, real_remove = _hermes_engine.prune, _hermes_apply.remove_files
+        worker = {"dies": False}  # each profile's worker is its own forked process
+
+        def prune_and_mark(conn, *args, **kwargs):
+            worker["dies"] = conn.execute("PRAGMA database_list").fetchone()[2] == str(home / "state.db")
+            return real_prune(conn, *args, **kwargs)
+
+        def remove_then_die(paths):  # prune removes files right after a batch commits
+            if worker["dies"]:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real_remove(paths)
+
+        monkeypatch.setattr(_hermes_engine, "prune", prune_and_mark)
+        monkeypatch.setattr(_hermes_apply, "remove_files", remove_then_die)
+        first = {p["name"]: p for p in run_maintenance({"hermes_home": [str(home)], "batch_size": 3})["profiles"]}
+        monkeypatch.undo()
+        assert first["default"]["status"] == "failed"
+        assert "worker process for uid %d died before reporting" % uid in first["default"]["error"]
+        assert first["work"]["status"] == "ok" and first["work"]["sessions_pruned"] == 6
+        assert db_problems(home / "state.db") == []
+        assert "new" in session_rows(home / "state.db")
+        again = run_maintenance({"hermes_home": [str(home)]})["profiles"][0]
+        assert again["status"] == "ok" and again["sessions_pruned"] >= 1
+        assert set(session_rows(home / "state.db")) == {"new"}
+        assert files_not_owned_by(home, uid) == []
+    finally:
+        shutil.rmtree(str(base), ignore_errors=True)
