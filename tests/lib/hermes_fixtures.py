@@ -1055,7 +1055,13 @@ def _run_writer(layout, home, db_path, plan_obj):
         env["HERMES_HOME"] = str(home)
         env.pop("PYTHONPATH", None)
         proc = subprocess.run(
-            [py, str(WRITER), plan_path], capture_output=True, env=env, cwd=str(home), text=True, timeout=600
+            [py, str(WRITER), plan_path],
+            capture_output=True,
+            env=env,
+            cwd=str(home),
+            text=True,
+            timeout=600,
+            check=False,
         )
     finally:
         os.unlink(plan_path)
@@ -1516,7 +1522,7 @@ def make_big_home(home, layout, n_sessions, msgs_per_session, old_fraction=0.5, 
             span = last - start
             for j in range(msgs_per_session):
                 role = "tool" if j % 5 == 4 else ("user" if j % 2 == 0 else "assistant")
-                words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(8, 24)))
+                words = " ".join(rng.choice(_WORDS) for _word in range(rng.randint(8, 24)))
                 msg_rows.append((sid, role, words, start + span * (j + 1) / max(msgs_per_session, 1)))
         conn.execute("BEGIN")
         if LAYOUT_FEATURES[layout]["last_activity"]:
@@ -1577,6 +1583,7 @@ print(json.dumps({"sessions": [r["id"] for r in rows], "hits": len(hits),
         [py, "-c", code, str(db_path), search_word],
         capture_output=True,
         text=True,
+        check=False,
         env=env,
         timeout=300,
         cwd=str(Path(db_path).parent),

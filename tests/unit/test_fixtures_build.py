@@ -55,7 +55,7 @@ def _objects(conn, kind):
 
 @pytest.mark.parametrize("layout", hf.LAYOUTS)
 def test_layout_schema_and_fts(built, layout):
-    home, db, specs, _ = built(layout)
+    home, db, specs, _expected = built(layout)
     feats = hf.LAYOUT_FEATURES[layout]
     assert db == home / "state.db"
     conn = sqlite3.connect(str(db))
@@ -115,7 +115,7 @@ def test_layout_schema_and_fts(built, layout):
 
 @pytest.mark.parametrize("layout", hf.LAYOUTS)
 def test_times_and_markers(built, layout):
-    _, db, specs, _ = built(layout)
+    _home, db, specs, _expected = built(layout)
     conn = sqlite3.connect(str(db))
     conn.row_factory = sqlite3.Row
     try:
@@ -160,7 +160,7 @@ def test_times_and_markers(built, layout):
 
 @pytest.mark.parametrize("layout", hf.LAYOUTS)
 def test_real_release_opens_built_file(built, layout, tmp_path):
-    _, db, specs, _ = built(layout)
+    _home, db, specs, _expected = built(layout)
     release = _reader_release(layout)
     copy = hf.copy_db(db, tmp_path / "state.db")  # a release may migrate on open
     seen = hf.open_with_release(release, copy, "zebra")
