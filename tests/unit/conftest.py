@@ -13,6 +13,7 @@ symlink to the repo root there if it is missing, as ``make collection-link`` doe
 at a real ``ansible_collections/hermes_agent/ops`` path, which is used as is.
 """
 
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -38,3 +39,25 @@ def _collections_root(repo):
 for _path in (str(_collections_root(REPO_ROOT)), str(REPO_ROOT / "tests" / "lib")):
     if _path not in sys.path:
         sys.path.insert(0, _path)
+
+
+# ansible-test units runs pytest with its own ini file (not pyproject.toml): register the
+# project's markers here too, so --strict-markers accepts them there.
+MARKERS = (
+    "slow: takes more than a few seconds (still part of `make test`)",
+    "matrix: support-matrix run over Hermes releases / Python versions (`make matrix`, not in `make test`)",
+)
+
+
+def pytest_configure(config):
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+
+
+def pytest_report_header(config):
+    # the support matrix records which Python and which SQLite library each run tested
+    return "hermes_agent.ops: Python %s (%s), SQLite %s" % (
+        sys.version.split()[0],
+        sys.executable,
+        sqlite3.sqlite_version,
+    )
