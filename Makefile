@@ -34,7 +34,8 @@ ANSIBLE_ENV := ANSIBLE_COLLECTIONS_PATH=$(COLLECTIONS_ROOT) \
 	PATH=$(BIN):$$PATH
 
 .PHONY: fmt help setup hermes-venvs collection-link lint ruff-check ruff-format ansible-lint changelog-lint \
-	unit integration matrix sanity test demo changelog build requirements-lock clean distclean
+	unit units integration matrix matrix-python matrix-controller setup-313 sanity docs-lint changelog-check \
+	release-check test demo changelog changelog-release build requirements-lock clean distclean
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -122,8 +123,61 @@ matrix: $(STAMP) collection-link ## the support-matrix tests only (marker `matri
 sanity: $(STAMP) ## ansible-test sanity --venv --python 3.11 on a clean copy of the tracked tree
 	@PATH=$(BIN):$$PATH bash scripts/sanity.sh $(BIN)/ansible-test
 
-test: $(STAMP) collection-link ## THE test run (CI): lint, unit, integration, sanity
-	@bash scripts/run_steps.sh "$(MAKE)" lint unit integration sanity
+units: $(STAMP) ## ansible-test units --venv --python 3.11 on a copy under build/units/ansible_collections/...
+	@PATH=$(BIN):$$PATH bash scripts/units.sh $(BIN)/ansible-test --python 3.11 $(UNITS_ARGS)
+
+# ------------------------------------------------------------------- support matrix
+# Managed-node Pythons: the engine unit tests (tests/unit/plugins/module_utils) on each, in
+# small venvs .cache/matrix/py<ver> (requirements/matrix-python.txt). Tests marked `slow`
+# (latency measurements under a live writer) run on 3.11 only, in `make unit`.
+MATRIX_PYTHONS ?= 3.8 3.9 3.10 3.11 3.12 3.13
+MATRIX_MARKERS ?= not matrix and not slow
+# Second controller: the newest ansible-core (requirements/controller-py313.txt) on Python 3.13.
+PYENV_ROOT ?= $(HOME)/.pyenv
+PYTHON313 ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.13*/bin/python3.13 /root/.pyenv/versions/3.13*/bin/python3.13) \
+	$(shell command -v python3.13 2>/dev/null))
+VENV313 ?= .venv-313
+BIN313 := $(CURDIR)/$(VENV313)/bin
+STAMP313 := $(VENV313)/.setup-stamp
+
+matrix-python: $(STAMP) collection-link ## engine unit tests on Python 3.8-3.13 (pyenv), each with the SQLite it links
+	@bash scripts/matrix_python.sh "$(MATRIX_PYTHONS)" "$(MATRIX_MARKERS)" $(PYTEST_ARGS)
+
+$(STAMP313): requirements/controller-py313.txt
+	@test -n "$(PYTHON313)" && test -x "$(PYTHON313)" \
+		|| { echo "error: no Python 3.13 (pyenv versions/3.13.* or python3.13 on PATH; or PYTHON313=...)" >&2; exit 1; }
+	rm -rf $(VENV313)
+	$(PYTHON313) -m venv $(VENV313)
+	$(BIN313)/python -m pip install --quiet --no-input -r requirements/controller-py313.txt $(PIP_FILTER)
+	$(BIN313)/python -m pip check
+	touch $(STAMP313)
+	@echo "setup-313: done ($(VENV313) with $$($(BIN313)/ansible --version | head -1), $$($(BIN313)/python --version))"
+
+setup-313: $(STAMP313) ## create .venv-313 (newest ansible-core on Python 3.13) for matrix-controller
+
+matrix-controller: $(STAMP) $(STAMP313) collection-link ## integration + docs tests on the newest ansible-core / Python 3.13
+	@echo "+ controller: $$($(BIN313)/ansible --version | head -1), $$($(BIN313)/python --version)"
+	@ANSIBLE_COLLECTIONS_PATH=$(COLLECTIONS_ROOT) ANSIBLE_LOCAL_TEMP=$(CURDIR)/build/ansible-tmp-313 \
+		ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0 PATH=$(BIN313):$$PATH \
+		bash scripts/pytest.sh $(BIN313)/pytest tests/integration -m "$(PYTEST_MARKERS)" -p no:cacheprovider $(PYTEST_ARGS)
+
+# ----------------------------------------------------------------- docs and release
+
+docs-lint: $(STAMP) collection-link ## antsibull-docs lint-collection-docs (plugin and role docs, extra docs, references)
+	$(ANSIBLE_ENV) $(BIN)/antsibull-docs lint-collection-docs --plugin-docs --check-extra-docs-refs \
+		--validate-collection-refs all $(COLLECTION_LINK)
+
+changelog-check: $(STAMP) ## generate the changelog on a scratch copy (fragments kept) and check every entry is in it
+	@bash scripts/changelog.sh $(BIN)/antsibull-changelog
+
+release-check: $(STAMP) ## build the artifact, check its contents, install it, smoke-run the installed maintain.yml --check
+	@$(BIN)/python scripts/release_smoke.py
+
+# Steps of `make test`, in order: quick checks first, the long matrix last.
+TEST_STEPS ?= lint docs-lint changelog-check unit integration sanity units release-check matrix-controller matrix-python
+
+test: $(STAMP) collection-link ## THE test run (CI): lint, docs, unit, integration, sanity, units, release, support matrix
+	@bash scripts/run_steps.sh "$(MAKE)" $(TEST_STEPS)
 
 # ------------------------------------------------------------------------ use/build
 
@@ -132,7 +186,10 @@ demo: $(STAMP) collection-link ## run playbooks/demo.yml against a generated dem
 	@mkdir -p build/ansible-tmp
 	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i localhost, -c local playbooks/demo.yml
 
-changelog: $(STAMP) ## lint fragments, then `antsibull-changelog release` for galaxy.yml's version
+changelog: $(STAMP) ## write CHANGELOG.md/.rst for galaxy.yml's version (preview; fragments kept)
+	@bash scripts/changelog.sh $(BIN)/antsibull-changelog --write
+
+changelog-release: $(STAMP) ## at release time: `antsibull-changelog release` (folds the fragments into changelog.yaml)
 	$(BIN)/antsibull-changelog lint
 	$(BIN)/antsibull-changelog release
 
@@ -144,8 +201,8 @@ clean: ## remove build outputs and caches (keeps .venv)
 	rm -rf build tests/output .pytest_cache .ruff_cache
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
-distclean: clean ## also remove .venv and .cache
-	rm -rf $(VENV) .cache
+distclean: clean ## also remove .venv, .venv-313 and .cache
+	rm -rf $(VENV) $(VENV313) .cache
 
 # Other parts of the project may add targets in mk/*.mk without editing this file.
 -include $(wildcard mk/*.mk)

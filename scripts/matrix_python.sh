@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Managed-node Python matrix: the engine unit tests (tests/unit/plugins/module_utils, the real
+# engine against real SQLite files) on each Python the collection supports on managed hosts.
+#
+# For each version, a small venv .cache/matrix/py<ver> (pytest etc. pinned in
+# requirements/matrix-python.txt, recreated when that file changes) is made from the
+# interpreter found under pyenv (or on PATH), then pytest runs with the project's
+# pyproject.toml settings. Every run prints the Python and the SQLite library it links
+# (tests/unit/conftest.py); a summary table follows. A version with no interpreter fails.
+#
+# Usage: scripts/matrix_python.sh "3.8 3.9 ..." "MARKERS" [extra pytest args...]
+set -uo pipefail
+versions=$1
+markers=$2
+shift 2
+repo=$(cd "$(dirname "$0")/.." && pwd -P)
+cd "$repo" || exit 1
+reqs=requirements/matrix-python.txt
+req_hash=$(sha256sum "$reqs" | cut -c1-16)
+logdir=build/matrix
+mkdir -p "$logdir" .cache/matrix
+pip_filter() { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+
+find_python() {
+    local ver=$1 root="" candidate
+    if command -v pyenv >/dev/null 2>&1; then root=$(pyenv root); elif [ -d /root/.pyenv ]; then root=/root/.pyenv; fi
+    for candidate in ${root:+"$root"/versions/"$ver".*/bin/python"$ver"} "$(command -v "python$ver" 2>/dev/null)"; do
+        if [ -n "$candidate" ] && [ -x "$candidate" ] && "$candidate" -c 'import sqlite3' >/dev/null 2>&1; then
+            echo "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+
+declare -a rows=()
+failed=0
+for ver in $versions; do
+    start=$(date +%s)
+    echo
+    echo "---------------------------------------------------------------- Python $ver"
+    if ! py=$(find_python "$ver"); then
+        echo "error: no Python $ver interpreter (pyenv versions/$ver.* or python$ver on PATH)" >&2
+        rows+=("$(printf '%-6s %-10s %-8s %-8s %5ss' "$ver" "-" "-" "MISSING" 0)")
+        failed=$((failed + 1))
+        continue
+    fi
+    venv=.cache/matrix/py$ver
+    if [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$req_hash $py" ]; then
+        echo "+ $py -m venv $venv; pip install -r $reqs"
+        rm -rf "$venv"
+        if ! { "$py" -m venv "$venv" \
+            && "$venv/bin/python" -m pip install --quiet --no-input --disable-pip-version-check -r "$reqs" 2>&1 | pip_filter; } \
+            || ! "$venv/bin/python" -m pytest --version >/dev/null 2>&1; then
+            echo "error: could not set up $venv" >&2
+            rows+=("$(printf '%-6s %-10s %-8s %-8s %5ss' "$ver" "-" "-" "SETUP" $(($(date +%s) - start)))")
+            failed=$((failed + 1))
+            continue
+        fi
+        echo "$req_hash $py" >"$venv/.stamp"
+    fi
+    full=$("$venv/bin/python" -c 'import sys; print(sys.version.split()[0])')
+    sqlite=$("$venv/bin/python" -c 'import sqlite3; print(sqlite3.sqlite_version)')
+    echo "+ pytest tests/unit/plugins/module_utils -m \"$markers\" $* (Python $full at $py, SQLite $sqlite)"
+    "$venv/bin/python" -m pytest tests/unit/plugins/module_utils -m "$markers" -p no:cacheprovider "$@" \
+        2>&1 | tee "$logdir/py$ver.log"
+    rc=${PIPESTATUS[0]}
+    status=ok
+    if [ "$rc" -ne 0 ]; then
+        status=FAILED
+        [ "$rc" -eq 5 ] && echo "error: pytest collected no tests on Python $ver" >&2
+        failed=$((failed + 1))
+    fi
+    counts=$(tail -n 1 "$logdir/py$ver.log" | sed -E 's/^=+ //; s/ in [0-9.]+s.*//')
+    rows+=("$(printf '%-6s %-10s %-8s %-8s %5ss  %s' "$ver" "$full" "$sqlite" "$status" $(($(date +%s) - start)) "$counts")")
+done
+
+echo
+echo "---------------------------------------------------------------- managed-node Python matrix"
+printf '%-6s %-10s %-8s %-8s %6s  %s\n' python version sqlite result time tests
+printf '%s\n' "${rows[@]}"
+if [ "$failed" -ne 0 ]; then
+    echo "matrix-python: $failed of $(wc -w <<<"$versions") Pythons FAILED (logs in $logdir/)"
+    exit 1
+fi
+echo "matrix-python: all $(wc -w <<<"$versions") Pythons passed"
