@@ -5,9 +5,10 @@
 #   make crash-trials CRASH_SEED=4242 CRASH_TRIALS=1   replay one trial printed by a failing run
 #   make reliability                           every reliability test once (crash trials at the CI count)
 #
-# `make test` runs the same crash test with HERMES_CRASH_TRIALS' default (20).
+# `make test` runs the same tests with the defaults HERMES_CRASH_TRIALS=20, HERMES_RESTORE_CRASH_TRIALS=8.
 
 CRASH_TRIALS ?= 200
+RESTORE_CRASH_TRIALS ?= 50
 CRASH_SEED ?=
 RELIABILITY_TESTS := tests/unit/plugins/module_utils/test_crash_safety.py \
 	tests/unit/plugins/module_utils/test_full_disk.py \
@@ -17,10 +18,10 @@ RELIABILITY_TESTS := tests/unit/plugins/module_utils/test_crash_safety.py \
 
 .PHONY: crash-trials reliability
 
-crash-trials: $(STAMP) collection-link ## SIGKILL maintenance at random points, CRASH_TRIALS times (default 200; seeds printed)
-	@HERMES_CRASH_TRIALS=$(CRASH_TRIALS) HERMES_CRASH_SEED=$(CRASH_SEED) \
+crash-trials: $(STAMP) collection-link ## SIGKILL maintenance (CRASH_TRIALS, default 200) and restore (RESTORE_CRASH_TRIALS, 50) at random points
+	@HERMES_CRASH_TRIALS=$(CRASH_TRIALS) HERMES_RESTORE_CRASH_TRIALS=$(RESTORE_CRASH_TRIALS) HERMES_CRASH_SEED=$(CRASH_SEED) \
 		bash scripts/pytest.sh $(BIN)/pytest tests/unit/plugins/module_utils/test_crash_safety.py \
-		-s --timeout=0 $(PYTEST_ARGS)
+		tests/unit/plugins/module_utils/test_restore_engine.py -k "sigkill" -s --timeout=0 $(PYTEST_ARGS)
 
 reliability: $(STAMP) collection-link ## crash, full disk, permissions, contention, bad input tests; then restore.yml end to end
 	@bash scripts/pytest.sh $(BIN)/pytest $(RELIABILITY_TESTS) -m "$(PYTEST_MARKERS)" $(PYTEST_ARGS)
