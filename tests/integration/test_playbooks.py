@@ -1,0 +1,188 @@
+# Copyright: contributors to hermes_agent.ops
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The collection's playbooks and role through real ansible-playbook runs on localhost:
+demo.yml, maintain.yml (--check, real, a failing profile), report.yml (table, Markdown,
+CSV) and schedule.yml with the role's `hermes` scheduler (Hermes's own cron/jobs.json),
+switching it off, and state=absent. Everything lives under tmp_path and belongs to the
+user running the tests (no root, no crontab, no systemd needed)."""
+
+import csv
+import getpass
+import hashlib
+import importlib.util
+import json
+import re
+import stat
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LINE = re.compile(
+    r"^(?P<name>[\w-]+): zombies=(?P<z>\d+) pruned=(?P<p>\d+) freed=\d+MB remaining=\d+ sessions, \d+ messages$"
+)
+PROFILES = ["default", "work", "research"]
+
+
+def make_home(path, sessions=20):
+    spec = importlib.util.spec_from_file_location(
+        "hermes_demo_home", REPO / "playbooks" / "files" / "hermes_demo_home.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main([str(path), "--profiles", ",".join(PROFILES), "--sessions", str(sessions), "--force"]) == 0
+    return path
+
+
+def digests(home):
+    paths = [home / "state.db"] + sorted(home.glob("profiles/*/state.db"))
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+
+
+def counts(lines):
+    return {m["name"]: (int(m["z"]), int(m["p"])) for m in map(LINE.match, lines) if m}
+
+
+def common_vars(home):
+    # No become: the tests run as whoever runs them, on files that user owns.
+    return {"hermes_maintenance_homes": [str(home)], "hermes_maintenance_become": False}
+
+
+def test_demo(ansible_playbook, tmp_path):
+    demo = tmp_path / "demo"
+    rc, out = ansible_playbook(
+        "playbooks/demo.yml", extra_vars={"hermes_demo_home": str(demo), "hermes_demo_sessions": 20}
+    )
+    assert rc == 0, getattr(out, "text", out)
+    dry = out.result("Dry run (check mode)")
+    real = out.result("Maintain for real")
+    again = out.result("Maintain again")
+    assert counts(dry["summary"]) == counts(real["summary"])
+    assert set(counts(real["summary"])) == set(PROFILES)
+    assert any(p for _z, p in counts(real["summary"]).values())
+    assert not again["changed"]
+    assert set(counts(again["summary"]).values()) == {(0, 0)}
+
+
+def test_maintain_check_real_and_failing_profile(ansible_playbook, tmp_path):
+    home = make_home(tmp_path / "hermes")
+    broken = home / "profiles" / "broken"
+    broken.mkdir()
+    (broken / "state.db").write_bytes(b"not a database\n")
+    extra = dict(common_vars(home), hermes_maintenance_prune_days=90)
+    before = digests(home)
+
+    rc, out = ansible_playbook("playbooks/maintain.yml", extra_vars=extra, check=True)
+    assert rc == 2, getattr(out, "text", out)  # the broken profile fails the host, also in check mode
+    assert digests(home) == before
+    predicted = counts(out.result("Summary")["msg"])
+    assert set(predicted) == set(PROFILES)
+
+    rc, out = ansible_playbook("playbooks/maintain.yml", extra_vars=extra)
+    assert rc == 2, getattr(out, "text", out)
+    assert counts(out.result("Summary")["msg"]) == predicted
+    failure = out.result("Fail when a profile failed")
+    assert failure["_status"] == "failed"
+    assert "broken" in failure["msg"] and str(broken / "state.db") in failure["msg"]
+
+    (broken / "state.db").unlink()
+    rc, out = ansible_playbook("playbooks/maintain.yml", extra_vars=extra)
+    assert rc == 0, getattr(out, "text", out)
+    assert not out.result("Maintain")["changed"]
+    assert out.result("Fail when a profile failed")["_status"] == "skipped"
+
+
+def test_report(ansible_playbook, tmp_path):
+    home = make_home(tmp_path / "hermes")
+    broken = home / "profiles" / "broken"
+    broken.mkdir()
+    (broken / "state.db").write_bytes(b"not a database\n")
+    md, csv_path = tmp_path / "report.md", tmp_path / "report.csv"
+    extra = dict(common_vars(home), hermes_report_markdown=str(md), hermes_report_csv=str(csv_path))
+    rc, out = ansible_playbook("playbooks/report.yml", extra_vars=extra)
+    assert rc == 0, getattr(out, "text", out)
+    printed = out.result("Print the table")["msg"]
+    assert printed[0].split("|")[1].strip() == "host"
+    for name in [*PROFILES, "broken"]:
+        assert any(f"| {name} " in line for line in printed), printed
+    assert md.read_text().count("| localhost ") == len(PROFILES) + 1
+    rows = list(csv.DictReader(csv_path.open()))
+    assert {r["profile"] for r in rows} == {*PROFILES, "broken"}
+    assert list(rows[0]) == ["host", "profile", "size", "sessions", "messages", "prunable", "newest_backup", "note"]
+    by_name = {r["profile"]: r for r in rows}
+    assert by_name["broken"]["note"].startswith("FAILED")
+    assert int(by_name["default"]["prunable"]) > 0
+    assert by_name["default"]["newest_backup"] == "none"
+
+
+def test_schedule_with_hermes_cron_then_none_then_absent(ansible_playbook, tmp_path):
+    home = make_home(tmp_path / "hermes", sessions=20)
+    install = tmp_path / "install"
+    extra = dict(
+        common_vars(home),
+        hermes_maintenance_user=getpass.getuser(),
+        hermes_maintenance_install_dir=str(install),
+        hermes_maintenance_scheduler="hermes",
+        hermes_maintenance_prune_days=90,
+        hermes_maintenance_syslog=False,
+    )
+    # An existing job of the user's must survive every step.
+    (home / "cron").mkdir()
+    theirs = {"id": "abc123def456", "name": "their job", "schedule": {"kind": "interval", "minutes": 60}}
+    (home / "cron" / "jobs.json").write_text(json.dumps({"jobs": [theirs]}))
+
+    rc, out = ansible_playbook("playbooks/schedule.yml", extra_vars=extra)
+    assert rc == 0, getattr(out, "text", out)
+    jobs = json.loads((home / "cron" / "jobs.json").read_text())["jobs"]
+    assert [j["id"] for j in jobs][0] == "abc123def456"
+    ours = [j for j in jobs if j["id"] != "abc123def456"]
+    assert len(ours) == 1
+    job = ours[0]
+    assert job["no_agent"] is True and job["enabled"] is True
+    assert job["schedule"] == {"kind": "cron", "expr": "0 4 1 * *", "display": "0 4 1 * *"}
+    script = home / "scripts" / job["script"]
+    assert script.is_file() and job["script"].endswith(".sh")
+    assert stat.S_IMODE((home / "cron" / "jobs.json").stat().st_mode) == 0o600
+    config = install / "maintenance.json"
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    assert json.loads(config.read_text())["hermes_home"] == [str(home)]
+    assert stat.S_IMODE((home / "backups").stat().st_mode) == 0o700
+
+    # What Hermes's scheduler would run: the script under bash, cwd = the scripts dir.
+    before = digests(home)
+    proc = subprocess.run(
+        ["bash", str(script), "--dry-run"], cwd=str(script.parent), capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "=== Session Maintenance Start ===" and lines[-1] == "=== Session Maintenance Done ==="
+    assert set(counts(line.split(" ", 1)[1] for line in lines[1:-1])) == set(PROFILES)
+    assert digests(home) == before
+
+    # Hermes records run-time fields; applying again must neither undo them nor report a change.
+    data = json.loads((home / "cron" / "jobs.json").read_text())
+    for j in data["jobs"]:
+        if j["id"] == job["id"]:
+            j["next_run_at"] = "2030-01-01T04:00:00+00:00"
+            j["repeat"]["completed"] = 3
+    (home / "cron" / "jobs.json").write_text(json.dumps(data))
+    rc, out = ansible_playbook("playbooks/schedule.yml", extra_vars=extra)
+    assert rc == 0, getattr(out, "text", out)
+    assert out["stats"]["localhost"]["changed"] == 0, [
+        t["name"] for t in out.tasks() if t["hosts"]["localhost"].get("changed")
+    ]
+    again = {j["id"]: j for j in json.loads((home / "cron" / "jobs.json").read_text())["jobs"]}
+    assert again[job["id"]]["repeat"]["completed"] == 3
+
+    # Switching the scheduler off removes the job and its script; theirs stays.
+    rc, out = ansible_playbook("playbooks/schedule.yml", extra_vars=dict(extra, hermes_maintenance_scheduler="none"))
+    assert rc == 0, getattr(out, "text", out)
+    assert [j["id"] for j in json.loads((home / "cron" / "jobs.json").read_text())["jobs"]] == ["abc123def456"]
+    assert not script.exists()
+    assert config.exists()
+
+    # absent: nothing of the role is left but the backups.
+    rc, out = ansible_playbook("playbooks/schedule.yml", extra_vars=dict(extra, hermes_maintenance_state="absent"))
+    assert rc == 0, getattr(out, "text", out)
+    assert not install.exists()
+    assert (home / "backups").is_dir()
+    assert [j["id"] for j in json.loads((home / "cron" / "jobs.json").read_text())["jobs"]] == ["abc123def456"]
