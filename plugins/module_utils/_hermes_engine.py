@@ -45,7 +45,7 @@ DEFAULTS = {
     "vacuum_mode": "auto",
     "vacuum_threshold": 25.0,
     "vacuum_switch_incremental": True,
-    "batch_size": 1000,
+    "batch_size": 500,
     "batch_pause": 0.03,
     "busy_timeout": 5.0,
     "allow_unknown_schema": False,

@@ -87,7 +87,7 @@ options:
       - The default is the largest batch that, with the default O(batch_pause), kept a live Hermes writer's worst
         stall within 250 ms in the collection's benchmark (docs/benchmarks.md); lower it on a busy small host.
     type: int
-    default: 1000
+    default: 500
   batch_pause:
     description:
       - Seconds to pause between transactions, so that a live gateway's writes get the lock.
