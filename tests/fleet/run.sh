@@ -6,7 +6,8 @@
 #
 # Needs a venv with ansible-core + molecule (FLEET_BIN, default <repo>/.venv/bin: `make
 # setup`). Does the rest itself, each step idempotent: the image (build-image.sh),
-# containers.podman (install-collections.sh), the hermes_agent.ops collection symlink in
+# containers.podman (install-collections.sh), the Hermes release venvs
+# (tests/setup_hermes_venvs.sh), the hermes_agent.ops collection symlink in
 # build/collections. Whole run bounded by FLEET_TIMEOUT seconds (default 900).
 set -euo pipefail
 
@@ -25,6 +26,9 @@ export CONTAINERS_CONF="$repo/tests/fleet/containers.conf"
 "$repo/tests/fleet/build-image.sh"
 stamp "image ready"
 "$repo/tests/fleet/install-collections.sh" "$bin/python"
+# Hermes releases that write some of the fleet's databases (hermes-0.x layouts)
+bash "$repo/tests/setup_hermes_venvs.sh"
+stamp "controller prerequisites ready"
 
 # hermes_agent.ops from this work tree (same link as the Makefile's collection-link)
 link="$repo/build/collections/ansible_collections/hermes_agent/ops"
