@@ -21,8 +21,12 @@ ZOMBIE_CHUNK = 200
 PENDING_SUFFIX = ".hermes-ops-transcripts"
 
 
-def close_zombies(conn, plan, schema, end_reason, pause):
-    """Set ended_at to each zombie's last activity, unless it woke up since the plan."""
+def close_zombies(conn, plan, schema, end_reason, pause, closed):
+    """Set ended_at to each zombie's last activity, unless it woke up since the plan.
+
+    ``closed`` collects the ids as each transaction commits, so a run that fails halfway
+    still reports what it did.
+    """
     cols = schema["session_columns"]
     still_idle = "AND NOT EXISTS (SELECT 1 FROM messages WHERE session_id = ? AND timestamp >= ?)"
     if "last_activity_at" in cols:
@@ -30,11 +34,11 @@ def close_zombies(conn, plan, schema, end_reason, pause):
     if "pinned" in cols:
         still_idle += " AND NOT pinned"
     sql = "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL " + still_idle
-    closed = []
     for start in range(0, len(plan.zombies), ZOMBIE_CHUNK):
         chunk = plan.zombies[start : start + ZOMBIE_CHUNK]
         with write_transaction(conn):
             leased = live_leases(conn, schema, time.time())
+            done = []
             for sid, last in chunk:
                 if sid in leased:
                     continue
@@ -42,7 +46,8 @@ def close_zombies(conn, plan, schema, end_reason, pause):
                 if "last_activity_at" in cols:
                     params.append(plan.zombie_cutoff)
                 if conn.execute(sql, params).rowcount:
-                    closed.append(sid)
+                    done.append(sid)
+        closed.extend(done)
         time.sleep(pause)
     return closed
 
@@ -54,17 +59,25 @@ class PruneResult:
         self.orphaned = 0
         self.transcripts = 0
         self.prompts = 0
-        self.left_alone = []  # sessions that stopped qualifying while we worked
+        self.left_alone = set()  # sessions that stopped qualifying while we worked
+
+    def add(self, other):
+        for name in ("sessions", "messages", "orphaned", "transcripts", "prompts"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
-def prune(conn, plan, schema, batch_size, pause):
-    """Delete plan.delete_order in transactions of at most batch_size messages."""
-    result = PruneResult()
-    skipped = set()
+def prune(conn, plan, schema, batch_size, pause, result):
+    """Delete plan.delete_order in transactions of at most batch_size messages.
+
+    ``result`` (a PruneResult) is updated as each transaction commits, so a run that fails
+    halfway still reports what it did.
+    """
+    skipped = result.left_alone
     has_prompts = "system_prompts" in schema["tables"] and "system_prompt_hash" in schema["session_columns"]
     pending = conn.execute("PRAGMA database_list").fetchone()[2] + PENDING_SUFFIX
     result.transcripts += finish_pending(conn, pending)
     for batch in _batches(plan, max(1, int(batch_size))):
+        counts = PruneResult()  # joins ``result`` only once its transaction commits
         with write_transaction(conn):
             leased = live_leases(conn, schema, time.time())
             done = []
@@ -73,19 +86,19 @@ def prune(conn, plan, schema, batch_size, pause):
                     _skip_with_ancestors(sid, plan, skipped)
                     continue
                 if chunk:  # part of a large session's messages, in its own transaction
-                    result.messages += conn.execute(
+                    counts.messages += conn.execute(
                         "DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE session_id = ? LIMIT ?)",
                         (sid, chunk),
                     ).rowcount
                     continue
                 prompt = _prompt_hash(conn, sid) if has_prompts else None
-                result.orphaned += conn.execute(
+                counts.orphaned += conn.execute(
                     "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = ?", (sid,)
                 ).rowcount
-                result.messages += conn.execute("DELETE FROM messages WHERE session_id = ?", (sid,)).rowcount
+                counts.messages += conn.execute("DELETE FROM messages WHERE session_id = ?", (sid,)).rowcount
                 conn.execute("DELETE FROM sessions WHERE id = ?", (sid,))
                 if prompt is not None:
-                    result.prompts += conn.execute(
+                    counts.prompts += conn.execute(
                         "DELETE FROM system_prompts WHERE hash = ? AND NOT EXISTS "
                         "(SELECT 1 FROM sessions WHERE system_prompt_hash = ?)",
                         (prompt, prompt),
@@ -94,13 +107,13 @@ def prune(conn, plan, schema, batch_size, pause):
             files = {sid: list(plan.transcripts.get(sid, ())) for sid in done if plan.transcripts.get(sid)}
             if files:  # a kill after the COMMIT must not leave these behind for good
                 _write_pending(pending, files)
-        result.sessions += len(done)
+        counts.sessions = len(done)
+        result.add(counts)
         for sid in done:
             result.transcripts += remove_files(plan.transcripts.get(sid, ()))
         if files:
             remove_files([pending])
         time.sleep(pause)
-    result.left_alone = sorted(skipped)
     return result
 
 

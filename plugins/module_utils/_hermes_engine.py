@@ -17,7 +17,7 @@ import sqlite3
 import time
 import traceback
 
-from ._hermes_apply import close_zombies, prune
+from ._hermes_apply import PruneResult, close_zombies, prune
 from ._hermes_backup import apply_retention, check_backup_dir, list_backups, take_backup
 from ._hermes_db import MB, MaintenanceError, ProfileSkipped, ReadOnlyDB, check_db_file, holders, open_rw
 from ._hermes_inspect import check_version, inspect_schema, quick_check, stats, unusable_fts
@@ -290,17 +290,21 @@ def _apply(result, conn, db_path, plan, schema, opts, backup_due, backup_dir, na
         )
         result["changed"] = True
     pause = float(opts["batch_pause"])
-    closed = close_zombies(conn, plan, schema, opts["end_reason"], pause)
-    pruned = prune(conn, plan, schema, int(opts["batch_size"]), pause)
-    result.update(
-        zombies_closed=len(closed),
-        sessions_pruned=pruned.sessions,
-        messages_pruned=pruned.messages,
-        sessions_orphaned=pruned.orphaned,
-        transcripts_removed=pruned.transcripts,
-        prompts_collected=pruned.prompts,
-        sessions_left_alone=len(pruned.left_alone),
-    )
+    closed, pruned = [], PruneResult()
+    try:
+        close_zombies(conn, plan, schema, opts["end_reason"], pause, closed)
+        prune(conn, plan, schema, int(opts["batch_size"]), pause, pruned)
+    finally:  # also when a later transaction failed: report what was committed
+        result.update(
+            zombies_closed=len(closed),
+            sessions_pruned=pruned.sessions,
+            messages_pruned=pruned.messages,
+            sessions_orphaned=pruned.orphaned,
+            transcripts_removed=pruned.transcripts,
+            prompts_collected=pruned.prompts,
+            sessions_left_alone=len(pruned.left_alone),
+            changed=result["changed"] or bool(closed or pruned.sessions),
+        )
     result["reclaim"] = reclaim(conn, db_path, opts, schema, pruned.sessions > 0, False)
     if closed or pruned.sessions or result["reclaim"]["action"]:
         result["changed"] = True

@@ -305,3 +305,30 @@ def test_session_resumed_during_the_run_is_left_alone(tmp_path, monkeypatch):
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT id FROM sessions").fetchall() == [("s07",)]
     assert conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = 's07'").fetchone() == (4,)
+
+
+def test_a_run_stopped_halfway_reports_what_it_committed(tmp_path, monkeypatch):
+    """The gateway locks us out after some batches: the result still counts what was done."""
+    from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply
+
+    specs = OLD + [
+        {"id": "p%02d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
+        for i in range(9)
+    ]
+    db = str(build_home(str(tmp_path), "v30", specs))
+    real_check = _hermes_apply._still_prunable
+    seen = []
+
+    def locked_after_two_batches(conn, sid, *args):
+        seen.append(sid)
+        if len(seen) > 2:
+            raise sqlite3.OperationalError("database is locked")
+        return real_check(conn, sid, *args)
+
+    monkeypatch.setattr(_hermes_apply, "_still_prunable", locked_after_two_batches)
+    profile = run_maintenance({"hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0})["profiles"][0]
+    assert profile["status"] == "skipped" and "busy_timeout" in profile["error"]
+    assert profile["changed"] is True and profile["zombies_closed"] == 1
+    assert profile["sessions_pruned"] == 2 and profile["messages_pruned"] == 6
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT COUNT(*) FROM sessions").fetchone() == (len(specs) - 2,)

@@ -146,6 +146,8 @@ def test_writer_taking_the_lock_mid_prune_skips_the_profile(tmp_path, monkeypatc
     writers[0].wait(30)
     assert result["default"]["status"] == "skipped"
     assert "longer than busy_timeout (0.3s)" in result["default"]["error"]
+    # What was done before the writer blocked us is still reported: the backup it took.
+    assert result["default"]["changed"] is True and result["default"]["backup"]["verified"]
     assert result["work"]["status"] == "ok" and result["work"]["sessions_pruned"] == 1
     assert db_problems(db) == []
     monkeypatch.setattr(_hermes_engine, "prune", real_prune)
