@@ -12,7 +12,7 @@ for target in "$@"; do
     start=$(date +%s)
     # -k: inside a step, independent parts still run after one fails (all lint findings at once)
     if $make_cmd -k "$target"; then status=ok; else status=FAILED; failed=$((failed + 1)); fi
-    results+=("$(printf '%-12s %-7s %5ss' "$target" "$status" "$(($(date +%s) - start))")")
+    results+=("$(printf '%-18s %-7s %5ss' "$target" "$status" "$(($(date +%s) - start))")")
 done
 echo
 echo "================================================================ summary"
