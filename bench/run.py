@@ -37,6 +37,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -126,12 +127,14 @@ def db_bytes(db):
 
 
 def run_child(cmd, env=None, cwd=None):
-    """Run a maintenance process; return (parsed JSON of its last line, ru_maxrss MB)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
-    out_fh, err_fh = proc.stdout, proc.stderr
-    _, status, usage = os.wait4(proc.pid, 0)
-    out, err = out_fh.read().decode(), err_fh.read().decode()
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    """Run a maintenance process; return (parsed JSON of its last line, its peak RSS in MB)."""
+    with tempfile.TemporaryFile() as out_fh, tempfile.TemporaryFile() as err_fh:
+        proc = subprocess.Popen(cmd, stdout=out_fh, stderr=err_fh, env=env, cwd=cwd)
+        status, usage = os.wait4(proc.pid, 0)[1:]
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out_fh.seek(0)
+        err_fh.seek(0)
+        out, err = out_fh.read().decode(), err_fh.read().decode()
     if proc.returncode != 0:
         raise RuntimeError("%s failed (rc %d): %s" % (cmd[:3], proc.returncode, err[-3000:]))
     result = json.loads(out.strip().splitlines()[-1])
@@ -383,7 +386,10 @@ def sweep(workdir, n, grid, reps=1):
             )
     out = []
     for (batch_size, pause), runs in raw.items():
-        med = lambda key, runs=runs: statistics.median(r[key] for r in runs)  # noqa: E731
+
+        def med(key, runs=runs):
+            return statistics.median(r[key] for r in runs)
+
         out.append(
             {
                 "batch_size": batch_size,
@@ -704,7 +710,7 @@ DEFAULTS_TEXT = [
 
 def main(argv=None):
     global MACHINE
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--sizes", default="50k,200k,800k")
     parser.add_argument("--workdir", default=str(REPO / "build" / "bench"))
     parser.add_argument("--out", default=str(REPO / "docs" / "benchmarks.md"))

@@ -186,7 +186,7 @@ def check_counts(profile, base):
 
 def test_live_writer_plain_file(base_db, tmp_path):
     """The file as Hermes leaves it (auto_vacuum NONE): the full VACUUM is refused while held."""
-    profile, _ = live_run(base_db, tmp_path)
+    profile = live_run(base_db, tmp_path)[0]
     check_counts(profile, base_db)
     assert profile["reclaim"]["action"] is None
     assert profile["reclaim"]["fts_merge_steps"] > 0

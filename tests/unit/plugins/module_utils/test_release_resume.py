@@ -88,6 +88,7 @@ def run_release(release, db, plan):
     proc = subprocess.run(
         [hermes_python(release), "-c", RELEASE_CODE, str(db), json.dumps(plan)],
         capture_output=True,
+        check=False,
         text=True,
         env=env,
         cwd=str(Path(db).parent),
