@@ -9,6 +9,7 @@ busy handler in, and re-checks inside the transaction that its rows still qualif
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import time
@@ -66,8 +67,11 @@ class PruneResult:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
-def prune(conn, plan, schema, batch_size, pause, result):
+def prune(conn, plan, schema, batch_size, pause, result, batch_time=None):
     """Delete plan.delete_order in transactions of at most batch_size messages.
+
+    A transaction also ends once it has held the write lock for ``batch_time`` seconds:
+    the bound a waiting gateway sees is then wall time, whatever the machine's load.
 
     ``result`` (a PruneResult) is updated as each transaction commits, so a run that fails
     halfway still reports what it did.
@@ -76,18 +80,25 @@ def prune(conn, plan, schema, batch_size, pause, result):
     has_prompts = "system_prompts" in schema["tables"] and "system_prompt_hash" in schema["session_columns"]
     pending = conn.execute("PRAGMA database_list").fetchone()[2] + PENDING_SUFFIX
     result.transcripts += finish_pending(conn, pending)
-    for batch in _batches(plan, max(1, int(batch_size))):
+    queue = collections.deque(_batches(plan, max(1, int(batch_size))))
+    while queue:
+        batch = queue.popleft()
         counts = PruneResult()  # joins ``result`` only once its transaction commits
         with write_transaction(conn):
+            started = time.monotonic()
             leased = live_leases(conn, schema, time.time())
             done = []
-            for sid, chunk in batch:
+            for index, (sid, chunk) in enumerate(batch):
+                if index and batch_time and time.monotonic() - started > batch_time:
+                    queue.appendleft(batch[index:])  # the rest waits for the next transaction
+                    break
                 if sid in skipped or not _still_prunable(conn, sid, plan, schema, leased):
                     _skip_with_ancestors(sid, plan, skipped)
                     continue
-                if chunk:  # part of a large session's messages, in its own transaction
+                if chunk:  # a slice of a session larger than batch_size, oldest messages first
                     counts.messages += conn.execute(
-                        "DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE session_id = ? LIMIT ?)",
+                        "DELETE FROM messages WHERE id IN "
+                        "(SELECT id FROM messages WHERE session_id = ? ORDER BY timestamp, id LIMIT ?)",
                         (sid, chunk),
                     ).rowcount
                     continue

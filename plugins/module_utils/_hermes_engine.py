@@ -45,8 +45,9 @@ DEFAULTS = {
     "vacuum_mode": "auto",
     "vacuum_threshold": 25.0,
     "vacuum_switch_incremental": True,
-    "batch_size": 500,
+    "batch_size": 2000,
     "batch_pause": 0.03,
+    "batch_time": 0.06,
     "busy_timeout": 5.0,
     "allow_unknown_schema": False,
     "allow_foreign_owner": False,
@@ -62,7 +63,15 @@ def normalize_options(options):
         opts["hermes_home"] = [os.path.join(os.path.expanduser("~"), ".hermes")]
     if isinstance(opts["hermes_home"], str):
         opts["hermes_home"] = [opts["hermes_home"]]
-    for key in ("zombie_days", "prune_days", "backup_keep_days", "backup_interval_days", "batch_pause", "busy_timeout"):
+    for key in (
+        "zombie_days",
+        "prune_days",
+        "backup_keep_days",
+        "backup_interval_days",
+        "batch_pause",
+        "batch_time",
+        "busy_timeout",
+    ):
         if opts[key] is not None and float(opts[key]) < 0:
             raise MaintenanceError("%s must not be negative (got %s)" % (key, opts[key]))
     if float(opts["zombie_days"]) > float(opts["prune_days"]):
@@ -293,7 +302,7 @@ def _apply(result, conn, db_path, plan, schema, opts, backup_due, backup_dir, na
     closed, pruned = [], PruneResult()
     try:
         close_zombies(conn, plan, schema, opts["end_reason"], pause, closed)
-        prune(conn, plan, schema, int(opts["batch_size"]), pause, pruned)
+        prune(conn, plan, schema, int(opts["batch_size"]), pause, pruned, float(opts["batch_time"]))
     finally:  # also when a later transaction failed: report what was committed
         result.update(
             zombies_closed=len(closed),

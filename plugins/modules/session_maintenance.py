@@ -14,8 +14,8 @@ description:
     (header, C(quick_check), schema, FTS tokenizers, time columns), closes zombie sessions, prunes old ended
     sessions with their messages, FTS rows and transcript files following Hermes's own rules, takes a verified
     backup before the first change, and gives space back.
-  - Deletes run in short transactions (O(batch_size) messages each, with O(batch_pause) between them) so a live
-    gateway writing to the same file is never stalled for long.
+  - Deletes run in short transactions (at most O(batch_size) messages and O(batch_time) seconds each, with
+    O(batch_pause) between them) so a live gateway writing to the same file is never stalled for long.
   - It never replaces C(state.db), never renames onto it, never deletes its C(-wal)/C(-shm) files and never
     changes its C(application_id). A full C(VACUUM) runs only when no other process holds the file.
   - Run as root, it does each profile's work as the owner of that C(state.db), so every file it creates belongs
@@ -82,12 +82,18 @@ options:
     default: true
   batch_size:
     description:
-      - Most messages deleted in one transaction (messages fire Hermes's FTS triggers, so they bound the time
-        the write lock is held).
-      - The default is the largest batch that, with the default O(batch_pause), kept a live Hermes writer's worst
-        stall within 250 ms in the collection's benchmark (docs/benchmarks.md); lower it on a busy small host.
+      - Most messages deleted in one transaction (messages fire Hermes's FTS triggers). O(batch_time) usually
+        ends a transaction first; this also bounds a single statement on a very long session.
     type: int
-    default: 500
+    default: 2000
+  batch_time:
+    description:
+      - Seconds one transaction may hold the write lock before it commits and lets the gateway in. Wall time,
+        so a busy machine cannot stretch the stall a live writer sees.
+      - With O(batch_pause), the defaults kept a live Hermes writer's worst stall within 250 ms at about 0.8x the
+        speed of Hermes's own single-transaction prune in the collection's benchmark (docs/benchmarks.md).
+    type: float
+    default: 0.06
   batch_pause:
     description:
       - Seconds to pause between transactions, so that a live gateway's writes get the lock.
@@ -241,6 +247,7 @@ def main():
         vacuum_switch_incremental=dict(type="bool", default=True),
         batch_size=dict(type="int", default=DEFAULTS["batch_size"]),
         batch_pause=dict(type="float", default=DEFAULTS["batch_pause"]),
+        batch_time=dict(type="float", default=DEFAULTS["batch_time"]),
         allow_unknown_schema=dict(type="bool", default=False),
         allow_foreign_owner=dict(type="bool", default=False),
     )

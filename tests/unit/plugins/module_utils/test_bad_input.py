@@ -332,3 +332,27 @@ def test_a_run_stopped_halfway_reports_what_it_committed(tmp_path, monkeypatch):
     assert profile["sessions_pruned"] == 2 and profile["messages_pruned"] == 6
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT COUNT(*) FROM sessions").fetchone() == (len(specs) - 2,)
+
+
+@pytest.mark.parametrize("batch_time, transactions", [(1e-9, 10), (60, 1)])
+def test_batch_time_bounds_each_transaction(tmp_path, monkeypatch, batch_time, transactions):
+    """The write lock is given back after batch_time, however many messages batch_size allows."""
+    from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply
+
+    specs = [
+        {"id": "p%02d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
+        for i in range(10)
+    ]
+    build_home(str(tmp_path), "v30", specs)
+    opened = []
+    real_transaction = _hermes_apply.write_transaction
+
+    def counted(conn):
+        opened.append(1)
+        return real_transaction(conn)
+
+    monkeypatch.setattr(_hermes_apply, "write_transaction", counted)
+    options = {"hermes_home": [str(tmp_path)], "batch_size": 1000, "batch_time": batch_time, "batch_pause": 0}
+    profile = run_maintenance(options)["profiles"][0]
+    assert profile["sessions_pruned"] == 10 and profile["messages_pruned"] == 30
+    assert len(opened) == transactions
