@@ -20,6 +20,17 @@ shift
 repo=$(cd "$(dirname "$0")/.." && pwd -P)
 cd "$repo"
 
+# ansible-test keeps its venvs and caches under ~/.ansible/test: point HOME at the workspace
+# (.cache/ansible-test-home) so a run builds and uses its own, not another run's or session's.
+# The user's pip configuration (index, local wheels) is carried over.
+if [ -z "${HERMES_ANSIBLE_TEST_HOME_SET:-}" ]; then
+    user_pip_conf=${XDG_CONFIG_HOME:-$HOME/.config}/pip/pip.conf
+    [ -f "$user_pip_conf" ] && [ -z "${PIP_CONFIG_FILE:-}" ] && export PIP_CONFIG_FILE=$user_pip_conf
+    export HOME=${ANSIBLE_TEST_HOME:-$repo/.cache/ansible-test-home} HERMES_ANSIBLE_TEST_HOME_SET=1
+    unset XDG_CONFIG_HOME XDG_CACHE_HOME
+    mkdir -p "$HOME"
+fi
+
 # 1. Every ignore entry documents why.
 bad=0
 for f in tests/sanity/ignore-*.txt; do
@@ -41,7 +52,7 @@ done
 dest=$(bash scripts/ansible_test_tree.sh "$ansible_test" build/sanity)
 
 # 3. Run it. --venv: ansible-test installs its pinned checkers (pylint, yamllint, ...)
-#    into its own venvs under ~/.ansible/test; nothing else is needed on the host.
+#    into its own venvs under ~/.ansible/test (HOME is .cache/ansible-test-home, above).
 cd "$dest"
 echo "+ ansible-test sanity --venv --python 3.11 $* (in $dest)"
 rc=0
