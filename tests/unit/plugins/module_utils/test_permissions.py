@@ -14,6 +14,7 @@ The test users (``hermes-ops-t1``, ``hermes-ops-t2``) are created when absent.
 
 import json
 import os
+import pwd
 import stat
 import subprocess
 import sys
@@ -164,10 +165,21 @@ def test_unreadable_state_db_named_others_maintained(parent):
     assert sorted(os.listdir(str(locked.parent))) == ["sessions", "state.db"]  # no lock, no sidecar
 
 
+def _as(uid):
+    """subprocess's ``user=``/``group=`` need Python 3.9; this works on the 3.8 of the matrix too."""
+
+    def switch():
+        os.setgroups([])
+        os.setgid(pwd.getpwuid(uid).pw_gid)
+        os.setuid(uid)
+
+    return {"preexec_fn": switch}
+
+
 def _python_for(uid):
     """An interpreter the user can run: this one, or the system python3 (the engine is stdlib only)."""
     try:
-        subprocess.run([sys.executable, "-c", "import _strptime"], user=uid, capture_output=True, check=True)
+        subprocess.run([sys.executable, "-c", "import _strptime"], capture_output=True, check=True, **_as(uid))
         return sys.executable
     except (OSError, subprocess.CalledProcessError):
         return "/usr/bin/python3"
@@ -185,7 +197,7 @@ def _runner(config, *args, user=None, python=sys.executable):
         str(config),
         "--json",
     ] + list(args)
-    kwargs = {"user": user, "group": user} if user is not None else {}
+    kwargs = _as(user) if user is not None else {}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd="/", check=False, **kwargs)
 
 
