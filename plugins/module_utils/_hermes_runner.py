@@ -37,7 +37,7 @@ import os
 import sys
 import time
 
-from . import _hermes_engine
+from ._hermes_db import MaintenanceError
 from ._hermes_engine import DEFAULTS, run_maintenance
 
 try:
@@ -76,9 +76,7 @@ _NONE_DEFAULT_TYPES = {
 }
 
 # What run_maintenance raises for options it refuses (before touching any profile).
-OPTION_ERRORS = (ValueError, TypeError) + tuple(
-    exc for exc in (getattr(_hermes_engine, "MaintenanceError", None),) if isinstance(exc, type)
-)
+OPTION_ERRORS = (ValueError, TypeError, MaintenanceError)
 
 
 class ConfigError(Exception):
@@ -190,9 +188,9 @@ def _owner_name(uid):
 def check_root(homes, allow_root):
     """Refuse (ConfigError) to work as root on a home that another user owns.
 
-    Files root creates there (backups, WAL and SHM sidecars, lock files) would
-    belong to root, and the Hermes gateway of that user could no longer open
-    its own database.
+    A scheduled job belongs in that user's own crontab or timer. With the
+    override the engine still does each profile's work as the owner of its
+    state.db, so no file there ever belongs to root.
     """
     if allow_root or not hasattr(os, "geteuid") or os.geteuid() != 0:
         return
@@ -205,8 +203,8 @@ def check_root(homes, allow_root):
             user = _owner_name(uid)
             raise ConfigError(
                 f"refusing to run as root on {home}, which belongs to {user}: run it as that user "
-                f"(sudo -u {user} ...), or pass --allow-root (config key allow_root: true) "
-                "if root really should own the files it creates there"
+                f"(sudo -u {user} ...), or pass --allow-root (config key allow_root: true); "
+                "the work is then done as the owner of each state.db"
             )
 
 
