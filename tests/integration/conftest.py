@@ -44,30 +44,11 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CALLBACK_DIR = Path(__file__).resolve().parent / "callback_plugins"
 
 
-def _collections_root(repo):
-    if repo.parent.name == "hermes_agent" and repo.parent.parent.name == "ansible_collections":
-        return repo.parents[2]  # already inside ansible_collections/ (ansible-test, installed copy)
-    root = repo / "build" / "collections"
-    link = root / "ansible_collections" / "hermes_agent" / "ops"
-    if not link.exists():
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if link.is_symlink():  # dangling
-            link.unlink()
-        try:
-            link.symlink_to(Path("..", "..", "..", ".."), target_is_directory=True)
-        except FileExistsError:  # created meanwhile by a parallel worker
-            pass
-    return root
-
-
-COLLECTIONS_ROOT = _collections_root(REPO_ROOT)
-for _path in (str(COLLECTIONS_ROOT), str(REPO_ROOT / "tests" / "lib")):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+from collection_paths import COLLECTIONS_ROOT, REPO_ROOT  # noqa: E402  (also puts both on sys.path)
 
 
 def _find_ansible_playbook():

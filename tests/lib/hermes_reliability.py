@@ -17,9 +17,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from collection_paths import COLLECTIONS_ROOT  # noqa: F401  (re-exported; the real layout under ansible-test too)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-COLLECTIONS_ROOT = REPO_ROOT / "build" / "collections"
+
 ENGINE = "ansible_collections.hermes_agent.ops.plugins.module_utils"
 
 # The child: the real engine, with each phase announced on stderr (monotonic clock,

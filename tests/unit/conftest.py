@@ -17,29 +17,8 @@ import sqlite3
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _collections_root(repo):
-    if repo.parent.name == "hermes_agent" and repo.parent.parent.name == "ansible_collections":
-        return repo.parents[2]  # already inside ansible_collections/ (ansible-test, installed copy)
-    root = repo / "build" / "collections"
-    link = root / "ansible_collections" / "hermes_agent" / "ops"
-    if not link.exists():
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if link.is_symlink():  # dangling
-            link.unlink()
-        try:
-            link.symlink_to(Path("..", "..", "..", ".."), target_is_directory=True)
-        except FileExistsError:  # created meanwhile by a parallel worker
-            pass
-    return root
-
-
-for _path in (str(_collections_root(REPO_ROOT)), str(REPO_ROOT / "tests" / "lib")):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+import collection_paths  # noqa: E402, F401  (puts the collection and tests/lib on sys.path)
 
 # ansible-test units runs pytest with its own ini file (not pyproject.toml): register the
 # project's markers here too, so --strict-markers accepts them there.
