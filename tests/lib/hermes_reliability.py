@@ -17,7 +17,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from collection_paths import COLLECTIONS_ROOT  # noqa: F401  (re-exported; the real layout under ansible-test too)
+
+# Re-exported for the tests: the real layout under ansible-test too.
+from collection_paths import COLLECTIONS_ROOT  # noqa: F401  # pylint: disable=unused-import
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

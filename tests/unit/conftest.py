@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-import collection_paths  # noqa: E402, F401  (puts the collection and tests/lib on sys.path)
+# Importing it puts the collection and tests/lib on sys.path.
+import collection_paths  # noqa: E402, F401  # pylint: disable=unused-import
 
 # ansible-test units runs pytest with its own ini file (not pyproject.toml): register the
 # project's markers here too, so --strict-markers accepts them there.
