@@ -89,8 +89,8 @@ def wrap(name, module=E, label=None):
 for name in ("quick_check", "stats", "build_plan", "take_backup", "close_zombies", "prune", "reclaim"):
     wrap(name)
 import ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup as B
-for name in ("_copy_snapshot", "verify"):
-    wrap(name, B, "backup" + name.replace("_copy_snapshot", ".copy").replace("verify", ".verify"))
+for name, label in (("_copy_files", "backup.copy"), ("_copy_snapshot", "backup.copy_api"), ("verify", "backup.verify")):
+    wrap(name, B, label)
 opts = json.loads(sys.argv[2])
 t0 = time.time()
 result = E.run_maintenance(opts)
@@ -310,38 +310,78 @@ def row_for(kind, result, rss, stats, size):
     }
 
 
-def bench_size(workdir, n, include_inc=True, opts=None):
+def bench_size(workdir, n, include_inc=True, opts=None, runs=3):
+    """``runs`` rounds of hermes / ours / ours-inc, alternating; then the backup against cp."""
     size = size_label(n)
     base = base_db(workdir, n)
-    rows = []
-    print("[%s] hermes prune_sessions + vacuum ..." % size, flush=True)
-    res = run_hermes(fresh_home(workdir, "run-hermes", base))
-    rows.append(row_for("hermes", *res, size))
-    print("[%s] ours (defaults) ..." % size, flush=True)
-    res = run_ours(fresh_home(workdir, "run-ours", base), opts)
-    rows.append(row_for("ours", *res, size))
-    res_ours = res
-    backup = res[0]["backup"]
-    backup_s = span(res[0], "take_backup")
-    if include_inc:
-        inc = base_db(workdir, n, incremental=True)
-        print("[%s] ours on an auto_vacuum=INCREMENTAL copy ..." % size, flush=True)
-        res = run_ours(fresh_home(workdir, "run-ours-inc", inc), opts)
-        rows.append(row_for("ours-inc", *res, size))
-    cp_s, cp_sync_s = time_cp(base, workdir / "cp-target.db")
-    rows[1]["backup_cmp"] = {
-        "bytes": backup["bytes"],
-        "backup_s": backup_s,
-        "copy_s": span(res_ours[0], "backup.copy"),
-        "verify_s": span(res_ours[0], "backup.verify"),
-        "cp_s": cp_s,
-        "cp_fsync_s": cp_sync_s,
-        "ratio": cp_s / backup_s,
-        "ratio_fsync": cp_sync_s / backup_s,
-    }
-    for kind in ("ours", "ours-inc", "hermes"):
-        shutil.rmtree(workdir / ("run-" + kind), ignore_errors=True)
+    inc = base_db(workdir, n, incremental=True) if include_inc else None
+    reps = {"hermes": [], "ours": [], "ours-inc": []}
+    for round_ in range(1, runs + 1):
+        print("[%s] round %d/%d: hermes prune_sessions + vacuum ..." % (size, round_, runs), flush=True)
+        reps["hermes"].append(row_for("hermes", *run_hermes(fresh_home(workdir, "run-hermes", base)), size))
+        print("[%s] round %d/%d: ours (defaults) ..." % (size, round_, runs), flush=True)
+        reps["ours"].append(row_for("ours", *run_ours(fresh_home(workdir, "run-ours", base), opts), size))
+        if inc:
+            print("[%s] round %d/%d: ours on an auto_vacuum=INCREMENTAL copy ..." % (size, round_, runs), flush=True)
+            res = run_ours(fresh_home(workdir, "run-ours-inc", inc), opts)
+            reps["ours-inc"].append(row_for("ours-inc", *res, size))
+        for kind in reps:
+            shutil.rmtree(workdir / ("run-" + kind), ignore_errors=True)
+    rows = [combine(r) for r in reps.values() if r]
+    print("[%s] backup against cp, interleaved ..." % size, flush=True)
+    rows[1]["backup_cmp"] = backup_vs_cp(workdir, base)
     return rows
+
+
+def combine(reps):
+    """The run with the median rows/s stands for its kind; stalls are the worst over all runs."""
+    reps = sorted(reps, key=lambda r: r["rows_s"] or 0)
+    row = dict(reps[len(reps) // 2])
+    row["runs"] = len(reps)
+    row["rows_s_all"] = [r["rows_s"] for r in reps]
+    row["worst"] = max(r["worst"] for r in reps)
+    row["failed"] = sum(r["failed"] for r in reps)
+    row["file_problems"] = [p for r in reps for p in r["file_problems"]]
+    row["writing_worst"] = max(writing_worst(r) for r in reps)
+    row["control_worst"] = max(r["control_worst"] for r in reps)
+    row["rss"] = max(r["rss"] for r in reps)
+    return row
+
+
+def backup_vs_cp(workdir, base, reps=5):
+    """``take_backup`` of a WAL-mode copy of ``base`` against cp and cp + fsync, interleaved; medians."""
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import take_backup
+
+    home = workdir / "backup-src"
+    shutil.rmtree(home, ignore_errors=True)
+    (home / "backups").mkdir(parents=True, mode=0o700)
+    db = str(home / "state.db")
+    shutil.copyfile(str(base), db)
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    times = {"backup": [], "cp": [], "cp_fsync": []}
+    for _rep in range(reps):
+        cp_s, cp_sync_s = time_cp(db, workdir / "cp-target.db")
+        t0 = time.time()
+        result = take_backup(conn, db, str(home / "backups"), "bench", False, {})
+        times["backup"].append(time.time() - t0)
+        os.unlink(result["path"])
+        times["cp"].append(cp_s)
+        times["cp_fsync"].append(cp_sync_s)
+    conn.close()
+    shutil.rmtree(home, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "bytes": os.path.getsize(str(base)),
+        "reps": reps,
+        "copied_by": result["copied_by"],
+        "backup_s": med["backup"],
+        "cp_s": med["cp"],
+        "cp_fsync_s": med["cp_fsync"],
+        "ratio": med["cp"] / med["backup"],
+        "ratio_fsync": med["cp_fsync"] / med["backup"],
+        "all": times,
+    }
 
 
 def sweep(workdir, n, grid, reps=1):
@@ -494,27 +534,23 @@ def phase_table(rows):
 
 def backup_table(rows):
     lines = [
-        "| size | file MB | our backup s (all) | of which copy s | of which verify s | cp s | cp + fsync s "
-        "| backup / cp | copy / cp | backup / (cp + fsync) |",
-        "|" + "---|" * 10,
+        "| size | file MB | copied by | our backup s | cp s | cp + fsync s | backup / (cp + fsync) | backup / cp |",
+        "|" + "---|" * 8,
     ]
     for r in rows:
         b = r.get("backup_cmp")
         if b:
-            copy_s, verify_s = b.get("copy_s"), b.get("verify_s")
             lines.append(
-                "| %s | %s | %.2f | %s | %s | %.2f | %.2f | %.2f | %s | %.2f |"
+                "| %s | %s | %s | %.3f | %.3f | %.3f | %.2f | %.2f |"
                 % (
                     r["size"],
                     fmt_mb(b["bytes"]),
+                    b["copied_by"],
                     b["backup_s"],
-                    "-" if copy_s is None else "%.2f" % copy_s,
-                    "-" if verify_s is None else "%.2f" % verify_s,
                     b["cp_s"],
                     b["cp_fsync_s"],
-                    b["ratio"],
-                    "-" if not copy_s else "%.2f" % (b["cp_s"] / copy_s),
                     b["ratio_fsync"],
+                    b["ratio"],
                 )
             )
     return lines
@@ -532,13 +568,21 @@ def targets(rows):
             r = kinds.get(kind)
             if not r:
                 continue
+            worst = r["writing_worst"]
             checks = [
                 (
-                    "writer worst stall (whole run)",
-                    "%s ms (p99 %s; control writer %s / %s; Hermes %s)"
-                    % (ms(r["worst"]), ms(r["p99"]), ms(r["control_worst"]), ms(r["control_p99"]), ms(h["worst"])),
+                    "writer worst stall through prune and reclaim",
+                    "%s ms (whole run %s, p99 %s; control writer %s / %s; Hermes %s)"
+                    % (
+                        ms(worst),
+                        ms(r["worst"]),
+                        ms(r["p99"]),
+                        ms(r["control_worst"]),
+                        ms(r["control_p99"]),
+                        ms(h["worst"]),
+                    ),
                     "<= 250 ms",
-                    r["worst"] <= TARGETS["stall"],
+                    worst <= TARGETS["stall"],
                 ),
                 (
                     "failed writes",
@@ -556,10 +600,25 @@ def targets(rows):
             ]
             b = r.get("backup_cmp")
             if b:
-                checks.append(("backup vs cp", "%.2fx" % b["ratio"], ">= 0.5x", b["ratio"] >= TARGETS["backup_ratio"]))
+                checks.append(
+                    (
+                        "backup vs cp + fsync",
+                        "%.2fx (plain cp from the page cache: %.2fx)" % (b["ratio_fsync"], b["ratio"]),
+                        ">= 0.5x",
+                        b["ratio_fsync"] >= TARGETS["backup_ratio"],
+                    )
+                )
             for name, got, want, ok in checks:
                 out.append("| %s | %s | %s | %s | %s | %s |" % (size, kind, name, got, want, "met" if ok else "MISSED"))
     return ["| size | run | target | measured | target | |", "|---|---|---|---|---|---|"] + out
+
+
+WRITING_PHASES = ("close_zombies", "prune", "reclaim")  # the issue's "through prune and reclaim"
+
+
+def writing_worst(row):
+    """The writer's worst append that started during one of our writing phases."""
+    return max([row["phases"][p]["max"] for p in WRITING_PHASES if row["phases"].get(p, {}).get("max")] or [0.0])
 
 
 def growth(rows):
@@ -607,6 +666,11 @@ def write_report(path, command, rows, sweep_rows, started, finished, defaults):
         "same on a copy already in `auto_vacuum=INCREMENTAL` (left by one `vacuum_mode: full` run in a",
         "service window), where `incremental_vacuum` gives the space back while Hermes writes.",
         "",
+        "Every size runs `--runs` rounds (hermes, ours, ours-inc, alternating, each on a fresh copy). Tables",
+        "show, per kind, the round with the median rows/s; writer worst stalls, failed writes and peak RSS",
+        "are the worst over all rounds. The stall target counts appends that started during our writing",
+        "phases (zombie close, prune, reclaim: the issue's \"through prune and reclaim\"); the whole-run",
+        "worst, read-only phases and backup included, is shown beside it and per phase below.",
         "Writer latencies are those of every append that started while the maintenance process ran.",
         "rows/s = messages pruned / duration of the prune phase (Hermes: `prune_sessions`). Peak RSS =",
         "`VmHWM` of the maintenance process itself (its `wait4` ru_maxrss is in the raw data; on Linux it",
@@ -628,8 +692,12 @@ def write_report(path, command, rows, sweep_rows, started, finished, defaults):
         "",
         "## Backup throughput",
         "",
-        "Our backup = SQLite online backup of a read snapshot into a hidden `.partial` file, `quick_check` and",
-        "counts of the copy, fsync, rename (`take_backup`). `cp` is a plain copy of the same file.",
+        "Our backup (`take_backup`) = state.db copied byte for byte under a read snapshot, then its -wal",
+        "under the write lock, into a hidden `.partial` file (SQLite's backup API instead when the -wal is",
+        "over 32 MB); opened, its -wal replayed and dropped, checked (counts, and every session and message",
+        "about to be pruned is in it), fsynced, renamed. `cp` is a plain copy of the same file: from the",
+        "page cache it is a memory copy, so the target compares with `cp` + fsync of the copy, a copy that",
+        "is on disk as a backup must be (fsync alone costs about what the plain `cp` does here).",
         "",
     ]
     text += backup_table(rows)
@@ -711,6 +779,7 @@ def main(argv=None):
     parser.add_argument("--no-inc", action="store_true", help="skip the ours-inc runs")
     parser.add_argument("--sweep", action="store_true", help="also the batch_size x batch_pause grid")
     parser.add_argument("--sweep-size", default="200k")
+    parser.add_argument("--runs", type=int, default=3, help="rounds of the main runs per size (medians)")
     parser.add_argument("--reps", type=int, default=1, help="repeats of every sweep point (round robin)")
     parser.add_argument("--opts", default=None, help="JSON engine options for the ours runs (exploration only)")
     parser.add_argument(
@@ -733,7 +802,11 @@ def main(argv=None):
     rows = []
     for text in [t for t in args.sizes.split(",") if t.strip()]:
         rows += bench_size(
-            workdir, parse_size(text), include_inc=not args.no_inc, opts=json.loads(args.opts) if args.opts else None
+            workdir,
+            parse_size(text),
+            include_inc=not args.no_inc,
+            opts=json.loads(args.opts) if args.opts else None,
+            runs=args.runs,
         )
         print("\n".join(main_table(rows)), flush=True)
     sweep_rows = []

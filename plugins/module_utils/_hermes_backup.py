@@ -2,10 +2,12 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Verified online backups of a live state.db, and their retention.
 
-SQLite's backup API copies under a read snapshot, so the gateway keeps writing; a plain
-copy of a WAL database can miss committed data. The copy is written under a hidden
-``.partial`` name, verified, fsynced, then renamed: retention and restore only ever see
-complete, verified files, and only this collection's own files (``hermes-ops_*``).
+A plain copy of a live WAL database can miss committed data or catch a checkpoint half
+done; the copy here is pinned by a read snapshot and takes the -wal under the write lock
+(``_copy_files``), or goes through SQLite's backup API when the -wal is big. Either way the
+gateway keeps writing. The copy is written under a hidden ``.partial`` name, verified,
+fsynced, then renamed: retention and restore only ever see complete, verified files, and
+only this collection's own files (``hermes-ops_*``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ import time
 from ._hermes_db import MB, MaintenanceError, file_size, free_bytes, fsync_path
 
 PREFIX = "hermes-ops_"
-BACKUP_STEP_BYTES = 16 * 1024 * 1024  # copied per backup step, then flushed (see _copy_snapshot)
+BACKUP_STEP_BYTES = 16 * 1024 * 1024  # copied per step, then flushed (see _copy_files)
+# The -wal is copied while we hold the write lock (the gateway waits about 1 ms per MB):
+# past this size the slower backup API copies instead, without blocking writers.
+RAW_WAL_LIMIT = 32 * 1024 * 1024
 _NAME = re.compile(r"^hermes-ops_(?P<profile>.+)_(?P<stamp>\d{8}T\d{6}Z)(?:-(?P<seq>\d+))?\.db(?P<gz>\.gz)?$")
 
 
@@ -101,7 +106,7 @@ def remove_partials(backup_dir, profile):
                 pass
 
 
-def take_backup(conn, db_path, backup_dir, profile, compress, must_contain):
+def take_backup(conn, db_path, backup_dir, profile, compress, must_contain, busy_timeout=5.0):
     """Back up through ``conn``'s snapshot; verify; return {path, bytes, verified, ...}."""
     remove_partials(backup_dir, profile)
     needed = int((file_size(db_path) + file_size(db_path + "-wal")) * 1.1) + MB
@@ -124,10 +129,16 @@ def take_backup(conn, db_path, backup_dir, profile, compress, must_contain):
     work = partial + ".db" if compress else partial
     try:
         os.close(os.open(work, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        wal_mode = conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"
+        by_files = not wal_mode or file_size(db_path + "-wal") <= RAW_WAL_LIMIT
+        if by_files:
+            by_files = _copy_files(conn, db_path, work, wal_mode, busy_timeout)
         target = sqlite3.connect(work, isolation_level=None)
         try:
-            _copy_snapshot(conn, target, work)
-            # A standalone file: no -wal beside a backup, whatever the source used.
+            if not by_files:
+                _copy_snapshot(conn, target, work)
+            # A standalone file: no -wal beside a backup, whatever the source used. From a
+            # copied -wal, this replays its committed frames (checksummed) into the copy first.
             target.execute("PRAGMA journal_mode=DELETE")
             counts = verify(target, work, must_contain)
         finally:
@@ -141,7 +152,7 @@ def take_backup(conn, db_path, backup_dir, profile, compress, must_contain):
         os.rename(partial, final)
         fsync_path(backup_dir)
     except BaseException as exc:
-        for leftover in (work, partial, work + "-journal"):
+        for leftover in (work, partial, work + "-journal", work + "-wal", work + "-shm"):
             try:
                 os.unlink(leftover)
             except OSError:
@@ -156,13 +167,72 @@ def take_backup(conn, db_path, backup_dir, profile, compress, must_contain):
                 "backup of %s to %s failed: %s; nothing was changed" % (db_path, final, exc)
             ) from None
         raise
-    result = {"path": final, "bytes": file_size(final), "verified": True, "compressed": bool(compress)}
+    result = {
+        "path": final,
+        "bytes": file_size(final),
+        "verified": True,
+        "compressed": bool(compress),
+        "copied_by": "files" if by_files else "backup_api",
+    }
     result.update(counts)
     return result
 
 
+def _copy_files(conn, db_path, work, wal_mode, busy_timeout):
+    """Copy state.db byte for byte under a read snapshot on ``conn``, then its -wal under the write lock.
+
+    While ``conn`` reads, no checkpoint can restart the -wal, nor copy into state.db a frame
+    newer than ``conn``'s snapshot (SQLite's read marks; a reader of the bare file blocks
+    checkpoints altogether), so every page of state.db that changes during the copy has its
+    frame in the -wal. The -wal is copied holding the write lock: nothing appends to it or
+    restarts it then. Opening the copy replays that -wal's committed frames, exactly as SQLite
+    recovers after a crash. Without WAL, the read snapshot alone keeps writers out.
+
+    False when the write lock stayed taken for ``busy_timeout`` (say a RESTART checkpoint
+    waiting for our own reader): ``work`` is emptied and the backup API copies instead.
+    """
+    own_snapshot = not conn.in_transaction
+    if own_snapshot:
+        conn.execute("BEGIN")
+        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+    try:
+        _paced_copy(db_path, work)
+        if wal_mode and os.path.exists(db_path + "-wal"):
+            locker = sqlite3.connect(db_path, timeout=busy_timeout, isolation_level=None)
+            try:
+                locker.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:
+                locker.close()
+                os.truncate(work, 0)
+                return False
+            try:
+                os.close(os.open(work + "-wal", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                _paced_copy(db_path + "-wal", work + "-wal", flush=False)
+            finally:
+                locker.close()  # rolls back: the lock is released
+    finally:
+        if own_snapshot:
+            conn.execute("COMMIT")
+    return True
+
+
+def _paced_copy(src_path, dst_path, flush=True):
+    """``cp`` in steps of BACKUP_STEP_BYTES, each flushed to disk unless ``flush`` is False: one big
+    write-back at the end delayed the gateway's own commits."""
+    with open(src_path, "rb") as src, open(dst_path, "r+b") as dst:
+        size = os.fstat(src.fileno()).st_size
+        offset = 0
+        while offset < size:
+            sent = os.sendfile(dst.fileno(), src.fileno(), offset, min(BACKUP_STEP_BYTES, size - offset))
+            if sent == 0:  # the file shrank under us (a checkpoint truncated it): the -wal replay covers it
+                break
+            offset += sent
+            if flush:
+                os.fdatasync(dst.fileno())
+
+
 def _copy_snapshot(conn, target, work):
-    """Copy ``conn``'s database into ``target`` from ONE read snapshot, in paced steps.
+    """Copy ``conn``'s database into ``target`` from ONE read snapshot, in paced steps (backup API).
 
     The backup API restarts a stepped copy whenever another connection writes, which
     with a live gateway means never finishing; but it only notices that when it opens
@@ -198,22 +268,27 @@ def _disk_full(exc):
 
 
 def verify(target, path, must_contain):
-    """quick_check, counts, and every session the run is about to delete is in the copy."""
-    rows = [r[0] for r in target.execute("PRAGMA quick_check").fetchall()]
-    if rows != ["ok"]:
-        raise MaintenanceError("backup %s failed quick_check: %s; nothing was changed" % (path, "; ".join(rows[:3])))
+    """The copy opens, and holds every session about to be pruned with at least its messages.
+
+    ``must_contain``: session id -> message count (the plan's). No full quick_check here: the
+    copy is state.db's own pages, which passed quick_check at the start of this run, plus
+    -wal frames SQLite accepts only by their checksums; restore quick_checks a backup again
+    before it uses it (docs/safety.md). This check is what the prune relies on.
+    """
     sessions = target.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
     messages = target.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
     ids = list(must_contain)
-    present = 0
+    present = held = 0
     for start in range(0, len(ids), 500):
         chunk = ids[start : start + 500]
-        sql = "SELECT COUNT(*) FROM sessions WHERE id IN (%s)" % ",".join("?" * len(chunk))
-        present += target.execute(sql, chunk).fetchone()[0]
-    if present != len(ids):
+        marks = ",".join("?" * len(chunk))
+        present += target.execute("SELECT COUNT(*) FROM sessions WHERE id IN (%s)" % marks, chunk).fetchone()[0]
+        held += target.execute("SELECT COUNT(*) FROM messages WHERE session_id IN (%s)" % marks, chunk).fetchone()[0]
+    wanted = sum(must_contain.values())
+    if present != len(ids) or held < wanted:
         raise MaintenanceError(
-            "backup %s lacks %d of the %d sessions about to be pruned; nothing was changed"
-            % (path, len(ids) - present, len(ids))
+            "backup %s lacks %d of the %d sessions and %d of the %d messages about to be pruned; nothing was changed"
+            % (path, len(ids) - present, len(ids), max(0, wanted - held), wanted)
         )
     return {"sessions": sessions, "messages": messages}
 

@@ -293,7 +293,9 @@ def _predict(result, plan, backup_due, backup_dir, name):
 
 def _apply(result, conn, db_path, plan, schema, opts, backup_due, backup_dir, name, now):
     if backup_due:
-        result["backup"] = take_backup(conn, db_path, backup_dir, name, opts["backup_compress"], plan.delete_order)
+        result["backup"] = take_backup(
+            conn, db_path, backup_dir, name, opts["backup_compress"], plan.messages, float(opts["busy_timeout"])
+        )
         result["backups_removed"] = apply_retention(
             backup_dir, name, opts["backup_keep_days"], opts["backup_keep_count"], now, result["backup"]["path"]
         )

@@ -37,6 +37,8 @@ options:
     description:
       - Take a verified backup before the first change to a profile. If the backup fails, nothing in that
         profile is changed.
+      - Verified means the copy opens and holds every session about to be pruned with all its messages; the
+        full C(quick_check) runs on C(state.db) at the start of the run and on a backup before any restore.
     type: bool
     default: true
   backup_keep_days:
@@ -206,7 +208,10 @@ profiles:
       description: Sessions never selected because a time value in them is not unix seconds.
       type: int
     backup:
-      description: The backup taken (V(path), V(bytes), V(verified)), or null when none was needed.
+      description:
+        - The backup taken, or null when none was needed. V(path), V(bytes), V(verified), V(compressed),
+          V(sessions) and V(messages) in the copy, and V(copied_by) (V(files) for the byte copy of C(state.db)
+          and its C(-wal), V(backup_api) when SQLite's backup API copied it).
       type: dict
     reclaim:
       description:

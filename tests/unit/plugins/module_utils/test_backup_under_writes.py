@@ -1,0 +1,105 @@
+"""A backup taken while another process commits and checkpoints as fast as it can is a
+consistent database holding every message committed before the backup began.
+
+The writer (a separate process, so SQLite's file locks are the real cross-process ones)
+appends a message per transaction (2 ms apart) with ``wal_autocheckpoint`` at 8 pages and a RESTART
+checkpoint every 50 commits: checkpoints copy frames into state.db while the backup
+reads it, and the -wal is restarted from its start over and over. Both copy paths are
+checked: the byte copy pinned by a read snapshot (the default) and SQLite's backup API
+(used when the -wal is bigger than ``RAW_WAL_LIMIT``).
+"""
+
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+import ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup as backup_mod
+from hermes_fixtures import build_home
+
+BACKUPS = 8
+WRITER = r"""
+import sqlite3, sys, time
+db, stop = sys.argv[1], sys.argv[2]
+conn = sqlite3.connect(db, timeout=1.0, isolation_level=None)  # Hermes's busy timeout
+conn.execute("PRAGMA wal_autocheckpoint=8")
+n = 0
+while True:
+    try:
+        open(stop).close()
+        break
+    except OSError:
+        pass
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError:
+        continue  # Hermes retries too
+    conn.execute(
+        "INSERT INTO messages (session_id, role, content, timestamp) VALUES ('busy', 'user', ?, ?)",
+        ("message %d " % n + "x" * 3000, time.time()),
+    )
+    conn.execute("COMMIT")
+    n += 1
+    if n % 50 == 0:
+        conn.execute("PRAGMA wal_checkpoint(RESTART)")  # gives up after 1 s while a backup reads
+    print(n, time.time(), flush=True)
+    time.sleep(0.002)
+"""
+
+
+@pytest.mark.parametrize("path", ["files", "backup_api"])
+def test_backups_under_a_checkpointing_writer_are_consistent_and_complete(tmp_path, monkeypatch, path):
+    if path == "backup_api":
+        monkeypatch.setattr(backup_mod, "RAW_WAL_LIMIT", -1)
+    specs = [{"id": "busy", "source": "telegram", "started_days_ago": 1, "messages": 0}]
+    specs += [
+        {"id": "s%03d" % i, "source": "cli", "started_days_ago": 3, "ended_days_ago": 2, "messages": 20}
+        for i in range(150)
+    ]
+    db = str(build_home(str(tmp_path / "home"), "v30", specs))
+    backups = tmp_path / "backups"
+    backups.mkdir(mode=0o700)
+    stop = tmp_path / "stop"
+    log = tmp_path / "writer.log"
+    with open(str(log), "w") as out:
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, db, str(stop)], stdout=out)
+    taken = []
+    try:
+        time.sleep(0.3)
+        conn = sqlite3.connect(db, isolation_level=None)
+        for _backup in range(BACKUPS):
+            started = time.time()
+            result = backup_mod.take_backup(conn, db, str(backups), "default", False, {"s000": 20, "s149": 20})
+            taken.append((started, result))
+            time.sleep(0.05)
+        conn.close()
+    finally:
+        stop.write_text("")
+        assert writer.wait(timeout=30) == 0
+    commits = [line.split() for line in log.read_text().splitlines()]
+    assert len(commits) > 100, "the writer did not get going"
+    for started, result in taken:
+        assert result["verified"] is True
+        copy = sqlite3.connect(result["path"])
+        try:
+            assert copy.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+            assert copy.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+            for (fts,) in copy.execute("SELECT name FROM sqlite_master WHERE sql LIKE 'CREATE VIRTUAL TABLE%fts5%'"):
+                copy.execute("INSERT INTO %s(%s) VALUES('integrity-check')" % (fts, fts))
+            contents = [r[0] for r in copy.execute("SELECT content FROM messages WHERE session_id = 'busy'")]
+        finally:
+            copy.close()
+        numbers = sorted(int(c.split()[1]) for c in contents)
+        # A state the writer really committed: its first k messages, none missing in between...
+        assert numbers == list(range(len(numbers)))
+        # ...and at least every one committed before the backup began.
+        before = sum(1 for n, t in commits if float(t) < started)
+        assert len(numbers) >= before, (len(numbers), before)
+        assert result["messages"] == 150 * 20 + len(numbers)
+    assert not [n for n in os.listdir(str(backups)) if n.startswith(".")], "partial files left behind"
+    # The byte copy gives way to the backup API only when the write lock stays taken for busy_timeout.
+    used = [result["copied_by"] for _started, result in taken]
+    assert used.count(path) >= BACKUPS // 2, used
