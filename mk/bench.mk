@@ -3,7 +3,7 @@
 #
 #   make bench        bench/run.py: Hermes 0.19.0's prune+vacuum vs ours at 50k/200k/800k
 #                     messages under a live writer; prints the table, writes docs/benchmarks.md
-#   make bench-sweep  the same plus the batch_size x batch_pause grid behind the defaults
+#   make bench-sweep  the same plus the batch_size x batch_pause x batch_time grid behind the defaults
 #   make live-full    tests/unit/.../test_live_writer.py at the full size (prunes 110k messages)
 #
 # The release matrix itself runs in `make test` (tests/unit/.../test_release_resume.py,
@@ -16,7 +16,7 @@ BENCH_ARGS ?=
 bench: $(STAMP) collection-link ## benchmark vs Hermes's own prune (not CI; ~15 min; writes docs/benchmarks.md)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
-bench-sweep: $(STAMP) collection-link ## bench plus the batch_size x batch_pause grid
+bench-sweep: $(STAMP) collection-link ## bench plus the batch_size x batch_pause x batch_time grid (writes the docs page)
 	$(BIN)/python bench/run.py --sweep $(BENCH_ARGS)
 
 live-full: $(STAMP) collection-link ## live-writer test at full size (prune of 110k messages under a 20 ms writer)
