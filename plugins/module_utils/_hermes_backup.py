@@ -223,12 +223,25 @@ def _paced_copy(src_path, dst_path, flush=True):
         size = os.fstat(src.fileno()).st_size
         offset = 0
         while offset < size:
-            sent = os.sendfile(dst.fileno(), src.fileno(), offset, min(BACKUP_STEP_BYTES, size - offset))
+            sent = _copy_range(src, dst, offset, min(BACKUP_STEP_BYTES, size - offset))
             if sent == 0:  # the file shrank under us (a checkpoint truncated it): the -wal replay covers it
                 break
             offset += sent
             if flush:
                 os.fdatasync(dst.fileno())
+
+
+def _copy_range(src, dst, offset, count):
+    """Up to ``count`` bytes of ``src`` from ``offset`` appended to ``dst``: in the kernel where it
+    can (Linux sendfile between files), else through a buffer (macOS sendfile wants a socket)."""
+    try:
+        return os.sendfile(dst.fileno(), src.fileno(), offset, count)
+    except (AttributeError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSOCK, errno.EOPNOTSUPP):
+            raise
+    data = os.pread(src.fileno(), count, offset)
+    os.pwrite(dst.fileno(), data, offset)
+    return len(data)
 
 
 def _copy_snapshot(conn, target, work):

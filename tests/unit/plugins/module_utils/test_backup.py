@@ -1,5 +1,6 @@
 """Backups: verified, private, named by profile and time, and retention that touches only our files."""
 
+import errno
 import gzip
 import os
 import sqlite3
@@ -74,3 +75,19 @@ def test_backup_off_still_maintains(tmp_path):
     build_home(str(tmp_path), "v30", SPECS)
     profile = run_maintenance({"hermes_home": [str(tmp_path)], "backup": False})["profiles"][0]
     assert profile["sessions_pruned"] == 1 and profile["backup"] is None
+
+
+def test_backup_copies_through_a_buffer_where_sendfile_wants_a_socket(tmp_path, monkeypatch):
+    """macOS's sendfile only writes to sockets: the byte copy then goes through pread/pwrite."""
+
+    def socket_only(*_args):
+        raise OSError(errno.ENOTSOCK, "Socket operation on non-socket")
+
+    monkeypatch.setattr(os, "sendfile", socket_only)
+    build_home(str(tmp_path), "v30", SPECS)
+    profile = run_maintenance({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    assert profile["status"] == "ok", profile["error"]
+    assert profile["backup"]["copied_by"] == "files" and profile["backup"]["sessions"] == 2
+    conn = sqlite3.connect(profile["backup"]["path"])
+    assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    assert sorted(r[0] for r in conn.execute("SELECT id FROM sessions")) == ["new", "old"]
