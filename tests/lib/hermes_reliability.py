@@ -59,6 +59,15 @@ def fts_tables(conn):
     return [name for name, sql in rows if "using fts5" in sql.lower()]
 
 
+def query(path, sql, *args):
+    """All rows of one statement, on a connection opened and closed for it."""
+    conn = sqlite3.connect(str(path))
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
 def db_problems(path):
     """Everything wrong with a database: integrity_check, FTS integrity-check, foreign keys."""
     problems = []

@@ -44,6 +44,7 @@ from hermes_reliability import (
     files_not_owned_by,
     full_rows,
     need_root,
+    query,
     session_rows,
     world_traversable_dir,
 )
@@ -126,11 +127,7 @@ def transcripts(home):
 
 
 def sessions_count(db):
-    conn = sqlite3.connect(str(db))
-    try:
-        return conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
-    finally:
-        conn.close()
+    return query(db, "SELECT COUNT(*) FROM sessions")[0][0]
 
 
 def run_child(home, opts, target=None, occurrence=1, delay_for=None, rng=None, timeout=120):

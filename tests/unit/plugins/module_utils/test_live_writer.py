@@ -19,6 +19,8 @@ import sqlite3
 import time
 
 import pytest
+from hermes_reliability import db_problems
+from hermes_reliability import query as q
 from hermes_writer import MARK, WriterProcess, latency_stats
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
@@ -91,27 +93,6 @@ def fresh_home(base, tmp_path, incremental):
     return str(home), db
 
 
-def q(db, sql, *args):
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
-
-
-def check_file(db):
-    assert q(db, "PRAGMA integrity_check") == [("ok",)]
-    assert q(db, "PRAGMA foreign_key_check") == []
-    conn = sqlite3.connect(db)
-    try:
-        for (fts,) in conn.execute(
-            "SELECT name FROM sqlite_master WHERE sql LIKE 'CREATE VIRTUAL TABLE%fts5%'"
-        ).fetchall():
-            conn.execute("INSERT INTO %s(%s) VALUES('integrity-check')" % (fts, fts))  # raises when out of sync
-    finally:
-        conn.close()
-
-
 def live_run(base, tmp_path, incremental=False, writers=1, read_hold=None):
     home, db = fresh_home(base, tmp_path, incremental)
     inode = os.stat(db).st_ino
@@ -172,7 +153,7 @@ def live_run(base, tmp_path, incremental=False, writers=1, read_hold=None):
         assert prefix_hits[0][0] == len(ids)
     appended = sum(s["appended"] for s in summaries)
     assert q(db, "SELECT COUNT(*) FROM messages")[0][0] == before + appended - profile["messages_pruned"]
-    check_file(db)
+    assert db_problems(db) == []
     profile["pages_before"], profile["pages_after"] = pages_before, q(db, "PRAGMA page_count")[0][0]
     return profile, summaries
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from hermes_reliability import query
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from hermes_fixtures import build_home
@@ -20,11 +21,7 @@ SPECS = [
 
 
 def pragma(db, name):
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute("PRAGMA %s" % name).fetchone()[0]
-    finally:
-        conn.close()
+    return query(db, "PRAGMA %s" % name)[0][0]
 
 
 @pytest.fixture

@@ -13,6 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hermes_reliability import db_problems
+from hermes_reliability import query as q
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from hermes_fixtures import (
@@ -98,29 +100,8 @@ def run_release(release, db, plan):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def q(db, sql, *args):
-    conn = sqlite3.connect(str(db))
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
-
-
 def left_ids(db):
     return {r[0] for r in q(db, "SELECT id FROM sessions")}
-
-
-def check_file(db):
-    assert q(db, "PRAGMA integrity_check") == [("ok",)]
-    assert q(db, "PRAGMA foreign_key_check") == []
-    conn = sqlite3.connect(str(db))
-    try:
-        for (fts,) in conn.execute(
-            "SELECT name FROM sqlite_master WHERE sql LIKE 'CREATE VIRTUAL TABLE%fts5%'"
-        ).fetchall():
-            conn.execute("INSERT INTO %s(%s) VALUES('integrity-check')" % (fts, fts))
-    finally:
-        conn.close()
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -135,7 +116,7 @@ def test_release_resumes_and_appends_after_maintenance(layout, tmp_path):
     first = run_maintenance({"hermes_home": [str(home)]})["profiles"][0]
     assert first["status"] == "ok", first["error"]
     assert first["sessions_pruned"] == len(expected["pruned"])
-    check_file(db)
+    assert db_problems(db) == []
 
     if not layout.startswith("hermes-"):
         # 0.19.0 migrates older files on open: the matrix cell is "0.19.0 on a copy of v2 / v30"
@@ -178,7 +159,7 @@ def test_release_resumes_and_appends_after_maintenance(layout, tmp_path):
     assert set(append_to) <= left
     present = q(db, "SELECT COUNT(*) FROM messages WHERE id IN (SELECT value FROM json_each(?))", json.dumps(appended))
     assert present[0][0] == len(appended)
-    check_file(db)
+    assert db_problems(db) == []
     after = open_with_release(release, str(db), search_word="resumetoken")
     assert after["hits"] == len(appended)
     assert set(append_to) <= set(after["sessions"])

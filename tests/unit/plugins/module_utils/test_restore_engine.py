@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from hermes_reliability import COLLECTIONS_ROOT, db_problems, digest, tiny_fs
+from hermes_reliability import COLLECTIONS_ROOT, db_problems, digest, query, tiny_fs
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_restore
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
@@ -28,11 +28,8 @@ SPECS = [
 
 
 def ids(db):
-    conn = sqlite3.connect(str(db))
-    try:
-        return {r[0] for r in conn.execute("SELECT id FROM sessions")}
-    finally:
-        conn.close()
+    """Session ids as a reader sees them, WAL included."""
+    return {r[0] for r in query(db, "SELECT id FROM sessions")}
 
 
 @pytest.fixture
@@ -229,7 +226,7 @@ def test_sigkill_during_restore_never_leaves_less_than_before(tmp_path):
         writer.execute("PRAGMA wal_autocheckpoint=0")
         writer.execute("INSERT INTO sessions (id, source, started_at) VALUES ('in-wal', 'cli', ?)", (time.time(),))
         writer.commit()
-        old_ids = ids_live(home / "state.db")
+        old_ids = ids(home / "state.db")
         child = subprocess.Popen(
             [sys.executable, "-c", RESTORE_CHILD, str(COLLECTIONS_ROOT), str(home), backup],
             stdout=subprocess.PIPE,
@@ -241,7 +238,7 @@ def test_sigkill_during_restore_never_leaves_less_than_before(tmp_path):
         child.kill()
         child.wait()
         writer.close()
-        now = ids_live(home / "state.db")
+        now = ids(home / "state.db")
         asides = [n for n in os.listdir(str(home)) if n.startswith("state.db.pre-restore-")]
         state = "old" if now == old_ids else "new" if now == backup_ids else "OTHER"
         if now == old_ids - {"in-wal"} and asides and os.path.exists(str(home / asides[0] / "state.db-wal")):
@@ -256,19 +253,10 @@ def test_sigkill_during_restore_never_leaves_less_than_before(tmp_path):
                 continue
             probe = tmp_path / ("probe-%d" % seed)
             shutil.copytree(str(home / aside), str(probe))
-            assert ids_live(probe / "state.db") == old_ids, "seed %d: the kept old file lost data" % seed
+            assert ids(probe / "state.db") == old_ids, "seed %d: the kept old file lost data" % seed
         # Restoring again completes it.
         done = restore(plan_restore(str(home), "default", backup=backup), force=True)
         assert done["restored"]["sessions"] == len(backup_ids) and ids(home / "state.db") == backup_ids
         assert not [n for n in os.listdir(str(home)) if n.startswith(".state.db.restore")]
         shutil.rmtree(str(home))
     print("restore kills, base seed %d:\n%s" % (base, "\n".join(report)))
-
-
-def ids_live(db):
-    """Session ids as a reader sees them, WAL included (on a copy: no file is created beside db)."""
-    conn = sqlite3.connect(str(db))
-    try:
-        return {r[0] for r in conn.execute("SELECT id FROM sessions")}
-    finally:
-        conn.close()

@@ -11,6 +11,7 @@ import sqlite3
 import stat
 
 import pytest
+from hermes_reliability import query as rows
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from hermes_fixtures import (
@@ -32,14 +33,6 @@ def digest(path):
 
 def listing(home):
     return sorted(os.path.relpath(os.path.join(d, f), home) for d, _dirs, files in os.walk(home) for f in files)
-
-
-def rows(db, sql, *args):
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
 
 
 @pytest.fixture(scope="module", params=LAYOUTS)
