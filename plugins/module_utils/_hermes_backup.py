@@ -13,6 +13,7 @@ only this collection's own files (``hermes-ops_*``).
 from __future__ import annotations
 
 import calendar
+import contextlib
 import errno
 import gzip
 import os
@@ -22,7 +23,7 @@ import sqlite3
 import stat
 import time
 
-from ._hermes_db import MB, MaintenanceError, file_size, free_bytes, fsync_path
+from ._hermes_db import MB, MaintenanceError, file_size, free_bytes, fsync_path, read_snapshot
 
 PREFIX = "hermes-ops_"
 BACKUP_STEP_BYTES = 16 * 1024 * 1024  # copied per step, then flushed (see _copy_files)
@@ -191,28 +192,19 @@ def _copy_files(conn, db_path, work, wal_mode, busy_timeout):
     False when the write lock stayed taken for ``busy_timeout`` (say a RESTART checkpoint
     waiting for our own reader): ``work`` is emptied and the backup API copies instead.
     """
-    own_snapshot = not conn.in_transaction
-    if own_snapshot:
-        conn.execute("BEGIN")
-        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
-    try:
+    with read_snapshot(conn):
         _paced_copy(db_path, work)
-        if wal_mode and os.path.exists(db_path + "-wal"):
-            locker = sqlite3.connect(db_path, timeout=busy_timeout, isolation_level=None)
+        if not (wal_mode and os.path.exists(db_path + "-wal")):
+            return True
+        # Closing the locker rolls back: that releases the write lock.
+        with contextlib.closing(sqlite3.connect(db_path, timeout=busy_timeout, isolation_level=None)) as locker:
             try:
                 locker.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError:
-                locker.close()
                 os.truncate(work, 0)
                 return False
-            try:
-                os.close(os.open(work + "-wal", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-                _paced_copy(db_path + "-wal", work + "-wal", flush=False)
-            finally:
-                locker.close()  # rolls back: the lock is released
-    finally:
-        if own_snapshot:
-            conn.execute("COMMIT")
+            os.close(os.open(work + "-wal", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            _paced_copy(db_path + "-wal", work + "-wal", flush=False)
     return True
 
 
@@ -258,19 +250,13 @@ def _copy_snapshot(conn, target, work):
     """
     target.execute("PRAGMA journal_mode=OFF")
     target.execute("PRAGMA synchronous=OFF")
-    own_snapshot = not conn.in_transaction
-    if own_snapshot:
-        conn.execute("BEGIN")
-        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
-    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-    pages = max(1, BACKUP_STEP_BYTES // page_size)
+    pages = max(1, BACKUP_STEP_BYTES // conn.execute("PRAGMA page_size").fetchone()[0])
     fd = os.open(work, os.O_RDONLY)
     try:
-        conn.backup(target, pages=pages, progress=lambda status, remaining, total: os.fdatasync(fd))
+        with read_snapshot(conn):
+            conn.backup(target, pages=pages, progress=lambda status, remaining, total: os.fdatasync(fd))
     finally:
         os.close(fd)
-        if own_snapshot:
-            conn.execute("COMMIT")
 
 
 def _disk_full(exc):

@@ -123,6 +123,19 @@ def open_rw(path, busy_timeout=5.0):
 
 
 @contextlib.contextmanager
+def read_snapshot(conn):
+    """One read transaction: all reads inside see one snapshot, and while it is open no
+    checkpoint can restart the -wal or write into the file a frame newer than it."""
+    conn.execute("BEGIN")
+    try:
+        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # BEGIN is deferred: this reads
+        yield conn
+    finally:
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+
+
+@contextlib.contextmanager
 def write_transaction(conn):
     """``BEGIN IMMEDIATE`` ... ``COMMIT``: take the write lock up front, as Hermes's writers do.
 
