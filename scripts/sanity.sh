@@ -14,14 +14,9 @@
 # tests on each managed-node Python of the support matrix (3.8, 3.9, 3.10, 3.12, 3.13).
 #
 # Usage: scripts/sanity.sh ANSIBLE_TEST [extra ansible-test args...]
-set -euo pipefail
-ansible_test=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+# shellcheck source=scripts/ansible_test_env.sh
+. "$(dirname "$0")/ansible_test_env.sh" "$1"  # set -euo pipefail, $ansible_test, $repo, cd, HOME
 shift
-repo=$(cd "$(dirname "$0")/.." && pwd -P)
-cd "$repo"
-
-# shellcheck source=scripts/ansible_test_home.sh
-. "$repo/scripts/ansible_test_home.sh"
 
 # 1. Every ignore entry documents why.
 bad=0

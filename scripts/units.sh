@@ -7,14 +7,9 @@
 # the test helpers that start child processes with that path.
 #
 # Usage: scripts/units.sh ANSIBLE_TEST [extra ansible-test units args...]
-set -euo pipefail
-ansible_test=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+# shellcheck source=scripts/ansible_test_env.sh
+. "$(dirname "$0")/ansible_test_env.sh" "$1"  # set -euo pipefail, $ansible_test, $repo, cd, HOME
 shift
-repo=$(cd "$(dirname "$0")/.." && pwd -P)
-cd "$repo"
-
-# shellcheck source=scripts/ansible_test_home.sh
-. "$repo/scripts/ansible_test_home.sh"
 dest=$(bash scripts/ansible_test_tree.sh "$ansible_test" build/units)
 mkdir -p .cache "$dest/build/collections/ansible_collections/hermes_agent"
 ln -sfn "$repo/.cache" "$dest/.cache"
