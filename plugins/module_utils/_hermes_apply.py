@@ -50,7 +50,6 @@ def close_zombies(conn, plan, schema, end_reason, pause, closed):
                     done.append(sid)
         closed.extend(done)
         time.sleep(pause)
-    return closed
 
 
 class PruneResult:

@@ -317,7 +317,7 @@ def _apply(result, conn, db_path, plan, schema, opts, backup_due, backup_dir, na
             changed=result["changed"] or bool(closed or pruned.sessions),
         )
     result["reclaim"] = reclaim(conn, db_path, opts, schema, pruned.sessions > 0, False)
-    if closed or pruned.sessions or result["reclaim"]["action"]:
+    if result["reclaim"]["action"]:
         result["changed"] = True
 
 
