@@ -163,7 +163,7 @@ def take_backup(conn, db_path, backup_dir, profile, compress, must_contain, busy
                 "the backup ran out of space in %s (it needs about %d MB): the partial file was removed, "
                 "nothing was changed" % (backup_dir, needed // MB)
             ) from None
-        if isinstance(exc, sqlite3.Error):
+        if isinstance(exc, (sqlite3.Error, OSError)):  # OSError names the file
             raise MaintenanceError(
                 "backup of %s to %s failed: %s; nothing was changed" % (db_path, final, exc)
             ) from None
