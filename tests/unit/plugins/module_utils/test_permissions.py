@@ -15,6 +15,7 @@ The test users (``hermes-ops-t1``, ``hermes-ops-t2``) are created when absent.
 import json
 import os
 import pwd
+import shutil
 import stat
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import sys
 import pytest
 from hermes_reliability import (
     COLLECTIONS_ROOT,
+    REPO_ROOT,
     chown_tree,
     digest,
     ensure_user,
@@ -185,14 +187,25 @@ def _python_for(uid):
         return "/usr/bin/python3"
 
 
-def _runner(config, *args, user=None, python=sys.executable):
+def _engine_for_users(parent):
+    """The engine and runner where another user can read them, as the role installs them on a
+    host: the checkout itself may sit in a directory only root can enter (``mktemp -d``)."""
+    root = parent / "code"
+    dest = root / "ansible_collections" / "hermes_agent" / "ops" / "plugins" / "module_utils"
+    shutil.copytree(str(REPO_ROOT / "plugins" / "module_utils"), str(dest))
+    for dirpath, _dirs, _files in os.walk(str(root)):
+        os.chmod(dirpath, 0o755)
+    return root
+
+
+def _runner(config, *args, user=None, python=sys.executable, code_root=COLLECTIONS_ROOT):
     cmd = [
         python,
         "-c",
         "import sys; sys.path.insert(0, sys.argv[1]); "
         "from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_runner import main; "
         "sys.exit(main(sys.argv[2:]))",
-        str(COLLECTIONS_ROOT),
+        str(code_root),
         "--config",
         str(config),
         "--json",
@@ -213,7 +226,7 @@ def test_runner_refuses_root_on_a_foreign_home_unless_told(parent):
     assert digest(home / "state.db") == before and sorted(os.listdir(str(home))) == ["sessions", "state.db"]
     # This interpreter may live where the Hermes user cannot run it (a Python under /root);
     # the engine is standard library only, so the system python3 does as well.
-    as_user = _runner(config, user=uid, python=_python_for(uid))
+    as_user = _runner(config, user=uid, python=_python_for(uid), code_root=_engine_for_users(parent))
     assert as_user.returncode == 0, as_user.stderr
     assert json.loads(as_user.stdout)["profiles"][0]["sessions_pruned"] == 1
     told = _runner(config, "--allow-root")
