@@ -206,10 +206,9 @@ def test_newer_schema_refused_but_reported(tmp_path):
     assert allowed["status"] == "ok" and allowed["sessions_pruned"] == 1
 
 
-def test_missing_tokenizer_refuses_deletes_but_closes_zombies(tmp_path):
-    db = build_home(str(tmp_path), "v30", OLD)
+def add_index_with_missing_tokenizer(db):
+    """An index made with Hermes's CJK tokenizer, which this SQLite does not have."""
     conn = sqlite3.connect(str(db))
-    # An index made with Hermes's CJK tokenizer, which this SQLite does not have.
     conn.execute("PRAGMA writable_schema=ON")
     conn.execute(
         "INSERT INTO sqlite_master(type, name, tbl_name, rootpage, sql) VALUES ('table', 'messages_fts_cjk', "
@@ -218,12 +217,39 @@ def test_missing_tokenizer_refuses_deletes_but_closes_zombies(tmp_path):
     )
     conn.commit()
     conn.close()
+
+
+def test_missing_tokenizer_refuses_deletes_but_closes_zombies(tmp_path):
+    db = build_home(str(tmp_path), "v30", OLD)
+    add_index_with_missing_tokenizer(db)
     profile = run_maintenance({"hermes_home": [str(tmp_path)]})["profiles"][0]
     assert profile["status"] == "failed"
     assert "messages_fts_cjk" in profile["error"] and "pruning refused" in profile["error"]
+    # A healthy file: restoring a backup would lose every message written since.
+    assert "quick_check" not in profile["error"] and "restore" not in profile["error"]
     assert profile["zombies_closed"] == 1 and profile["sessions_pruned"] == 0
     conn = sqlite3.connect(str(db))
     assert conn.execute("SELECT COUNT(*) FROM sessions").fetchone() == (3,)
+
+
+def test_damaged_file_with_missing_tokenizer_is_still_called_damaged(tmp_path):
+    # SQLite 3.44+ aborts quick_check at the index it cannot open, damaged file or not; the
+    # table-by-table check behind it must still find the damaged b-tree.
+    db = build_home(str(tmp_path), "v30", OLD)
+    add_index_with_missing_tokenizer(db)
+    conn = sqlite3.connect(str(db))
+    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE type = 'index' AND tbl_name = 'messages'").fetchone()
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    conn.close()
+    with open(str(db), "r+b") as handle:
+        handle.seek((root[0] - 1) * page_size + 8)
+        handle.write(b"\x00\x01" * 50)
+    before = digest(db)
+    profile = run_maintenance({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    assert profile["status"] == "failed"
+    assert "failed quick_check" in profile["error"] and "restore the newest backup" in profile["error"]
+    assert profile["zombies_closed"] == 0
+    assert digest(db) == before
 
 
 @pytest.mark.parametrize(
