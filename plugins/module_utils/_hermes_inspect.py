@@ -157,8 +157,8 @@ def quick_check_ordinary_tables(conn):
     """quick_check table by table (each with its indexes), leaving the virtual tables out.
 
     Every table's and index's b-tree is checked, the FTS shadow tables included; the
-    per-table form leaves out only the whole-file page accounting (pages never used), which
-    loses no row. Returns the error rows, or ["ok"].
+    per-table form leaves out the freelist and the whole-file page accounting (a page that
+    two trees share, or that none uses). Returns the error rows, or ["ok"].
     """
     tables = [
         row[0]
