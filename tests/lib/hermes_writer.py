@@ -89,6 +89,30 @@ def _file_condition(db_path, start_ino):
     return problems
 
 
+def _identity_guard_state(db):
+    """What a release with file-identity guards (0.21+) decided about its file, before close().
+
+    ``replaced`` / ``wal_generation_lost`` are the sticky flags behind StateDbReplacedError and
+    DeletedWalGenerationError, ``quarantined`` the one behind StateDbCorruptError; ``wal`` says
+    whether the handle runs in WAL mode. Empty for releases without the guards.
+    """
+    if not hasattr(db, "_db_file_identity"):
+        return {}
+    state = {
+        "replaced": bool(getattr(db, "_db_replaced", False)),
+        "wal_generation_lost": bool(getattr(db, "_db_wal_generation_lost", False)),
+        "quarantined": bool(getattr(db, "_db_corrupt", False)),
+        "wal": bool(getattr(db, "_wal_active", False)),
+        "application_id": getattr(db, "_db_file_application_id", None),
+    }
+    try:  # the live probe the release runs before every write
+        db._halt_if_db_generation_changed()
+        state["probe"] = "ok"
+    except Exception as exc:
+        state["probe"] = "%s: %s" % (type(exc).__name__, exc)
+    return state
+
+
 def _reader(db_path, hold, stop, out):
     """Hold a read transaction open ``hold`` seconds at a time until ``stop``."""
     conn = sqlite3.connect(db_path, timeout=5.0, isolation_level=None, check_same_thread=False)
@@ -174,6 +198,7 @@ def run_process(args):
     except Exception as exc:
         seen = None
         problems.append("message_count failed: %s" % exc)
+    guards = _identity_guard_state(db)
     db.close()
     lats_sorted = sorted(lats)
     summary = {
@@ -188,6 +213,8 @@ def run_process(args):
         "p50": _pct(lats_sorted, 50),
         "file_problems": problems,
         "hermes_optimize": bool(args.keep_hermes_optimize),
+        "sqlite_version": sqlite3.sqlite_version,
+        "guards": guards,
     }
     summary.update(reader_out)
     out.write(json.dumps({"summary": summary}) + "\n")
@@ -232,6 +259,7 @@ class WriterProcess:
         source="telegram",
         read_hold=None,
         keep_hermes_optimize=False,
+        env=None,
     ):
         self.python = python
         self.db_path = str(db_path)
@@ -259,6 +287,7 @@ class WriterProcess:
             self.cmd += ["--read-hold", str(read_hold)]
         if keep_hermes_optimize:
             self.cmd.append("--keep-hermes-optimize")
+        self.extra_env = dict(env or {})
         self.proc = None
         self._summary = None
 
@@ -269,6 +298,7 @@ class WriterProcess:
         env = dict(os.environ)
         env["HERMES_HOME"] = os.path.dirname(os.path.abspath(self.db_path))
         env.pop("PYTHONPATH", None)
+        env.update(self.extra_env)
         self._stderr = open(self.out_path + ".stderr", "w")
         self.proc = subprocess.Popen(
             self.cmd, env=env, cwd=env["HERMES_HOME"], stdout=self._stderr, stderr=subprocess.STDOUT

@@ -1,0 +1,23 @@
+# SQLite matrix (included by the Makefile's `-include $(wildcard mk/*.mk)`): the engine unit
+# tests, real-release scenarios included, on the SQLite of Debian 12 (the system's), Debian 13
+# (trixie, 3.46) and Debian sid (3.53, free of the WAL-reset bug, so Hermes 0.22 runs WAL).
+#
+#   make matrix-sqlite                       all three (builds cached in .cache/sqlite/<suite>/)
+#   make matrix-sqlite MATRIX_SQLITES=sid    one
+#   make sqlite-builds                       only build (or find cached) the libraries
+#
+# Each non-system entry is Debian's own sqlite3 source package, built by scripts/build_sqlite.sh
+# with that package's compile options (about 1.5 min per suite, once), then put first on
+# LD_LIBRARY_PATH for the whole pytest run. Needs apt-get, dpkg-dev, gcc, make, tcl.
+
+MATRIX_SQLITES ?= system trixie sid
+SQLITE_SUITES := $(filter-out system,$(MATRIX_SQLITES))
+
+.PHONY: matrix-sqlite sqlite-builds
+
+matrix-sqlite: $(STAMP) collection-link ## engine unit tests + release scenarios on SQLite 3.40 (system), 3.46 (trixie), 3.53 (sid)
+	@bash scripts/matrix_sqlite.sh $(BIN)/python "$(MATRIX_SQLITES)" "$(MATRIX_MARKERS)" $(PYTEST_ARGS)
+
+sqlite-builds: ## build Debian's libsqlite3 of each suite in MATRIX_SQLITES into .cache/sqlite/ (cached)
+	@for suite in $(SQLITE_SUITES); do bash scripts/build_sqlite.sh $$suite >/dev/null || exit 1; \
+		echo "$$suite: SQLite $$(cat .cache/sqlite/$$suite/VERSION) in .cache/sqlite/$$suite/lib"; done

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# SQLite matrix: the engine unit tests (tests/unit/plugins/module_utils: the real engine and
+# the real Hermes releases against real SQLite files) on each SQLite a current distribution
+# ships, by swapping the libsqlite3.so.0 that CPython's _sqlite3 links.
+#
+# Each entry is `system` (the library the dev venv's Python links: Debian 12's 3.40.1 here)
+# or a Debian suite (trixie = Debian 13, sid) whose sqlite3 source package
+# scripts/build_sqlite.sh builds once into .cache/sqlite/<suite>/lib. pytest then runs
+# with that directory first on LD_LIBRARY_PATH, so the engine AND every Hermes release
+# process the tests start (they inherit the environment) use that SQLite. Before each run
+# the version is checked in the dev venv and in the newest Hermes release venv, and that
+# release's journal-mode choice on it is printed (Hermes >= 0.20 refuses WAL on an SQLite
+# with the WAL-reset bug, < 3.51.3 outside the backports). A summary table follows.
+#
+# Usage: scripts/matrix_sqlite.sh PYTHON "system trixie sid" "MARKERS" [extra pytest args...]
+set -uo pipefail
+python=$1
+entries=$2
+markers=$3
+shift 3
+repo=$(cd "$(dirname "$0")/.." && pwd -P)
+cd "$repo" || exit 1
+logdir=build/matrix-sqlite
+mkdir -p "$logdir"
+hermes_py=$(ls -d .cache/venvs/hermes-0.22.*/bin/python 2>/dev/null | sort -V | tail -n 1)
+
+# What Hermes 0.22 picks on the SQLite of LD_LIBRARY_PATH: its own WAL-reset gate.
+hermes_mode() {
+    [ -n "$hermes_py" ] || { echo "-"; return; }
+    "$hermes_py" -c 'import sqlite3
+from hermes_cli.sqlite_runtime import is_sqlite_wal_reset_vulnerable as bad
+print("delete" if bad(sqlite3.sqlite_version_info) else "wal")' 2>/dev/null || echo "?"
+}
+
+base_path=${LD_LIBRARY_PATH:-}
+declare -a rows=()
+failed=0
+for entry in $entries; do
+    start=$(date +%s)
+    echo
+    echo "---------------------------------------------------------------- SQLite: $entry"
+    libdir=""
+    if [ "$entry" != system ]; then
+        if ! libdir=$(bash scripts/build_sqlite.sh "$entry" | tail -n 1) || [ ! -s "$libdir/libsqlite3.so.0" ]; then
+            echo "error: could not build the SQLite of Debian $entry (scripts/build_sqlite.sh $entry)" >&2
+            rows+=("$(printf '%-8s %-8s %-7s %-8s %5ss' "$entry" "-" "-" "BUILD" $(($(date +%s) - start)))")
+            failed=$((failed + 1))
+            continue
+        fi
+    fi
+    if [ -n "$libdir" ]; then export LD_LIBRARY_PATH=$libdir${base_path:+:$base_path}; else export LD_LIBRARY_PATH=$base_path; fi
+    version=$("$python" -c 'import sqlite3; print(sqlite3.sqlite_version)')
+    expected=$(cat "$libdir/VERSION" 2>/dev/null || echo "$version")
+    hermes_version=$([ -n "$hermes_py" ] && "$hermes_py" -c 'import sqlite3; print(sqlite3.sqlite_version)' || echo "$version")
+    mode=$(hermes_mode)
+    if [ "$version" != "$expected" ] || [ "$hermes_version" != "$expected" ]; then
+        echo "error: LD_LIBRARY_PATH=$libdir gives SQLite $version (dev venv) / $hermes_version (Hermes), not $expected" >&2
+        rows+=("$(printf '%-8s %-8s %-7s %-8s %5ss' "$entry" "$version" "$mode" "SWAP" $(($(date +%s) - start)))")
+        failed=$((failed + 1))
+        continue
+    fi
+    echo "+ LD_LIBRARY_PATH=$libdir pytest tests/unit/plugins/module_utils -m \"$markers\" $* (SQLite $version; Hermes 0.22 picks journal_mode=$mode)"
+    log=$logdir/$entry.log
+    "$python" -m pytest tests/unit/plugins/module_utils -m "$markers" -p no:cacheprovider "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    status=ok
+    if [ "$rc" -ne 0 ]; then
+        status=FAILED
+        [ "$rc" -eq 5 ] && echo "error: pytest collected no tests on SQLite $entry" >&2
+        failed=$((failed + 1))
+    fi
+    counts=$(tail -n 1 "$log" | sed -E 's/^=+ //; s/ in [0-9.]+s.*//')
+    rows+=("$(printf '%-8s %-8s %-7s %-8s %5ss  %s' "$entry" "$version" "$mode" "$status" $(($(date +%s) - start)) "$counts")")
+done
+
+echo
+echo "---------------------------------------------------------------- SQLite matrix (Python $("$python" -c 'import sys; print(sys.version.split()[0])'))"
+printf '%-8s %-8s %-7s %-8s %6s  %s\n' sqlite version hermes result time tests
+printf '%s\n' "${rows[@]}"
+if [ "$failed" -ne 0 ]; then
+    echo "matrix-sqlite: $failed of $(wc -w <<<"$entries") SQLite builds FAILED (logs in $logdir/)"
+    exit 1
+fi
+echo "matrix-sqlite: all $(wc -w <<<"$entries") SQLite builds passed"
