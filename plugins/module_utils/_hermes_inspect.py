@@ -120,13 +120,25 @@ def check_version(schema, allow_unknown):
 def quick_check(conn, path):
     """Raise MaintenanceError if the file is damaged; a tokenizer this SQLite lacks is not damage."""
     try:
-        rows = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
+        rows = quick_check_rows(conn)
     except sqlite3.DatabaseError as exc:
-        if not virtual_tables_this_sqlite_cannot_open(conn):
-            raise MaintenanceError(_damaged(path, str(exc))) from None
-        rows = quick_check_ordinary_tables(conn)
+        raise MaintenanceError(_damaged(path, str(exc))) from None
     if rows != ["ok"]:
         raise MaintenanceError(_damaged(path, "; ".join(rows[:3])))
+
+
+def quick_check_rows(conn):
+    """PRAGMA quick_check's rows (["ok"] when healthy) on every SQLite version.
+
+    Where a virtual table this SQLite cannot open aborts the check, it is done table by table
+    without the virtual tables. Raises sqlite3.DatabaseError for a file it cannot check at all.
+    """
+    try:
+        return [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
+    except sqlite3.DatabaseError:
+        if not virtual_tables_this_sqlite_cannot_open(conn):
+            raise
+    return quick_check_ordinary_tables(conn)
 
 
 def virtual_tables_this_sqlite_cannot_open(conn):

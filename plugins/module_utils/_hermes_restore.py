@@ -34,6 +34,7 @@ import time
 from ._hermes_backup import list_backups
 from ._hermes_db import MB, SIDECAR_SUFFIXES, MaintenanceError, _uri, file_size, free_bytes, fsync_path, holders
 from ._hermes_engine import LOCK_SUFFIX
+from ._hermes_inspect import quick_check_rows
 
 PARTIAL = ".state.db.restore.partial"
 ASIDE_PREFIX = "state.db.pre-restore-"
@@ -51,7 +52,7 @@ def db_counts(path):
     """quick_check and counts of a database file, read without creating any file beside it."""
     conn = sqlite3.connect(_uri(path, mode="ro", immutable="1"), uri=True, isolation_level=None)
     try:
-        check = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
+        check = quick_check_rows(conn)
         if check != ["ok"]:
             raise MaintenanceError("quick_check failed: %s" % "; ".join(check[:3]))
         counts = {
