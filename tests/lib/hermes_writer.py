@@ -17,7 +17,10 @@ Two sides in one file:
   ``{"ready": ...}`` after the first append succeeded, the last ``{"summary": ...}``.
   The summary also says whether the file the writer holds open was replaced or
   unlinked under it (state.db inode changed, a ``(deleted)`` state.db / -wal / -shm in
-  ``/proc/self/fd``): the conditions that make a newer Hermes refuse all writes.
+  ``/proc/self/fd``): the conditions that make a newer Hermes refuse all writes; for
+  a release with file-identity guards (0.21+) also ``guards``: its sticky flags, WAL or
+  not, and the result of its own identity probe just before close(); and the
+  ``sqlite_version`` the process linked.
 
   ``--read-hold S`` adds a second connection in the same process (like the gateway's
   reader threads) that keeps a read transaction open for S seconds at a time, back to
@@ -29,7 +32,8 @@ Two sides in one file:
   measured are then the ones maintenance causes.
 
 * the **harness** (imported by tests and ``bench/run.py`` under the dev venv):
-  ``WriterProcess(release, db_path, out_path, **options)`` with ``start()``
+  ``WriterProcess(python, db_path, out_path, **options)`` (``env``: variables added to
+  the writer's environment, e.g. ``LD_LIBRARY_PATH``) with ``start()``
   (returns once the first append succeeded), ``stop()`` -> summary dict, and
   ``records()``; ``latency_stats(records, t0, t1)`` for a window.
 """
