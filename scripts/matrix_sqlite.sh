@@ -22,7 +22,10 @@ repo=$(cd "$(dirname "$0")/.." && pwd -P)
 cd "$repo" || exit 1
 logdir=build/matrix-sqlite
 mkdir -p "$logdir"
-hermes_py=$(ls -d .cache/venvs/hermes-0.22.*/bin/python 2>/dev/null | sort -V | tail -n 1)
+hermes_py=""
+for candidate in .cache/venvs/hermes-0.22.*/bin/python; do
+    [ -x "$candidate" ] && hermes_py=$candidate
+done
 
 # What Hermes 0.22 picks on the SQLite of LD_LIBRARY_PATH: its own WAL-reset gate.
 hermes_mode() {
