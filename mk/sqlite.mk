@@ -5,6 +5,7 @@
 #   make matrix-sqlite                       all three (builds cached in .cache/sqlite/<suite>/)
 #   make matrix-sqlite MATRIX_SQLITES=sid    one
 #   make sqlite-builds                       only build (or find cached) the libraries
+#   make live-wal-full                       test_identity_guards.py on sid's SQLite at 100k messages
 #
 # Each non-system entry is Debian's own sqlite3 source package, built by scripts/build_sqlite.sh
 # with that package's compile options (about 1.5 min per suite, once), then put first on
@@ -13,7 +14,7 @@
 MATRIX_SQLITES ?= system trixie sid
 SQLITE_SUITES := $(filter-out system,$(MATRIX_SQLITES))
 
-.PHONY: matrix-sqlite sqlite-builds
+.PHONY: matrix-sqlite sqlite-builds live-wal-full
 
 matrix-sqlite: $(STAMP) collection-link ## engine unit tests + release scenarios on SQLite 3.40 (system), 3.46 (trixie), 3.53 (sid)
 	@bash scripts/matrix_sqlite.sh $(BIN)/python "$(MATRIX_SQLITES)" "$(MATRIX_MARKERS)" $(PYTEST_ARGS)
@@ -21,3 +22,7 @@ matrix-sqlite: $(STAMP) collection-link ## engine unit tests + release scenarios
 sqlite-builds: ## build Debian's libsqlite3 of each suite in MATRIX_SQLITES into .cache/sqlite/ (cached)
 	@for suite in $(SQLITE_SUITES); do bash scripts/build_sqlite.sh $$suite >/dev/null || exit 1; \
 		echo "$$suite: SQLite $$(cat .cache/sqlite/$$suite/VERSION) in .cache/sqlite/$$suite/lib"; done
+
+live-wal-full: $(STAMP) collection-link ## Hermes 0.22.2 in WAL mode (sid's SQLite) inside its identity guards, 100k messages
+	@lib=$$(bash scripts/build_sqlite.sh sid | tail -n 1) && HERMES_LIVE_SIZE=full LD_LIBRARY_PATH=$$lib \
+		bash scripts/pytest.sh $(BIN)/pytest tests/unit/plugins/module_utils/test_identity_guards.py -s -m "" $(PYTEST_ARGS)

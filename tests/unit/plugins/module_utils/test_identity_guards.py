@@ -13,6 +13,8 @@ So these tests run where the process links such an SQLite: ``make matrix-sqlite`
 them with Debian sid's libsqlite3 (3.53) first on LD_LIBRARY_PATH, which the real 0.22.2
 writer processes inherit. Elsewhere they are skipped, saying so.
 
+Size: 300 sessions of 25 messages; ``HERMES_LIVE_SIZE=full`` (``make live-wal-full``) 4,000.
+
 The writer is the release's own ``SessionDB`` (tests/lib/hermes_writer.py), kept open and
 appending every 20 ms; its summary carries the guard flags and the result of the guard's own
 live probe (``_halt_if_db_generation_changed``) just before it closes.
@@ -36,7 +38,8 @@ from hermes_fixtures import WRITER, hermes_python
 
 RELEASE = "0.22.2.post1"
 DAY = 86400.0
-SESSIONS, MESSAGES = 300, 25
+# 7,500 messages in `make matrix-sqlite`; HERMES_LIVE_SIZE=full (`make live-wal-full`) 100,000.
+SESSIONS, MESSAGES = (4000, 25) if os.environ.get("HERMES_LIVE_SIZE") == "full" else (300, 25)
 ZOMBIES = 10
 GUARD_ERRORS = ("StateDbReplacedError", "DeletedWalGenerationError", "StateDbCorruptError")
 # Hermes gives up on a write after ~20 s; the latency targets are the benchmark's business.
@@ -137,6 +140,10 @@ def assert_writer_unharmed(writer, summary, db):
     """No failed write, no guard tripped (flags and the guard's own probe), WAL all along,
     every message it appended is in the file and found by FTS."""
     errors = [r["err"] for r in writer.records() if r["err"]]
+    print(
+        "0.22.2 writer on SQLite %s: %d appends, %d failed, worst %.0f ms, guards %s"
+        % (summary["sqlite_version"], summary["attempts"], summary["failed"], 1000 * summary["max"], summary["guards"])
+    )
     assert summary["failed"] == 0 and not errors, errors[:3]
     assert not any(name in (e or "") for e in errors for name in GUARD_ERRORS)
     guards = summary["guards"]
