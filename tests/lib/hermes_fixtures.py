@@ -36,7 +36,9 @@ Session spec (dict)
 ``messages`` (int, 2), ``last_message_days_ago`` (newest message time; default:
 the end time, or the start time for an open session), ``parent`` (id or None),
 ``delegate`` (bool: model_config ``{"_delegate_from": parent}``), ``pinned`` (v30),
-``last_activity_days_ago`` (v30), ``lease`` (None | 'compression' | 'turn': a live
+``last_activity_days_ago`` (v30, 0.20+), ``hidden`` / ``archived`` (bool; releases with
+those columns, set through the release's ``set_session_<flag>``), ``recovery_deadline_days``
+(0.22+: ``set_compression_recovery_deadline`` that many days from now), ``lease`` (None | 'compression' | 'turn': a live
 lease expiring in the future; 'compression' needs compression_locks, 'turn' v30),
 ``system_prompt`` (text; v30 -> ``system_prompts`` row + hash, elsewhere the inline
 ``sessions.system_prompt`` column), ``transcripts`` (bool: ``sessions/<id>.json``,
@@ -942,6 +944,12 @@ def _validate_specs(layout, sessions):
             needs.append("pinned")
         if spec.get("last_activity_days_ago") is not None:
             needs.append("last_activity")
+        flags = [flag for flag in ("hidden", "archived") if spec.get(flag)]
+        if flags and not layout.startswith("hermes-"):
+            raise ValueError("%s: %s are set through a release's own SessionDB" % (sid, ", ".join(flags)))
+        needs.extend(flags)
+        if spec.get("recovery_deadline_days") is not None:
+            needs.append("recovery_deadline")
         lease = spec.get("lease")
         if lease == "compression":
             needs.append("compression_locks")
@@ -999,6 +1007,10 @@ def _plan(spec, now):
         "model_config": model_config,
         "system_prompt": spec.get("system_prompt"),
         "pinned": bool(spec.get("pinned")),
+        "flags": {flag: bool(spec.get(flag)) for flag in ("pinned", "hidden", "archived")},
+        "recovery_deadline": None
+        if spec.get("recovery_deadline_days") is None
+        else now + float(spec["recovery_deadline_days"]) * DAY,
         "last_activity_at": _ts(now, spec.get("last_activity_days_ago")),
         "lease": spec.get("lease"),
         "transcripts": bool(spec.get("transcripts")),
@@ -1218,7 +1230,8 @@ def build_home(home, layout, sessions, now=None, profile=None):
                     "ended_at": p["ended_at"],
                     "compression_lease": lease,
                     "turn_lease": turn_lease,
-                    "flags": {"pinned": p["pinned"]},
+                    "flags": p["flags"],
+                    "recovery_deadline": p["recovery_deadline"],
                     "last_activity_at": p["last_activity_at"],
                 }
             )
