@@ -12,6 +12,7 @@ import sqlite3
 import stat
 
 import pytest
+from hermes_reliability import db_problems
 from hermes_reliability import query as rows
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
@@ -145,3 +146,32 @@ def test_release_still_reads_the_file(scenario, tmp_path):
 def test_layout_features_are_what_the_scenario_used(scenario):
     layout, home, db, specs, expected = scenario
     assert LAYOUT_FEATURES[layout]["schema_version"] == rows(db, "SELECT version FROM schema_version")[0][0]
+
+
+@pytest.mark.parametrize("layout", ["hermes-0.20.1.2", "hermes-0.22.2.post1"])
+def test_vacuum_keeps_a_rollback_journal_file_as_hermes_made_it(layout, tmp_path):
+    """0.20+ run journal_mode=DELETE here: a full VACUUM (service window) and incremental
+    steps leave the mode, the inode and 0.22's identity stamp as they were, with no -wal."""
+    if not layout_available(layout):
+        pytest.skip(missing_venv_message(layout))
+    home = str(tmp_path / "home")
+    specs, expected = standard_scenario(layout)
+    db = str(build_home(home, layout, specs))
+    identity, inode = file_identity(db), os.stat(db).st_ino
+    assert identity[0] == [("delete",)]
+
+    full = run_maintenance({"hermes_home": [home], "vacuum_mode": "full"})["profiles"][0]
+    assert full["status"] == "ok", full["error"]
+    assert full["reclaim"]["action"] == "full"
+    assert rows(db, "PRAGMA auto_vacuum") == [(2,)]  # left in incremental mode for live runs
+    # a later prune (everything ended over half a day ago) is reclaimed in short steps
+    more = run_maintenance({"hermes_home": [home], "prune_days": 0.5, "zombie_days": 0.5})["profiles"][0]
+    assert more["status"] == "ok", more["error"]
+    assert more["sessions_pruned"] > 0 and more["reclaim"]["action"] == "incremental"
+    assert rows(db, "PRAGMA freelist_count") == [(0,)]
+
+    assert file_identity(db) == identity and os.stat(db).st_ino == inode
+    assert not os.path.exists(db + "-wal")
+    assert db_problems(db) == []
+    seen = open_with_release(layout, db, search_word="zebra")
+    assert seen["hits"] > 0 and set(seen["sessions"]) <= expected["kept"]
