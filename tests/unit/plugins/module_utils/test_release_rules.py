@@ -13,13 +13,21 @@ session whose conversation holds a live lease.
 """
 
 import os
+import subprocess
 
 import pytest
 from hermes_releases import PRUNE_DAYS, RULE_RELEASES, Rules, random_rule_specs, release_prune, rule_cases, session_ids
 from hermes_reliability import db_problems
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from hermes_fixtures import build_home, copy_db, layout_available, missing_venv_message, open_with_release
+from hermes_fixtures import (
+    build_home,
+    copy_db,
+    hermes_python,
+    layout_available,
+    missing_venv_message,
+    open_with_release,
+)
 
 SEEDS = int(os.environ.get("HERMES_RULE_SEEDS", "2"))
 
@@ -85,3 +93,47 @@ def test_random_files_every_difference_is_a_documented_rule(layout, seed, tmp_pa
     assert unexplained(specs, ours, theirs, kept) == []
     assert never_pruned(specs, ours) == []
     assert db_problems(ours_db) == []
+
+
+TAKE_TURN_LEASE = r"""
+import sys
+from pathlib import Path
+import hermes_state
+db = hermes_state.SessionDB(db_path=Path(sys.argv[1]))
+try:
+    assert db.try_acquire_session_turn_lease(sys.argv[2], "pid=1:gateway-turn", ttl_seconds=3600.0)
+finally:
+    db.close()
+"""
+
+
+def test_turn_lease_taken_during_the_run_keeps_the_whole_lineage(tmp_path, monkeypatch):
+    """0.22.2 starts a turn on an old continuation after we planned: its lease (keyed by the
+    lineage root) keeps the continuation and its compression ancestor; the rest is pruned."""
+    from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine
+
+    layout = "hermes-0.22.2.post1"
+    if not layout_available(layout):
+        pytest.skip(missing_venv_message(layout))
+    old = {"started_days_ago": 80, "ended_days_ago": 60}
+    specs = [
+        dict(old, id="root", end_reason="compression"),
+        dict(old, id="cont", parent="root", ended_days_ago=45),
+    ] + [dict(old, id="s%d" % i) for i in range(4)]
+    home = tmp_path / "home"
+    db = str(build_home(str(home), layout, specs))
+    real_build_plan = _hermes_engine.build_plan
+
+    def plan_then_lease(*args):
+        plan = real_build_plan(*args)
+        env = dict(os.environ, HERMES_HOME=str(home))
+        env.pop("PYTHONPATH", None)
+        subprocess.run([hermes_python(layout), "-c", TAKE_TURN_LEASE, db, "cont"], check=True, env=env, timeout=120)
+        return plan
+
+    monkeypatch.setattr(_hermes_engine, "build_plan", plan_then_lease)
+    profile = run_maintenance({"hermes_home": [str(home)], "prune_days": PRUNE_DAYS})["profiles"][0]
+    assert profile["status"] == "ok", profile["error"]
+    assert profile["sessions_pruned"] == 4 and profile["sessions_left_alone"] == 2
+    assert session_ids(db) == {"root", "cont"}
+    assert db_problems(db) == []
