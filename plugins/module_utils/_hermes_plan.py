@@ -83,7 +83,7 @@ def leased_conversation(conn, sid, leased):
     lease on the root covers every continuation after it.
     """
     seen = set()
-    while sid is not None and sid not in seen:
+    while leased and sid is not None and sid not in seen:
         if sid in leased:
             return True
         seen.add(sid)
