@@ -205,7 +205,8 @@ class Rules:
         s = self.by_id[sid]
         if self.pinned(sid) or self.leased(sid):
             return None  # the release protects it: never explained
-        if s.get("ended_days_ago") is None and s.get("source", "cli") in DEFAULT_ZOMBIE_SOURCES:
+        zombie_source = s.get("source", "cli") in DEFAULT_ZOMBIE_SOURCES
+        if s.get("ended_days_ago") is None and zombie_source and not self.active(sid):
             return "zombie closed first"
         if s.get("delegate") and s.get("parent") in ours:
             return "delegate leaves with its parent"
