@@ -15,7 +15,7 @@ import os
 import time
 
 from ._hermes_db import write_transaction
-from ._hermes_plan import ORPHAN_REAP, leased_conversation, live_leases
+from ._hermes_plan import ORPHAN_REAP, leased_conversation, live_leases, routed_sessions
 
 ZOMBIE_CHUNK = 200
 # Beside state.db while a batch commits: the transcripts of its sessions, removed right after.
@@ -86,12 +86,13 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None):
         with write_transaction(conn):
             started = time.monotonic()
             leased = live_leases(conn, schema, time.time())
+            routed = routed_sessions(conn, schema)
             done = []
             for index, (sid, chunk) in enumerate(batch):
                 if index and batch_time and time.monotonic() - started > batch_time:
                     queue.appendleft(batch[index:])  # the rest waits for the next transaction
                     break
-                if sid in skipped or not _still_prunable(conn, sid, plan, schema, leased):
+                if sid in skipped or sid in routed or not _still_prunable(conn, sid, plan, schema, leased):
                     _skip_with_ancestors(sid, plan, skipped)
                     continue
                 if chunk:  # a slice of a session larger than batch_size, oldest messages first

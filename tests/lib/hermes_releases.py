@@ -122,6 +122,8 @@ def _decorate(rng, conv, feats):
             spec["last_activity_days_ago"] = rng.choice([a for a in AGES if a <= spec["started_days_ago"]])
         if feats["recovery_deadline"] and rng.random() < 0.15:
             spec["recovery_deadline_days"] = 0.5
+        if feats["routing"] and spec["source"] in ("telegram", "discord") and rng.random() < 0.4:
+            spec["routing_key"] = "agent:main:%s:dm:%s" % (spec["source"], spec["id"])
     if feats["compression_locks"] and rng.random() < 0.25:
         kinds = ["compression"] + (["turn", "turn"] if feats["turn_leases"] else [])
         rng.choice(conv)["lease"] = rng.choice(kinds)
@@ -203,7 +205,7 @@ class Rules:
     def explain_ours_only(self, sid, ours):
         """Why we prune a session the release keeps (None: no documented rule)."""
         s = self.by_id[sid]
-        if self.pinned(sid) or self.leased(sid):
+        if self.pinned(sid) or self.leased(sid) or s.get("routing_key"):
             return None  # the release protects it: never explained
         zombie_source = s.get("source", "cli") in DEFAULT_ZOMBIE_SOURCES
         if s.get("ended_days_ago") is None and zombie_source and not self.active(sid):
@@ -219,6 +221,8 @@ class Rules:
             return "pinned (or a continuation of a pinned session)"
         if self.leased(sid):
             return "live lease on its conversation"
+        if s.get("routing_key"):
+            return "named by the gateway's routing index"
         if self.active(sid):
             return "last activity within the window"
         if s.get("end_reason") == "compression" and any(k in ours_kept for k in self.children.get(sid, ())):
@@ -269,4 +273,6 @@ def rule_cases(layout):
         ]
     if feats["last_activity"]:
         cases.append(dict(old, id="case-activity", last_activity_days_ago=5))
+    if feats["routing"]:  # the chat's routing entry still names this ended session
+        cases.append(dict(old, id="case-routed", source="telegram", routing_key="agent:main:telegram:dm:case-routed"))
     return cases
