@@ -77,7 +77,7 @@ def live_leases(conn, schema, now):
 
 
 def routed_sessions(conn, schema):
-    """Session ids the gateway's routing index names (0.20+: ``gateway_routing``).
+    """Session ids the gateway's routing index names (0.19+: ``gateway_routing``).
 
     The gateway resumes, or starts a reset child of, the session its entry for a chat names;
     Hermes drops an entry before it deletes the session behind it, and so do we: we keep it.

