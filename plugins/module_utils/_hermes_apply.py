@@ -15,7 +15,7 @@ import os
 import time
 
 from ._hermes_db import write_transaction
-from ._hermes_plan import live_leases
+from ._hermes_plan import ORPHAN_REAP, leased_conversation, live_leases, routed_sessions
 
 ZOMBIE_CHUNK = 200
 # Beside state.db while a batch commits: the transcripts of its sessions, removed right after.
@@ -41,7 +41,7 @@ def close_zombies(conn, plan, schema, end_reason, pause, closed):
             leased = live_leases(conn, schema, time.time())
             done = []
             for sid, last in chunk:
-                if sid in leased:
+                if leased_conversation(conn, sid, leased):
                     continue
                 params = [last, end_reason, sid, sid, plan.zombie_cutoff]
                 if "last_activity_at" in cols:
@@ -86,12 +86,13 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None):
         with write_transaction(conn):
             started = time.monotonic()
             leased = live_leases(conn, schema, time.time())
+            routed = routed_sessions(conn, schema)
             done = []
             for index, (sid, chunk) in enumerate(batch):
                 if index and batch_time and time.monotonic() - started > batch_time:
                     queue.appendleft(batch[index:])  # the rest waits for the next transaction
                     break
-                if sid in skipped or not _still_prunable(conn, sid, plan, schema, leased):
+                if sid in skipped or sid in routed or not _still_prunable(conn, sid, plan, schema, leased):
                     _skip_with_ancestors(sid, plan, skipped)
                     continue
                 if chunk:  # a slice of a session larger than batch_size, oldest messages first
@@ -174,9 +175,9 @@ def _batches(plan, batch_size):
 
 def _still_prunable(conn, sid, plan, schema, leased):
     """Re-check inside the transaction: a session resumed or leased since the plan stays."""
-    cols = ["ended_at"] + [c for c in ("pinned", "last_activity_at") if c in schema["session_columns"]]
+    cols = ["ended_at", "end_reason"] + [c for c in ("pinned", "last_activity_at") if c in schema["session_columns"]]
     row = conn.execute("SELECT %s FROM sessions WHERE id = ?" % ", ".join(cols), (sid,)).fetchone()
-    if row is None or row[0] is None or sid in leased:
+    if row is None or row[0] is None or leased_conversation(conn, sid, leased):
         return False
     values = dict(zip(cols, row))
     if values.get("pinned"):
@@ -185,6 +186,8 @@ def _still_prunable(conn, sid, plan, schema, leased):
         return True
     if values.get("last_activity_at") is not None and values["last_activity_at"] >= plan.prune_cutoff:
         return False
+    if values["end_reason"] == ORPHAN_REAP and values["ended_at"] >= plan.prune_cutoff:
+        return False  # closed by Hermes's orphan sweep lately: resumable for a retention window
     newer = conn.execute(
         "SELECT 1 FROM messages WHERE session_id = ? AND timestamp >= ? LIMIT 1", (sid, plan.prune_cutoff)
     ).fetchone()

