@@ -233,29 +233,16 @@ profiles:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support import diff_of, shared_argument_spec
+from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support import (
+    diff_of,
+    maintenance_argument_spec,
+)
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import DEFAULTS, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 
 
 def main():
-    argument_spec = shared_argument_spec()
-    argument_spec.update(
-        end_reason=dict(type="str", default=DEFAULTS["end_reason"]),
-        backup=dict(type="bool", default=True),
-        backup_keep_days=dict(type="float", default=DEFAULTS["backup_keep_days"]),
-        backup_keep_count=dict(type="int"),
-        backup_interval_days=dict(type="float"),
-        backup_compress=dict(type="bool", default=False),
-        vacuum_mode=dict(type="str", default="auto", choices=["auto", "full", "incremental", "never"]),
-        vacuum_threshold=dict(type="float", default=DEFAULTS["vacuum_threshold"]),
-        vacuum_switch_incremental=dict(type="bool", default=True),
-        batch_size=dict(type="int", default=DEFAULTS["batch_size"]),
-        batch_pause=dict(type="float", default=DEFAULTS["batch_pause"]),
-        batch_time=dict(type="float", default=DEFAULTS["batch_time"]),
-        allow_unknown_schema=dict(type="bool", default=False),
-        allow_foreign_owner=dict(type="bool", default=False),
-    )
+    argument_spec = maintenance_argument_spec()
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     try:
         result = run_maintenance(dict(module.params), check_mode=module.check_mode)
