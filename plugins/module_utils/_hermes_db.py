@@ -69,7 +69,7 @@ def check_db_file(path):
     return st
 
 
-def _uri(path, **params):
+def sqlite_uri(path, **params):
     query = "&".join("%s=%s" % item for item in params.items())
     return "file:%s?%s" % (quote(os.path.abspath(path)), query)
 
@@ -89,16 +89,16 @@ class ReadOnlyDB:
         self._tmpdir = None
         has = [os.path.exists(path + s) for s in SIDECAR_SUFFIXES]
         if all(has):
-            uri = _uri(path, mode="ro")
+            uri = sqlite_uri(path, mode="ro")
         elif not any(has):
-            uri = _uri(path, mode="ro", immutable="1")
+            uri = sqlite_uri(path, mode="ro", immutable="1")
         else:
             self._tmpdir = tempfile.mkdtemp(prefix="hermes-ops-ro-")
             copy = os.path.join(self._tmpdir, "state.db")
             shutil.copyfile(path, copy)
             if has[0]:
                 shutil.copyfile(path + "-wal", copy + "-wal")
-            uri = _uri(copy, mode="ro")
+            uri = sqlite_uri(copy, mode="ro")
         self.conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout, isolation_level=None)
 
     def close(self):

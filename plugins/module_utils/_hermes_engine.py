@@ -151,7 +151,7 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
                 "CJK extension" % ("; ".join(broken_fts), sqlite3.sqlite_version)
             )
             plan.delete_order, plan.messages, plan.transcripts, plan.prompts, plan.orphaned = [], {}, {}, 0, 0
-        backup_dir = _backup_dir(opts, home, st.st_uid)
+        backup_dir = backups_of(home, opts["backup_dir"])
         backup_due = opts["backup"] and (plan.has_changes or _interval_due(opts, backup_dir, name, now))
         if backup_due:
             check_backup_dir(backup_dir, st.st_uid, create=not check_mode)
@@ -209,8 +209,9 @@ def _check_owner(db_path, st, opts):
         )
 
 
-def _backup_dir(opts, home, uid):
-    return os.path.abspath(opts["backup_dir"] or os.path.join(home, "backups"))
+def backups_of(home, backup_dir=None):
+    """The directory a home's backups go to: backup_dir when given, else HOME/backups."""
+    return os.path.abspath(backup_dir or os.path.join(home, "backups"))
 
 
 def _interval_due(opts, backup_dir, name, now):
@@ -396,7 +397,7 @@ def profile_info(home, name, db_path, opts, check_mode, now):
             holders=holders(db_path),
             mode="%o" % (st.st_mode & 0o777),
         )
-        backups = list_backups(_backup_dir(opts, home, st.st_uid), name)
+        backups = list_backups(backups_of(home, opts["backup_dir"]), name)
         info["newest_backup"] = (
             {"path": backups[0][0], "age_days": round((now - backups[0][1]) / DAY, 2)} if backups else None
         )
