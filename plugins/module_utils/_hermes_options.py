@@ -104,7 +104,9 @@ OPTIONS = (
         default=7.0,
         minimum=0,
         scope=SHARED,
-        doc=("An ended session whose last activity is older than this many days is pruned.",),
+        doc=(
+            "An ended session whose last activity is older than this many days is pruned (Hermes's own default is 90).",
+        ),
     ),
     Option(
         "zombie_sources",

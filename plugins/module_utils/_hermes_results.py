@@ -150,7 +150,7 @@ PROFILE_FIELDS = (
         "traceback",
         "str",
         returned="when an unexpected error stopped the profile",
-        doc=("The Python traceback of that error, for a bug report.",),
+        doc=("The Python traceback of the unexpected error, for a bug report.",),
     ),
 )
 
