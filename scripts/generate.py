@@ -70,6 +70,8 @@ def yaml_scalar(text):
 
 
 def yaml_value(value):
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
@@ -181,8 +183,13 @@ def role_markup(options, text):
     return MARKUP.sub(option_ref, text)
 
 
+def role_default(option):
+    """null (the engine's default applies), except where choices are checked: null is not one of them."""
+    return option.default if option.choices else None
+
+
 def role_defaults(options):
-    return ["%s%s: null" % (ROLE_PREFIX, o.name) for o in role_options(options)]
+    return ["%s%s: %s" % (ROLE_PREFIX, o.name, yaml_value(role_default(o))) for o in role_options(options)]
 
 
 def role_argument_specs(options):
@@ -194,11 +201,13 @@ def role_argument_specs(options):
             lines.append("  elements: %s" % option.elements)
         if option.choices:
             lines.append("  choices: %s" % yaml_value(list(option.choices)))
-        unset = (
-            "Unset (null, the default): %s." % option.unset
-            if option.default is None
-            else "Unset (null, the default): the engine's default, C(%s)." % yaml_value(option.default)
-        )
+        if role_default(option) is not None:
+            lines.append("  default: %s" % yaml_value(role_default(option)))
+            unset = "Default: the engine's default, C(%s)." % yaml_value(option.default)
+        elif option.default is None:
+            unset = "Unset (null, the default): %s." % option.unset
+        else:
+            unset = "Unset (null, the default): the engine's default, C(%s)." % yaml_value(option.default)
         lines += yaml_description([role_markup(options, p) for p in option.doc] + [unset], 2)
     return lines
 

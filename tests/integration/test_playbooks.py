@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import json
 import re
+import sqlite3
 import stat
 import subprocess
 from pathlib import Path
@@ -186,3 +187,50 @@ def test_schedule_with_hermes_cron_then_none_then_absent(ansible_playbook, tmp_p
     assert not install.exists()
     assert (home / "backups").is_dir()
     assert [j["id"] for j in json.loads((home / "cron" / "jobs.json").read_text())["jobs"]] == ["abc123def456"]
+
+
+def auto_vacuum(db):
+    conn = sqlite3.connect(str(db))
+    try:
+        return conn.execute("PRAGMA auto_vacuum").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_maintain_passes_vacuum_switch_incremental(ansible_playbook, tmp_path):
+    """A role variable the playbook once dropped: a full VACUUM must keep auto_vacuum=NONE when asked."""
+    home = make_home(tmp_path / "hermes")
+    assert {auto_vacuum(db) for db in digests(home)} == {0}
+    extra = dict(
+        common_vars(home),
+        hermes_maintenance_prune_days=90,
+        hermes_maintenance_vacuum_mode="full",
+        hermes_maintenance_vacuum_switch_incremental=False,
+    )
+    rc, out = ansible_playbook("playbooks/maintain.yml", extra_vars=extra)
+    assert rc == 0, getattr(out, "text", out)
+    profiles = out.result("Maintain")["profiles"]
+    assert {p["reclaim"]["action"] for p in profiles} == {"full"}, profiles
+    assert {auto_vacuum(db) for db in digests(home)} == {0}
+
+
+def test_schedule_writes_every_engine_option_into_the_config(ansible_playbook, tmp_path):
+    home = make_home(tmp_path / "hermes", sessions=5)
+    install = tmp_path / "install"
+    extra = dict(
+        common_vars(home),
+        hermes_maintenance_user=getpass.getuser(),
+        hermes_maintenance_install_dir=str(install),
+        hermes_maintenance_scheduler="none",
+        hermes_maintenance_syslog=False,
+        hermes_maintenance_vacuum_switch_incremental=False,
+        hermes_maintenance_batch_size=500,
+        hermes_maintenance_prune_days=30,
+        hermes_maintenance_zombie_sources=["cli"],
+    )
+    rc, out = ansible_playbook("playbooks/schedule.yml", extra_vars=extra)
+    assert rc == 0, getattr(out, "text", out)
+    config = json.loads((install / "maintenance.json").read_text())
+    assert config["vacuum_switch_incremental"] is False
+    assert config["batch_size"] == 500 and config["prune_days"] == 30.0 and config["zombie_sources"] == ["cli"]
+    assert "backup_keep_days" not in config and "batch_time" not in config  # unset: the engine's default
