@@ -65,205 +65,92 @@ class Option:
         return "Option(%r)" % self.name
 
 
+# fmt: off
 OPTIONS = (
-    Option(
-        "hermes_home",
-        "list",
-        elements="path",
-        scope=SHARED,
-        role=ROLE_NONE,
-        unset="C(~/.hermes) of the user the module runs as",
-        doc=(
-            "Hermes homes to work on. Each home's C(state.db) is profile C(default); each"
-            " C(profiles/<name>/state.db) below it is profile C(<name>).",
-            "Defaults to C(~/.hermes) of the user the module runs as.",
-        ),
-    ),
-    Option(
-        "profiles",
-        "list",
-        elements="str",
-        scope=SHARED,
-        unset="all profiles",
-        doc=("Names of the profiles to include. All profiles when omitted.",),
-    ),
-    Option(
-        "zombie_days",
-        "float",
-        default=1.0,
-        minimum=0,
-        scope=SHARED,
-        doc=(
-            "An open session (no C(ended_at)) idle for longer than this many days is a zombie.",
-            "Idle time counts from the latest of C(last_activity_at), the newest message and C(started_at).",
-        ),
-    ),
-    Option(
-        "prune_days",
-        "float",
-        default=7.0,
-        minimum=0,
-        scope=SHARED,
-        doc=(
-            "An ended session whose last activity is older than this many days is pruned (Hermes's own default is 90).",
-        ),
-    ),
-    Option(
-        "zombie_sources",
-        "list",
-        elements="str",
-        default=list(ZOMBIE_SOURCES),
-        scope=SHARED,
-        doc=(
-            "Session sources whose zombies may be closed. Messaging platforms (telegram, discord, slack, ...)"
-            " are left out on purpose, as Hermes does, because closing them makes the gateway start a new"
-            " conversation in a live chat.",
-        ),
-    ),
-    Option(
-        "backup_dir",
-        "path",
-        scope=SHARED,
-        role=ROLE_HAND_WRITTEN,
-        unset="C(HOME/backups) of each home",
-        doc=(
-            "Where backups are written and looked up. Defaults to C(HOME/backups) of each home.",
-            "Must be a real directory owned by the owner of C(state.db) and not writable by others.",
-        ),
-    ),
-    Option(
-        "busy_timeout",
-        "float",
-        default=5.0,
-        minimum=0,
-        scope=SHARED,
-        doc=("Seconds to wait for a lock held by Hermes before the profile is skipped.",),
-    ),
-    Option(
-        "end_reason",
-        "str",
-        default="startup_orphan_reap",
-        doc=("C(end_reason) written on closed zombies. The default is one Hermes treats as recoverable.",),
-    ),
-    Option(
-        "backup",
-        "bool",
-        default=True,
-        doc=(
-            "Take a verified backup before the first change to a profile. If the backup fails, nothing in that"
-            " profile is changed.",
-            "Verified means the copy opens and holds every session about to be pruned with all its messages; the"
-            " full C(quick_check) runs on C(state.db) at the start of the run and on a backup before any restore.",
-        ),
-    ),
-    Option(
-        "backup_keep_days",
-        "float",
-        default=30,
-        minimum=0,
-        doc=(
-            "Remove this collection's backups of a profile older than this many days (the newest is always kept)."
-            " Files it did not write, such as Hermes's C(pre-update-*.zip), are never touched.",
-        ),
-    ),
-    Option(
-        "backup_keep_count",
-        "int",
-        minimum=1,
-        unset="no limit",
-        doc=("Keep at most this many backups per profile. No limit when omitted.",),
-    ),
-    Option(
-        "backup_interval_days",
-        "float",
-        minimum=0,
-        unset="back up only before a change",
-        doc=("Also take a backup when the newest one is older than this many days, even if nothing else changes.",),
-    ),
-    Option(
-        "backup_compress",
-        "bool",
-        default=False,
-        doc=("Gzip the backup.",),
-    ),
-    Option(
-        "vacuum_mode",
-        "str",
-        default="auto",
-        choices=("auto", "full", "incremental", "never"),
-        doc=(
-            "V(auto) reclaims in short C(incremental_vacuum) steps where the file is in incremental mode, and"
-            " otherwise runs a full C(VACUUM) when free pages pass O(vacuum_threshold), nobody else holds the file,"
-            " and the disk has room.",
-            "V(full) runs a full C(VACUUM) whenever there are free pages (same safety conditions); use it in a"
-            " service window with the gateway stopped.",
-            "V(incremental) only uses C(incremental_vacuum); V(never) reclaims nothing.",
-        ),
-    ),
-    Option(
-        "vacuum_threshold",
-        "float",
-        default=25.0,
-        minimum=0,
-        maximum=100,
-        percent=True,
-        doc=("Free pages, in percent of the file, above which V(auto) runs a full C(VACUUM).",),
-    ),
-    Option(
-        "vacuum_switch_incremental",
-        "bool",
-        default=True,
-        doc=(
-            "A full C(VACUUM) also sets C(auto_vacuum=INCREMENTAL), so later runs can reclaim in short steps while"
-            " Hermes is live.",
-        ),
-    ),
-    Option(
-        "batch_size",
-        "int",
-        default=2000,
-        minimum=1,
-        doc=(
-            "Most messages deleted in one transaction (messages fire Hermes's FTS triggers). O(batch_time) usually"
-            " ends a transaction first; this also bounds a single statement on a very long session.",
-        ),
-    ),
-    Option(
-        "batch_time",
-        "float",
-        default=0.06,
-        minimum=0,
-        doc=(
-            "Seconds one transaction may hold the write lock before it commits and lets the gateway in. Wall time,"
-            " so a busy machine cannot stretch the stall a live writer sees.",
-            "With O(batch_pause), the defaults kept a live Hermes writer's worst stall within 250 ms at about 0.8x"
-            " the speed of Hermes's own single-transaction prune in the collection's benchmark"
-            " (docs/benchmarks.md).",
-        ),
-    ),
-    Option(
-        "batch_pause",
-        "float",
-        default=0.03,
-        minimum=0,
-        doc=(
-            "Seconds to pause between transactions, so that a live gateway's writes get the lock.",
-            "A waiting writer polls the lock every 25 ms or more, so a pause shorter than that can starve it.",
-        ),
-    ),
-    Option(
-        "allow_unknown_schema",
-        "bool",
-        default=False,
-        doc=("Maintain a C(schema_version) newer than any this collection knows. Refused by default.",),
-    ),
-    Option(
-        "allow_foreign_owner",
-        "bool",
-        default=False,
-        doc=("Work on a C(state.db) owned by another user when not running as root.",),
-    ),
+    Option("hermes_home", "list", elements="path", scope=SHARED, role=ROLE_NONE,
+           unset="C(~/.hermes) of the user the module runs as", doc=(
+        "Hermes homes to work on. Each home's C(state.db) is profile C(default); each C(profiles/<name>/state.db) "
+        "below it is profile C(<name>).",
+        "Defaults to C(~/.hermes) of the user the module runs as.",
+    )),
+    Option("profiles", "list", elements="str", scope=SHARED, unset="all profiles", doc=(
+        "Names of the profiles to include. All profiles when omitted.",
+    )),
+    Option("zombie_days", "float", default=1.0, minimum=0, scope=SHARED, doc=(
+        "An open session (no C(ended_at)) idle for longer than this many days is a zombie.",
+        "Idle time counts from the latest of C(last_activity_at), the newest message and C(started_at).",
+    )),
+    Option("prune_days", "float", default=7.0, minimum=0, scope=SHARED, doc=(
+        "An ended session whose last activity is older than this many days is pruned (Hermes's own default is 90).",
+    )),
+    Option("zombie_sources", "list", default=list(ZOMBIE_SOURCES), elements="str", scope=SHARED, doc=(
+        "Session sources whose zombies may be closed. Messaging platforms (telegram, discord, slack, ...) are left out "
+        "on purpose, as Hermes does, because closing them makes the gateway start a new conversation in a live chat.",
+    )),
+    Option("backup_dir", "path", scope=SHARED, role=ROLE_HAND_WRITTEN, unset="C(HOME/backups) of each home", doc=(
+        "Where backups are written and looked up. Defaults to C(HOME/backups) of each home.",
+        "Must be a real directory owned by the owner of C(state.db) and not writable by others.",
+    )),
+    Option("busy_timeout", "float", default=5.0, minimum=0, scope=SHARED, doc=(
+        "Seconds to wait for a lock held by Hermes before the profile is skipped.",
+    )),
+    Option("end_reason", "str", default="startup_orphan_reap", doc=(
+        "C(end_reason) written on closed zombies. The default is one Hermes treats as recoverable.",
+    )),
+    Option("backup", "bool", default=True, doc=(
+        "Take a verified backup before the first change to a profile. If the backup fails, nothing in that profile is "
+        "changed.",
+        "Verified means the copy opens and holds every session about to be pruned with all its messages; the full "
+        "C(quick_check) runs on C(state.db) at the start of the run and on a backup before any restore.",
+    )),
+    Option("backup_keep_days", "float", default=30, minimum=0, doc=(
+        "Remove this collection's backups of a profile older than this many days (the newest is always kept). Files it "
+        "did not write, such as Hermes's C(pre-update-*.zip), are never touched.",
+    )),
+    Option("backup_keep_count", "int", minimum=1, unset="no limit", doc=(
+        "Keep at most this many backups per profile. No limit when omitted.",
+    )),
+    Option("backup_interval_days", "float", minimum=0, unset="back up only before a change", doc=(
+        "Also take a backup when the newest one is older than this many days, even if nothing else changes.",
+    )),
+    Option("backup_compress", "bool", default=False, doc=("Gzip the backup.",)),
+    Option("vacuum_mode", "str", default="auto", choices=('auto', 'full', 'incremental', 'never'), doc=(
+        "V(auto) reclaims in short C(incremental_vacuum) steps where the file is in incremental mode, and otherwise "
+        "runs a full C(VACUUM) when free pages pass O(vacuum_threshold), nobody else holds the file, and the disk has "
+        "room.",
+        "V(full) runs a full C(VACUUM) whenever there are free pages (same safety conditions); use it in a service "
+        "window with the gateway stopped.",
+        "V(incremental) only uses C(incremental_vacuum); V(never) reclaims nothing.",
+    )),
+    Option("vacuum_threshold", "float", default=25.0, minimum=0, maximum=100, percent=True, doc=(
+        "Free pages, in percent of the file, above which V(auto) runs a full C(VACUUM).",
+    )),
+    Option("vacuum_switch_incremental", "bool", default=True, doc=(
+        "A full C(VACUUM) also sets C(auto_vacuum=INCREMENTAL), so later runs can reclaim in short steps while Hermes "
+        "is live.",
+    )),
+    Option("batch_size", "int", default=2000, minimum=1, doc=(
+        "Most messages deleted in one transaction (messages fire Hermes's FTS triggers). O(batch_time) usually ends a "
+        "transaction first; this also bounds a single statement on a very long session.",
+    )),
+    Option("batch_time", "float", default=0.06, minimum=0, doc=(
+        "Seconds one transaction may hold the write lock before it commits and lets the gateway in. Wall time, so a "
+        "busy machine cannot stretch the stall a live writer sees.",
+        "With O(batch_pause), the defaults kept a live Hermes writer's worst stall within 250 ms at about 0.8x the "
+        "speed of Hermes's own single-transaction prune in the collection's benchmark (docs/benchmarks.md).",
+    )),
+    Option("batch_pause", "float", default=0.03, minimum=0, doc=(
+        "Seconds to pause between transactions, so that a live gateway's writes get the lock.",
+        "A waiting writer polls the lock every 25 ms or more, so a pause shorter than that can starve it.",
+    )),
+    Option("allow_unknown_schema", "bool", default=False, doc=(
+        "Maintain a C(schema_version) newer than any this collection knows. Refused by default.",
+    )),
+    Option("allow_foreign_owner", "bool", default=False, doc=(
+        "Work on a C(state.db) owned by another user when not running as root.",
+    )),
 )
+# fmt: on
 
 BY_NAME = {option.name: option for option in OPTIONS}
 
