@@ -16,6 +16,10 @@ import stat
 import tempfile
 from urllib.parse import quote
 
+from ._hermes_options import BY_NAME
+
+BUSY_TIMEOUT = BY_NAME["busy_timeout"].default  # for callers that pass no options
+
 SQLITE_HEADER = b"SQLite format 3\x00"
 SIDECAR_SUFFIXES = ("-wal", "-shm")
 MB = 1024 * 1024
@@ -84,7 +88,7 @@ class ReadOnlyDB:
     the pair is copied to a private temporary directory and read there.
     """
 
-    def __init__(self, path, busy_timeout=5.0):
+    def __init__(self, path, busy_timeout=BUSY_TIMEOUT):
         self.path = path
         self._tmpdir = None
         has = [os.path.exists(path + s) for s in SIDECAR_SUFFIXES]
@@ -109,7 +113,7 @@ class ReadOnlyDB:
                 shutil.rmtree(self._tmpdir, ignore_errors=True)
 
 
-def open_rw(path, busy_timeout=5.0):
+def open_rw(path, busy_timeout=BUSY_TIMEOUT):
     """Open for maintenance the way Hermes does: autocommit, foreign keys on.
 
     ``synchronous=NORMAL`` (this connection only) skips the WAL fsync at each of our many
