@@ -155,7 +155,7 @@ def return_fields(fields, indent=0):
 def module_return(options, results):
     lines = []
     for field in results.RUN_FIELDS:
-        if field.module_key is None:
+        if not field.in_return:
             continue
         lines += return_fields([field])
         if field.name == "summary":
@@ -271,7 +271,9 @@ def architecture_results(options, results):
         for field in fields:
             key = "`%s`" % field.name
             if level == "run" and field.module_key != field.name:
-                key += " (%s)" % ("`%s`" % field.module_key if field.module_key else "not returned")
+                key += " (%s)" % (
+                    "module: `%s`" % field.module_key if field.module_key else "not in the module's result"
+                )
             doc = " ".join(cell(p) for p in field.doc)
             lines.append("| %s | %s | %s | %s | %s |" % (level, key, field.type, field.returned, doc))
     return lines

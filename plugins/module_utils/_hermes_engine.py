@@ -131,7 +131,7 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
     try:
         st = check_db_file(db_path)
         _check_owner(db_path, st, opts)
-        lock = ProfileLock(db_path, check_mode)
+        lock = ProfileLock(db_path, check_mode=check_mode)
         db = ReadOnlyDB(db_path, opts["busy_timeout"]) if check_mode else None
         conn = db.conn if db else open_rw(db_path, float(opts["busy_timeout"]))
         quick_check(conn, db_path)
@@ -250,17 +250,23 @@ def _predict(result, plan, backup_due, backup_dir, name):
 def _apply(result, conn, plan, schema, opts, *, db_path, backup_due, backup_dir, name, now):
     if backup_due:
         result["backup"] = take_backup(
-            conn, db_path, backup_dir, name, opts["backup_compress"], plan.messages, float(opts["busy_timeout"])
-        )
+            conn, db_path, backup_dir, name,
+            compress=opts["backup_compress"], must_contain=plan.messages, busy_timeout=float(opts["busy_timeout"]),
+        )  # fmt: skip
         result["backups_removed"] = apply_retention(
-            backup_dir, name, opts["backup_keep_days"], opts["backup_keep_count"], now, result["backup"]["path"]
-        )
+            backup_dir, name,
+            keep_days=opts["backup_keep_days"], keep_count=opts["backup_keep_count"], now=now,
+            keep_path=result["backup"]["path"],
+        )  # fmt: skip
         result["changed"] = True
     pause = float(opts["batch_pause"])
     closed, pruned = [], PruneResult()
     try:
-        close_zombies(conn, plan, schema, opts["end_reason"], pause, closed)
-        prune(conn, plan, schema, int(opts["batch_size"]), pause, pruned, float(opts["batch_time"]))
+        close_zombies(conn, plan, schema, end_reason=opts["end_reason"], pause=pause, closed=closed)
+        prune(
+            conn, plan, schema,
+            batch_size=int(opts["batch_size"]), pause=pause, result=pruned, batch_time=float(opts["batch_time"]),
+        )  # fmt: skip
     finally:  # also when a later transaction failed: report what was committed
         result.update(
             zombies_closed=len(closed),
@@ -277,7 +283,7 @@ def _apply(result, conn, plan, schema, opts, *, db_path, backup_due, backup_dir,
         result["changed"] = True
 
 
-def _run_as_owner(uid, fn, *args):
+def _run_as_owner(uid, fn, *args, **kwargs):
     """As root, do a profile's work as the owner of its state.db, in a child process.
 
     Every file the engine creates (WAL, lock, backups) then belongs to the Hermes user,
@@ -294,7 +300,7 @@ def _run_as_owner(uid, fn, *args):
             os.setgid(pw.pw_gid)
             os.setuid(uid)
             os.environ["HOME"] = pw.pw_dir
-            payload = json.dumps(fn(*args)).encode()
+            payload = json.dumps(fn(*args, **kwargs)).encode()
             with os.fdopen(write_fd, "wb") as pipe:
                 pipe.write(payload)
         except BaseException:
@@ -317,7 +323,7 @@ def _owner_of(path):
         return None
 
 
-def _each_profile(opts, check_mode, work):
+def _each_profile(opts, work, *, check_mode):
     now = time.time()
     results = []
     for home in opts["hermes_home"]:
@@ -337,13 +343,13 @@ def _each_profile(opts, check_mode, work):
             uid = _owner_of(path)
             if os.geteuid() == 0 and uid not in (None, 0):
                 try:
-                    results.append(_run_as_owner(uid, work, home, name, path, opts, check_mode, now))
+                    results.append(_run_as_owner(uid, work, home, name, path, opts, check_mode=check_mode, now=now))
                 except MaintenanceError as exc:
                     failed = new_profile_result(home, name, path)
                     failed["status"], failed["error"] = "failed", str(exc)
                     results.append(failed)
             else:
-                results.append(work(home, name, path, opts, check_mode, now))
+                results.append(work(home, name, path, opts, check_mode=check_mode, now=now))
     return results
 
 
@@ -352,7 +358,7 @@ def run_maintenance(options, check_mode=False):
     opts = normalize_options(options)
     old_umask = os.umask(0o077)  # backups, lock files: private chat history
     try:
-        profiles = _each_profile(opts, check_mode, maintain_profile)
+        profiles = _each_profile(opts, maintain_profile, check_mode=check_mode)
     finally:
         os.umask(old_umask)
     return {
@@ -420,4 +426,4 @@ def profile_info(home, name, db_path, opts, check_mode, now):
 def gather_info(options):
     """Stats of every profile, for reports; opens read-only and writes nothing."""
     opts = normalize_options(options)
-    return {"profiles": _each_profile(opts, True, profile_info)}
+    return {"profiles": _each_profile(opts, profile_info, check_mode=True)}

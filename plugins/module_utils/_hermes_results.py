@@ -16,9 +16,12 @@ SET_LATER = object()  # no initial value: the engine sets the key once it knows 
 
 
 class Field:
-    """One result key. ``module_key`` is its name in the module's result (None: not returned)."""
+    """One result key. ``module_key`` is its name in the module's result (None: not returned);
+    ``in_return`` False leaves it out of RETURN where Ansible documents it itself (``changed``)."""
 
-    def __init__(self, name, type, doc, initial=SET_LATER, elements=None, returned="always", module_key=""):
+    def __init__(
+        self, name, type, doc, initial=SET_LATER, elements=None, returned="always", module_key="", in_return=True
+    ):
         self.name = name
         self.type = type
         self.doc = tuple(doc)
@@ -26,6 +29,7 @@ class Field:
         self.elements = elements
         self.returned = returned
         self.module_key = name if module_key == "" else module_key
+        self.in_return = in_return and self.module_key is not None
 
 
 # fmt: off
@@ -37,7 +41,7 @@ RUN_FIELDS = (
     Field("profiles", "list", elements="dict", doc=(
         "What happened to each profile (in check mode, what would happen).",
     )),
-    Field("changed", "bool", module_key=None, doc=("Whether any profile changed (or would change).",)),
+    Field("changed", "bool", in_return=False, doc=("Whether any profile changed (or would change).",)),
     Field("check_mode", "bool", module_key=None, doc=("Whether this was a dry run (nothing was written).",)),
 )
 
