@@ -83,7 +83,7 @@ requirements-lock: ## re-resolve requirements-dev.txt into requirements/constrai
 
 # ----------------------------------------------------------------------------- lint
 
-lint: ruff-check ruff-format ansible-lint changelog-lint ## ruff check + format check, ansible-lint (production), changelog lint
+lint: ruff-check ruff-format ansible-lint changelog-lint generated-check ## ruff check + format check, ansible-lint (production), changelog lint, generated blocks
 
 fmt: $(STAMP) ## apply ruff's safe fixes and formatting (then review the diff)
 	$(BIN)/ruff check --fix .

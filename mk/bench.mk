@@ -1,4 +1,4 @@
-# Benchmark and full-size live-writer proof (issue 4). Included by the Makefile's
+# Benchmark and full-size live-writer proof (the figures docs/benchmarks.md quotes). Included by the Makefile's
 # `-include $(wildcard mk/*.mk)`; nothing here is part of `make test`.
 #
 #   make bench        bench/run.py: Hermes 0.19.0's prune+vacuum vs ours at 50k/200k/800k

@@ -1,4 +1,4 @@
-# Fleet test (issue 5): molecule scenario molecule/fleet on podman containers that run
+# Fleet test, scheduling proven where it runs for real: molecule scenario molecule/fleet on podman containers that run
 # the real cron daemon. Included by the Makefile (`include mk/fleet.mk`); uses its .venv
 # ($(BIN), $(STAMP)) and collection-link. Everything else the scenario needs is installed
 # by tests/fleet/run.sh, each step idempotent: podman/runc/debootstrap (apt-get), the

@@ -8,10 +8,11 @@ class ModuleDocFragment:
     # Where the databases are, and the selection thresholds shared by both modules.
     DOCUMENTATION = r"""
 options:
+  # BEGIN GENERATED: options (scripts/generate.py, from plugins/module_utils/_hermes_options.py)
   hermes_home:
     description:
-      - Hermes homes to work on. Each home's C(state.db) is profile C(default); each
-        C(profiles/<name>/state.db) below it is profile C(<name>).
+      - Hermes homes to work on. Each home's C(state.db) is profile C(default); each C(profiles/<name>/state.db) below
+        it is profile C(<name>).
       - Defaults to C(~/.hermes) of the user the module runs as.
     type: list
     elements: path
@@ -28,14 +29,13 @@ options:
     default: 1
   prune_days:
     description:
-      - An ended session whose last activity is older than this many days is pruned.
+      - An ended session whose last activity is older than this many days is pruned (Hermes's own default is 90).
     type: float
     default: 7
   zombie_sources:
     description:
-      - Session sources whose zombies may be closed. Messaging platforms (telegram, discord, slack, ...)
-        are left out on purpose, as Hermes does, because closing them makes the gateway start a new conversation
-        in a live chat.
+      - Session sources whose zombies may be closed. Messaging platforms (telegram, discord, slack, ...) are left out
+        on purpose, as Hermes does, because closing them makes the gateway start a new conversation in a live chat.
     type: list
     elements: str
     default: [cli, cron, kanban, acp, api_server, subagent, tool, recovered]
@@ -49,6 +49,7 @@ options:
       - Seconds to wait for a lock held by Hermes before the profile is skipped.
     type: float
     default: 5
+  # END GENERATED
 """
 
     ATTRIBUTES = r"""

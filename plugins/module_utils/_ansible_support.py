@@ -1,23 +1,33 @@
 # Copyright: hermes_agent.ops contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What both modules share: the common argument spec and the diff they show."""
+"""What both modules share: argument specs read from the option table, and the diff they show."""
 
 from __future__ import annotations
 
-from ._hermes_engine import DEFAULTS
+from ._hermes_options import MAINTENANCE, SHARED, options_in
+
+
+def _spec(option):
+    spec = dict(type=option.type)
+    if option.elements:
+        spec["elements"] = option.elements
+    if option.default is not None:
+        spec["default"] = list(option.default) if isinstance(option.default, list) else option.default
+    if option.choices:
+        spec["choices"] = list(option.choices)
+    return spec
 
 
 def shared_argument_spec():
     """Options documented in the ``hermes_agent.ops.hermes`` doc fragment."""
-    return dict(
-        hermes_home=dict(type="list", elements="path"),
-        profiles=dict(type="list", elements="str"),
-        zombie_days=dict(type="float", default=DEFAULTS["zombie_days"]),
-        prune_days=dict(type="float", default=DEFAULTS["prune_days"]),
-        zombie_sources=dict(type="list", elements="str", default=list(DEFAULTS["zombie_sources"])),
-        backup_dir=dict(type="path"),
-        busy_timeout=dict(type="float", default=DEFAULTS["busy_timeout"]),
-    )
+    return {option.name: _spec(option) for option in options_in(SHARED)}
+
+
+def maintenance_argument_spec():
+    """Every option of ``session_maintenance``: the shared ones and its own."""
+    spec = shared_argument_spec()
+    spec.update((option.name, _spec(option)) for option in options_in(MAINTENANCE))
+    return spec
 
 
 def _figures(profile, side):

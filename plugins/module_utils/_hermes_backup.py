@@ -23,7 +23,7 @@ import sqlite3
 import stat
 import time
 
-from ._hermes_db import MB, MaintenanceError, file_size, free_bytes, fsync_path, read_snapshot
+from ._hermes_db import BUSY_TIMEOUT, MB, MaintenanceError, file_size, free_bytes, fsync_path, read_snapshot
 
 PREFIX = "hermes-ops_"
 BACKUP_STEP_BYTES = 16 * 1024 * 1024  # copied per step, then flushed (see _copy_files)
@@ -107,7 +107,7 @@ def remove_partials(backup_dir, profile):
                 pass
 
 
-def take_backup(conn, db_path, backup_dir, profile, compress, must_contain, busy_timeout=5.0):
+def take_backup(conn, db_path, backup_dir, profile, compress, must_contain, busy_timeout=BUSY_TIMEOUT):
     """Back up through ``conn``'s snapshot; verify; return {path, bytes, verified, ...}."""
     remove_partials(backup_dir, profile)
     needed = int((file_size(db_path) + file_size(db_path + "-wal")) * 1.1) + MB

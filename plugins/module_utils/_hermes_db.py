@@ -16,6 +16,10 @@ import stat
 import tempfile
 from urllib.parse import quote
 
+from ._hermes_options import BY_NAME
+
+BUSY_TIMEOUT = BY_NAME["busy_timeout"].default  # for callers that pass no options
+
 SQLITE_HEADER = b"SQLite format 3\x00"
 SIDECAR_SUFFIXES = ("-wal", "-shm")
 MB = 1024 * 1024
@@ -69,7 +73,7 @@ def check_db_file(path):
     return st
 
 
-def _uri(path, **params):
+def sqlite_uri(path, **params):
     query = "&".join("%s=%s" % item for item in params.items())
     return "file:%s?%s" % (quote(os.path.abspath(path)), query)
 
@@ -84,21 +88,21 @@ class ReadOnlyDB:
     the pair is copied to a private temporary directory and read there.
     """
 
-    def __init__(self, path, busy_timeout=5.0):
+    def __init__(self, path, busy_timeout=BUSY_TIMEOUT):
         self.path = path
         self._tmpdir = None
         has = [os.path.exists(path + s) for s in SIDECAR_SUFFIXES]
         if all(has):
-            uri = _uri(path, mode="ro")
+            uri = sqlite_uri(path, mode="ro")
         elif not any(has):
-            uri = _uri(path, mode="ro", immutable="1")
+            uri = sqlite_uri(path, mode="ro", immutable="1")
         else:
             self._tmpdir = tempfile.mkdtemp(prefix="hermes-ops-ro-")
             copy = os.path.join(self._tmpdir, "state.db")
             shutil.copyfile(path, copy)
             if has[0]:
                 shutil.copyfile(path + "-wal", copy + "-wal")
-            uri = _uri(copy, mode="ro")
+            uri = sqlite_uri(copy, mode="ro")
         self.conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout, isolation_level=None)
 
     def close(self):
@@ -109,7 +113,7 @@ class ReadOnlyDB:
                 shutil.rmtree(self._tmpdir, ignore_errors=True)
 
 
-def open_rw(path, busy_timeout=5.0):
+def open_rw(path, busy_timeout=BUSY_TIMEOUT):
     """Open for maintenance the way Hermes does: autocommit, foreign keys on.
 
     ``synchronous=NORMAL`` (this connection only) skips the WAL fsync at each of our many

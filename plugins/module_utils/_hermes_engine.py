@@ -21,82 +21,49 @@ from ._hermes_apply import PruneResult, close_zombies, prune
 from ._hermes_backup import apply_retention, check_backup_dir, list_backups, take_backup
 from ._hermes_db import MB, MaintenanceError, ProfileSkipped, ReadOnlyDB, check_db_file, holders, open_rw
 from ._hermes_inspect import check_version, inspect_schema, quick_check, stats, unusable_fts
+from ._hermes_options import BY_NAME, OPTIONS, check_option, defaults
 from ._hermes_plan import DAY, build_plan
 from ._hermes_reclaim import reclaim
+from ._hermes_results import new_profile_result
 
-# Hermes's non-messaging sources: closing a messaging session (telegram, discord, ...)
-# makes the gateway start a fresh conversation in a live chat, so those are never closed.
-ZOMBIE_SOURCES = ("cli", "cron", "kanban", "acp", "api_server", "subagent", "tool", "recovered")
 LOCK_SUFFIX = ".auto-maintenance.lock"  # the file Hermes's own auto-maintenance locks
 
-DEFAULTS = {
-    "hermes_home": None,  # list of homes; None: the current user's ~/.hermes
-    "profiles": None,  # None: every profile
-    "zombie_days": 1.0,
-    "prune_days": 7.0,
-    "zombie_sources": list(ZOMBIE_SOURCES),
-    "end_reason": "startup_orphan_reap",
-    "backup": True,
-    "backup_dir": None,  # None: HOME/backups
-    "backup_keep_days": 30,
-    "backup_keep_count": None,
-    "backup_interval_days": None,
-    "backup_compress": False,
-    "vacuum_mode": "auto",
-    "vacuum_threshold": 25.0,
-    "vacuum_switch_incremental": True,
-    "batch_size": 2000,
-    "batch_pause": 0.03,
-    "batch_time": 0.06,
-    "busy_timeout": 5.0,
-    "allow_unknown_schema": False,
-    "allow_foreign_owner": False,
-}
-VACUUM_MODES = ("auto", "full", "incremental", "never")
+DEFAULTS = defaults()  # the option table's defaults (_hermes_options.OPTIONS)
+VACUUM_MODES = BY_NAME["vacuum_mode"].choices
 
 
 def normalize_options(options):
     """Fill defaults and refuse nonsense with a message that names the option."""
-    opts = dict(DEFAULTS)
-    opts.update({k: v for k, v in (options or {}).items() if v is not None or k in ("backup_interval_days",)})
+    opts = defaults()
+    opts.update({k: v for k, v in (options or {}).items() if v is not None})
     if not opts["hermes_home"]:
         opts["hermes_home"] = [os.path.join(os.path.expanduser("~"), ".hermes")]
     if isinstance(opts["hermes_home"], str):
         opts["hermes_home"] = [opts["hermes_home"]]
-    for key in (
-        "zombie_days",
-        "prune_days",
-        "backup_keep_days",
-        "backup_interval_days",
-        "batch_pause",
-        "batch_time",
-        "busy_timeout",
-    ):
-        if opts[key] is not None and float(opts[key]) < 0:
-            raise MaintenanceError("%s must not be negative (got %s)" % (key, opts[key]))
+    for option in OPTIONS:
+        problem = check_option(option, opts[option.name])
+        if problem:
+            raise MaintenanceError(problem)
     if float(opts["zombie_days"]) > float(opts["prune_days"]):
         raise MaintenanceError(
             "zombie_days (%s) is larger than prune_days (%s): a zombie would be pruned before it could be closed; "
             "use zombie_days <= prune_days" % (opts["zombie_days"], opts["prune_days"])
         )
-    if opts["vacuum_mode"] not in VACUUM_MODES:
-        raise MaintenanceError(
-            "vacuum_mode must be one of %s (got %r)" % (", ".join(VACUUM_MODES), opts["vacuum_mode"])
-        )
-    if int(opts["batch_size"]) < 1:
-        raise MaintenanceError("batch_size must be at least 1 (got %s)" % opts["batch_size"])
-    if opts["backup_keep_count"] is not None and int(opts["backup_keep_count"]) < 1:
-        raise MaintenanceError("backup_keep_count must be at least 1 (got %s)" % opts["backup_keep_count"])
-    if not 0 <= float(opts["vacuum_threshold"]) <= 100:
-        raise MaintenanceError("vacuum_threshold is a percentage from 0 to 100 (got %s)" % opts["vacuum_threshold"])
     return opts
+
+
+def profile_path(home, name):
+    """Where profile NAME keeps its state.db: HOME/state.db for 'default', else HOME/profiles/NAME/."""
+    if name == "default":
+        return os.path.join(home, "state.db")
+    return os.path.join(home, "profiles", name, "state.db")
 
 
 def discover_profiles(home, wanted=None):
     """(name, state.db path) for HOME/state.db ('default') and HOME/profiles/*/state.db."""
     found = []
-    if os.path.lexists(os.path.join(home, "state.db")):
-        found.append(("default", os.path.join(home, "state.db")))
+    if os.path.lexists(profile_path(home, "default")):
+        found.append(("default", profile_path(home, "default")))
     profiles_dir = os.path.join(home, "profiles")
     if os.path.isdir(profiles_dir):
         for name in sorted(os.listdir(profiles_dir)):
@@ -113,47 +80,26 @@ def sessions_dir(db_path):
     return os.path.join(os.path.dirname(db_path), "sessions")
 
 
-def _new_result(home, name, path):
-    return {
-        "name": name,
-        "home": home,
-        "path": path,
-        "status": "ok",
-        "error": None,
-        "changed": False,
-        "zombies_closed": 0,
-        "sessions_pruned": 0,
-        "messages_pruned": 0,
-        "sessions_orphaned": 0,
-        "transcripts_removed": 0,
-        "prompts_collected": 0,
-        "sessions_left_alone": 0,
-        "bad_time_rows": 0,
-        "backup": None,
-        "backups_removed": [],
-        "reclaim": None,
-        "before": None,
-        "after": None,
-        "duration": 0.0,
-    }
-
-
 class ProfileLock:
     """A non-blocking flock on state.db.auto-maintenance.lock, shared with Hermes.
 
-    Check mode only probes an existing lock file (it creates nothing).
+    Check mode only probes an existing lock file (it creates nothing). ``owner`` (uid, gid)
+    is given to a lock file this creates, so a root caller leaves none that locks Hermes out.
     """
 
-    def __init__(self, db_path, check_mode):
+    def __init__(self, db_path, check_mode, owner=None):
         self.path = db_path + LOCK_SUFFIX
         self.fd = None
         flags = os.O_NOFOLLOW | (os.O_RDONLY if check_mode else os.O_RDWR | os.O_CREAT)
         if check_mode and not os.path.exists(self.path):
             return
+        existed = os.path.lexists(self.path)
         try:
             self.fd = os.open(self.path, flags, 0o600)
         except OSError as exc:
             raise MaintenanceError("cannot open lock file %s: %s" % (self.path, exc.strerror)) from None
+        if owner is not None and not existed and os.geteuid() == 0:
+            os.fchown(self.fd, *owner)
         try:
             fcntl.flock(self.fd, (fcntl.LOCK_SH if check_mode else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except OSError as exc:
@@ -170,16 +116,22 @@ class ProfileLock:
             os.close(self.fd)  # closing drops the flock; the file stays for Hermes
             self.fd = None
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.release()
+
 
 def maintain_profile(home, name, db_path, opts, check_mode, now):
     """Lock, preflight, plan, back up, apply, reclaim: one profile, never raising."""
-    result = _new_result(home, name, db_path)
+    result = new_profile_result(home, name, db_path)
     started = time.time()
     lock = db = conn = None
     try:
         st = check_db_file(db_path)
         _check_owner(db_path, st, opts)
-        lock = ProfileLock(db_path, check_mode)
+        lock = ProfileLock(db_path, check_mode=check_mode)
         db = ReadOnlyDB(db_path, opts["busy_timeout"]) if check_mode else None
         conn = db.conn if db else open_rw(db_path, float(opts["busy_timeout"]))
         quick_check(conn, db_path)
@@ -199,15 +151,18 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
                 "CJK extension" % ("; ".join(broken_fts), sqlite3.sqlite_version)
             )
             plan.delete_order, plan.messages, plan.transcripts, plan.prompts, plan.orphaned = [], {}, {}, 0, 0
-        backup_dir = _backup_dir(opts, home, st.st_uid)
+        backup_dir = backups_of(home, opts["backup_dir"])
         backup_due = opts["backup"] and (plan.has_changes or _interval_due(opts, backup_dir, name, now))
         if backup_due:
             check_backup_dir(backup_dir, st.st_uid, create=not check_mode)
         if check_mode:
             _predict(result, plan, backup_due, backup_dir, name)
-            result["reclaim"] = reclaim(conn, db_path, opts, schema, bool(plan.delete_order), True)
+            result["reclaim"] = reclaim(conn, db_path, opts, schema, pruned=bool(plan.delete_order), check_mode=True)
         else:
-            _apply(result, conn, db_path, plan, schema, opts, backup_due, backup_dir, name, now)
+            _apply(
+                result, conn, plan, schema, opts,
+                db_path=db_path, backup_due=backup_due, backup_dir=backup_dir, name=name, now=now,
+            )  # fmt: skip
             result["after"] = stats(conn, db_path)
             result["reclaim"]["bytes_freed"] = max(0, _bytes(result["before"]) - _bytes(result["after"]))
         if result["error"]:
@@ -254,8 +209,9 @@ def _check_owner(db_path, st, opts):
         )
 
 
-def _backup_dir(opts, home, uid):
-    return os.path.abspath(opts["backup_dir"] or os.path.join(home, "backups"))
+def backups_of(home, backup_dir=None):
+    """The directory a home's backups go to: backup_dir when given, else HOME/backups."""
+    return os.path.abspath(backup_dir or os.path.join(home, "backups"))
 
 
 def _interval_due(opts, backup_dir, name, now):
@@ -291,20 +247,26 @@ def _predict(result, plan, backup_due, backup_dir, name):
     result["after"] = after
 
 
-def _apply(result, conn, db_path, plan, schema, opts, backup_due, backup_dir, name, now):
+def _apply(result, conn, plan, schema, opts, *, db_path, backup_due, backup_dir, name, now):
     if backup_due:
         result["backup"] = take_backup(
-            conn, db_path, backup_dir, name, opts["backup_compress"], plan.messages, float(opts["busy_timeout"])
-        )
+            conn, db_path, backup_dir, name,
+            compress=opts["backup_compress"], must_contain=plan.messages, busy_timeout=float(opts["busy_timeout"]),
+        )  # fmt: skip
         result["backups_removed"] = apply_retention(
-            backup_dir, name, opts["backup_keep_days"], opts["backup_keep_count"], now, result["backup"]["path"]
-        )
+            backup_dir, name,
+            keep_days=opts["backup_keep_days"], keep_count=opts["backup_keep_count"], now=now,
+            keep_path=result["backup"]["path"],
+        )  # fmt: skip
         result["changed"] = True
     pause = float(opts["batch_pause"])
     closed, pruned = [], PruneResult()
     try:
-        close_zombies(conn, plan, schema, opts["end_reason"], pause, closed)
-        prune(conn, plan, schema, int(opts["batch_size"]), pause, pruned, float(opts["batch_time"]))
+        close_zombies(conn, plan, schema, end_reason=opts["end_reason"], pause=pause, closed=closed)
+        prune(
+            conn, plan, schema,
+            batch_size=int(opts["batch_size"]), pause=pause, result=pruned, batch_time=float(opts["batch_time"]),
+        )  # fmt: skip
     finally:  # also when a later transaction failed: report what was committed
         result.update(
             zombies_closed=len(closed),
@@ -316,12 +278,12 @@ def _apply(result, conn, db_path, plan, schema, opts, backup_due, backup_dir, na
             sessions_left_alone=len(pruned.left_alone),
             changed=result["changed"] or bool(closed or pruned.sessions),
         )
-    result["reclaim"] = reclaim(conn, db_path, opts, schema, pruned.sessions > 0, False)
+    result["reclaim"] = reclaim(conn, db_path, opts, schema, pruned=pruned.sessions > 0, check_mode=False)
     if result["reclaim"]["action"]:
         result["changed"] = True
 
 
-def _run_as_owner(uid, fn, *args):
+def _run_as_owner(uid, fn, *args, **kwargs):
     """As root, do a profile's work as the owner of its state.db, in a child process.
 
     Every file the engine creates (WAL, lock, backups) then belongs to the Hermes user,
@@ -338,7 +300,7 @@ def _run_as_owner(uid, fn, *args):
             os.setgid(pw.pw_gid)
             os.setuid(uid)
             os.environ["HOME"] = pw.pw_dir
-            payload = json.dumps(fn(*args)).encode()
+            payload = json.dumps(fn(*args, **kwargs)).encode()
             with os.fdopen(write_fd, "wb") as pipe:
                 pipe.write(payload)
         except BaseException:
@@ -361,14 +323,14 @@ def _owner_of(path):
         return None
 
 
-def _each_profile(opts, check_mode, work):
+def _each_profile(opts, work, *, check_mode):
     now = time.time()
     results = []
     for home in opts["hermes_home"]:
         home = os.path.abspath(os.path.expanduser(home))
         profiles = discover_profiles(home, opts["profiles"])
         if not profiles:
-            missing = _new_result(home, "default", os.path.join(home, "state.db"))
+            missing = new_profile_result(home, "default", os.path.join(home, "state.db"))
             missing["status"] = "failed" if not os.path.isdir(home) else "skipped"
             missing["error"] = (
                 "Hermes home %s does not exist: check hermes_home" % home
@@ -381,13 +343,13 @@ def _each_profile(opts, check_mode, work):
             uid = _owner_of(path)
             if os.geteuid() == 0 and uid not in (None, 0):
                 try:
-                    results.append(_run_as_owner(uid, work, home, name, path, opts, check_mode, now))
+                    results.append(_run_as_owner(uid, work, home, name, path, opts, check_mode=check_mode, now=now))
                 except MaintenanceError as exc:
-                    failed = _new_result(home, name, path)
+                    failed = new_profile_result(home, name, path)
                     failed["status"], failed["error"] = "failed", str(exc)
                     results.append(failed)
             else:
-                results.append(work(home, name, path, opts, check_mode, now))
+                results.append(work(home, name, path, opts, check_mode=check_mode, now=now))
     return results
 
 
@@ -396,7 +358,7 @@ def run_maintenance(options, check_mode=False):
     opts = normalize_options(options)
     old_umask = os.umask(0o077)  # backups, lock files: private chat history
     try:
-        profiles = _each_profile(opts, check_mode, maintain_profile)
+        profiles = _each_profile(opts, maintain_profile, check_mode=check_mode)
     finally:
         os.umask(old_umask)
     return {
@@ -441,7 +403,7 @@ def profile_info(home, name, db_path, opts, check_mode, now):
             holders=holders(db_path),
             mode="%o" % (st.st_mode & 0o777),
         )
-        backups = list_backups(_backup_dir(opts, home, st.st_uid), name)
+        backups = list_backups(backups_of(home, opts["backup_dir"]), name)
         info["newest_backup"] = (
             {"path": backups[0][0], "age_days": round((now - backups[0][1]) / DAY, 2)} if backups else None
         )
@@ -464,4 +426,4 @@ def profile_info(home, name, db_path, opts, check_mode, now):
 def gather_info(options):
     """Stats of every profile, for reports; opens read-only and writes nothing."""
     opts = normalize_options(options)
-    return {"profiles": _each_profile(opts, True, profile_info)}
+    return {"profiles": _each_profile(opts, profile_info, check_mode=True)}

@@ -105,7 +105,7 @@ def checkpoint(conn, db_path):
     return kind
 
 
-def reclaim(conn, db_path, options, schema, pruned, check_mode):
+def reclaim(conn, db_path, options, schema, *, pruned, check_mode):
     """Merge, vacuum as the options and the situation allow; report what and why."""
     mode = options["vacuum_mode"]
     report = {"mode": mode, "action": None, "bytes_freed": 0, "skipped_reason": None, "fts_merge_steps": 0}

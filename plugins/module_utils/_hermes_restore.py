@@ -22,7 +22,6 @@ Standard library only, Python 3.8+.
 
 from __future__ import annotations
 
-import fcntl
 import gzip
 import os
 import shutil
@@ -32,8 +31,18 @@ import tempfile
 import time
 
 from ._hermes_backup import list_backups
-from ._hermes_db import MB, SIDECAR_SUFFIXES, MaintenanceError, _uri, file_size, free_bytes, fsync_path, holders
-from ._hermes_engine import LOCK_SUFFIX
+from ._hermes_db import (
+    MB,
+    SIDECAR_SUFFIXES,
+    MaintenanceError,
+    ProfileSkipped,
+    file_size,
+    free_bytes,
+    fsync_path,
+    holders,
+    sqlite_uri,
+)
+from ._hermes_engine import LOCK_SUFFIX, ProfileLock, backups_of, profile_path
 from ._hermes_inspect import quick_check_rows
 
 PARTIAL = ".state.db.restore.partial"
@@ -42,15 +51,12 @@ MOVED_SUFFIXES = ("",) + SIDECAR_SUFFIXES + ("-journal",)
 
 
 def profile_db(home, profile):
-    home = os.path.abspath(os.path.expanduser(home))
-    if profile == "default":
-        return os.path.join(home, "state.db")
-    return os.path.join(home, "profiles", profile, "state.db")
+    return profile_path(os.path.abspath(os.path.expanduser(home)), profile)
 
 
 def db_counts(path):
     """quick_check and counts of a database file, read without creating any file beside it."""
-    conn = sqlite3.connect(_uri(path, mode="ro", immutable="1"), uri=True, isolation_level=None)
+    conn = sqlite3.connect(sqlite_uri(path, mode="ro", immutable="1"), uri=True, isolation_level=None)
     try:
         check = quick_check_rows(conn)
         if check != ["ok"]:
@@ -113,7 +119,7 @@ def _resolve_backup(backup, backup_dir):
 def plan_restore(home, profile, backup_dir=None, backup=None):
     """What a restore would do; reads only. Raises MaintenanceError with the reason."""
     db = profile_db(home, profile)
-    backup_dir = os.path.abspath(backup_dir or os.path.join(os.path.abspath(os.path.expanduser(home)), "backups"))
+    backup_dir = backups_of(os.path.abspath(os.path.expanduser(home)), backup_dir)
     plan = {"db": db, "backup_dir": backup_dir, "backup": None, "rejected": [], "current": None}
     if backup:
         candidates = [_resolve_backup(backup, backup_dir)]
@@ -162,28 +168,19 @@ def plan_restore(home, profile, backup_dir=None, backup=None):
 
 def restore(plan, force=False):
     """Carry out ``plan`` under the profile's maintenance lock; returns it with ``restored``."""
-    lock = _lock(plan["db"], plan["current"])
-    try:
+    with _maintenance_lock(plan["db"], plan["current"]):
         return _restore(plan, force)
-    finally:
-        os.close(lock)
 
 
-def _lock(db, current):
-    """The lock maintenance runs take (LOCK_SUFFIX): no scheduled run works on the file meanwhile."""
-    path = db + LOCK_SUFFIX
-    existed = os.path.lexists(path)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    if not existed and os.geteuid() == 0:
-        os.fchown(fd, current["uid"], current["gid"])
+def _maintenance_lock(db, current):
+    """The lock maintenance runs take: no scheduled run works on the file meanwhile."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
+        return ProfileLock(db, check_mode=False, owner=(current["uid"], current["gid"]))
+    except ProfileSkipped:
         raise MaintenanceError(
-            "%s is locked by a maintenance run (ours or Hermes's auto-maintenance): try again when it is done" % path
+            "%s is locked by a maintenance run (ours or Hermes's auto-maintenance): try again when it is done"
+            % (db + LOCK_SUFFIX)
         ) from None
-    return fd
 
 
 def _restore(plan, force):

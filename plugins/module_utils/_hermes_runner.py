@@ -39,6 +39,7 @@ import time
 
 from ._hermes_db import MaintenanceError
 from ._hermes_engine import DEFAULTS, run_maintenance
+from ._hermes_options import BY_NAME
 
 try:
     import fcntl
@@ -66,14 +67,8 @@ RUNNER_KEYS = {
     "syslog": (True, bool),
 }
 
-# Engine options whose default is None (no type to infer from) and what they take.
-_NONE_DEFAULT_TYPES = {
-    "profiles": list,
-    "backup_dir": str,
-    "hermes_home": list,
-    "backup_keep_count": int,
-    "backup_interval_days": float,
-}
+# The Python type a JSON value must have for each of the option table's types.
+_JSON_TYPES = {"bool": bool, "int": int, "float": float, "str": str, "path": str, "list": list}
 
 # What run_maintenance raises for options it refuses (before touching any profile).
 OPTION_ERRORS = (ValueError, TypeError, MaintenanceError)
@@ -112,20 +107,8 @@ def _check_type(source, key, value, kind):
 
 
 def _expected_type(key):
-    default = DEFAULTS.get(key)
-    if default is None:
-        return _NONE_DEFAULT_TYPES.get(key)
-    if isinstance(default, bool):
-        return bool
-    if isinstance(default, int):
-        return int
-    if isinstance(default, float):
-        return float
-    if isinstance(default, str):
-        return str
-    if isinstance(default, (list, tuple)):
-        return list
-    return None
+    option = BY_NAME.get(key)
+    return _JSON_TYPES.get(option.type) if option else None
 
 
 def load_config(path):

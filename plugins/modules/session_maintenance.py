@@ -28,6 +28,7 @@ extends_documentation_fragment:
   - hermes_agent.ops.hermes
   - hermes_agent.ops.hermes.ATTRIBUTES
 options:
+  # BEGIN GENERATED: options (scripts/generate.py, from plugins/module_utils/_hermes_options.py)
   end_reason:
     description:
       - C(end_reason) written on closed zombies. The default is one Hermes treats as recoverable.
@@ -35,16 +36,16 @@ options:
     default: startup_orphan_reap
   backup:
     description:
-      - Take a verified backup before the first change to a profile. If the backup fails, nothing in that
-        profile is changed.
-      - Verified means the copy opens and holds every session about to be pruned with all its messages; the
-        full C(quick_check) runs on C(state.db) at the start of the run and on a backup before any restore.
+      - Take a verified backup before the first change to a profile. If the backup fails, nothing in that profile is
+        changed.
+      - Verified means the copy opens and holds every session about to be pruned with all its messages; the full
+        C(quick_check) runs on C(state.db) at the start of the run and on a backup before any restore.
     type: bool
     default: true
   backup_keep_days:
     description:
-      - Remove this collection's backups of a profile older than this many days (the newest is always kept).
-        Files it did not write, such as Hermes's C(pre-update-*.zip), are never touched.
+      - Remove this collection's backups of a profile older than this many days (the newest is always kept). Files it
+        did not write, such as Hermes's C(pre-update-*.zip), are never touched.
     type: float
     default: 30
   backup_keep_count:
@@ -62,11 +63,11 @@ options:
     default: false
   vacuum_mode:
     description:
-      - V(auto) reclaims in short C(incremental_vacuum) steps where the file is in incremental mode, and
-        otherwise runs a full C(VACUUM) when free pages pass O(vacuum_threshold), nobody else holds the file,
-        and the disk has room.
-      - V(full) runs a full C(VACUUM) whenever there are free pages (same safety conditions); use it in a
-        service window with the gateway stopped.
+      - V(auto) reclaims in short C(incremental_vacuum) steps where the file is in incremental mode, and otherwise
+        runs a full C(VACUUM) when free pages pass O(vacuum_threshold), nobody else holds the file, and the disk has
+        room.
+      - V(full) runs a full C(VACUUM) whenever there are free pages (same safety conditions); use it in a service
+        window with the gateway stopped.
       - V(incremental) only uses C(incremental_vacuum); V(never) reclaims nothing.
     type: str
     choices: [auto, full, incremental, never]
@@ -78,20 +79,20 @@ options:
     default: 25
   vacuum_switch_incremental:
     description:
-      - A full C(VACUUM) also sets C(auto_vacuum=INCREMENTAL), so later runs can reclaim in short steps while
-        Hermes is live.
+      - A full C(VACUUM) also sets C(auto_vacuum=INCREMENTAL), so later runs can reclaim in short steps while Hermes
+        is live.
     type: bool
     default: true
   batch_size:
     description:
-      - Most messages deleted in one transaction (messages fire Hermes's FTS triggers). O(batch_time) usually
-        ends a transaction first; this also bounds a single statement on a very long session.
+      - Most messages deleted in one transaction (messages fire Hermes's FTS triggers). O(batch_time) usually ends a
+        transaction first; this also bounds a single statement on a very long session.
     type: int
     default: 2000
   batch_time:
     description:
-      - Seconds one transaction may hold the write lock before it commits and lets the gateway in. Wall time,
-        so a busy machine cannot stretch the stall a live writer sees.
+      - Seconds one transaction may hold the write lock before it commits and lets the gateway in. Wall time, so a
+        busy machine cannot stretch the stall a live writer sees.
       - With O(batch_pause), the defaults kept a live Hermes writer's worst stall within 250 ms at about 0.8x the
         speed of Hermes's own single-transaction prune in the collection's benchmark (docs/benchmarks.md).
     type: float
@@ -112,6 +113,7 @@ options:
       - Work on a C(state.db) owned by another user when not running as root.
     type: bool
     default: false
+  # END GENERATED
 seealso:
   - module: hermes_agent.ops.state_db_info
   - name: Hermes Agent
@@ -148,6 +150,7 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+# BEGIN GENERATED: return (scripts/generate.py, from plugins/module_utils/_hermes_results.py)
 summary:
   description: One line per profile, in the form of the monthly script it replaces.
   returned: always
@@ -207,21 +210,33 @@ profiles:
     bad_time_rows:
       description: Sessions never selected because a time value in them is not unix seconds.
       type: int
+    schema_version:
+      description: Hermes's C(schema_version) of the file.
+      returned: when the schema was read
+      type: int
+    fts_layout:
+      description: V(none), V(inline), V(external-content) or V(external-content-views).
+      returned: when the schema was read
+      type: str
     backup:
       description:
-        - The backup taken, or null when none was needed. V(path), V(bytes), V(verified), V(compressed),
-          V(sessions) and V(messages) in the copy, and V(copied_by) (V(files) for the byte copy of C(state.db)
-          and its C(-wal), V(backup_api) when SQLite's backup API copied it).
+        - The backup taken, or null when none was needed. V(path), V(bytes), V(verified), V(compressed), V(sessions)
+          and V(messages) in the copy, and V(copied_by) (V(files) for the byte copy of C(state.db) and its C(-wal),
+          V(backup_api) when SQLite's backup API copied it).
       type: dict
+    backups_removed:
+      description: Paths of this collection's older backups that retention removed after the new one.
+      type: list
+      elements: str
     reclaim:
       description:
         - V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed), V(skipped_reason),
-          V(fts_merge_steps).
+          V(fts_merge_steps), and V(checkpoint) after a real run.
       type: dict
     before:
       description:
-        - V(db_bytes), V(wal_bytes), V(sessions), V(messages), V(open_sessions), V(free_pages),
-          V(page_size), V(page_count).
+        - V(db_bytes), V(wal_bytes), V(sessions), V(messages), V(open_sessions), V(free_pages), V(page_size),
+          V(page_count).
       type: dict
     after:
       description: The same figures after the run (predicted in check mode).
@@ -229,33 +244,25 @@ profiles:
     duration:
       description: Seconds spent on the profile.
       type: float
+    traceback:
+      description: The Python traceback of the unexpected error, for a bug report.
+      returned: when an unexpected error stopped the profile
+      type: str
+# END GENERATED
 """
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support import diff_of, shared_argument_spec
+from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support import (
+    diff_of,
+    maintenance_argument_spec,
+)
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import DEFAULTS, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 
 
 def main():
-    argument_spec = shared_argument_spec()
-    argument_spec.update(
-        end_reason=dict(type="str", default=DEFAULTS["end_reason"]),
-        backup=dict(type="bool", default=True),
-        backup_keep_days=dict(type="float", default=DEFAULTS["backup_keep_days"]),
-        backup_keep_count=dict(type="int"),
-        backup_interval_days=dict(type="float"),
-        backup_compress=dict(type="bool", default=False),
-        vacuum_mode=dict(type="str", default="auto", choices=["auto", "full", "incremental", "never"]),
-        vacuum_threshold=dict(type="float", default=DEFAULTS["vacuum_threshold"]),
-        vacuum_switch_incremental=dict(type="bool", default=True),
-        batch_size=dict(type="int", default=DEFAULTS["batch_size"]),
-        batch_pause=dict(type="float", default=DEFAULTS["batch_pause"]),
-        batch_time=dict(type="float", default=DEFAULTS["batch_time"]),
-        allow_unknown_schema=dict(type="bool", default=False),
-        allow_foreign_owner=dict(type="bool", default=False),
-    )
+    argument_spec = maintenance_argument_spec()
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     try:
         result = run_maintenance(dict(module.params), check_mode=module.check_mode)

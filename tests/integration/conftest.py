@@ -48,7 +48,12 @@ CALLBACK_DIR = Path(__file__).resolve().parent / "callback_plugins"
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+import hermes_markers  # noqa: E402
 from collection_paths import COLLECTIONS_ROOT, REPO_ROOT  # noqa: E402  (also puts both on sys.path)
+
+
+def pytest_collection_modifyitems(items):
+    hermes_markers.mark_heavy(items)
 
 
 def _find_ansible_playbook():

@@ -10,9 +10,13 @@ import os
 import stat
 import subprocess
 
+import pytest
 from hermes_reliability import chown_tree, ensure_user, files_not_owned_by, need_root, world_traversable_dir
 
 from hermes_fixtures import build_home
+
+# The module run as root on another user's home.
+pytestmark = [pytest.mark.root]
 
 PLAYBOOK = """
 - name: Maintain a user's home as root

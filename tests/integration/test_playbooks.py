@@ -6,12 +6,14 @@ CSV) and schedule.yml with the role's `hermes` scheduler (Hermes's own cron/jobs
 switching it off, and state=absent. Everything lives under tmp_path and belongs to the
 user running the tests (no root, no crontab, no systemd needed)."""
 
+import contextlib
 import csv
 import getpass
 import hashlib
 import importlib.util
 import json
 import re
+import sqlite3
 import stat
 import subprocess
 from pathlib import Path
@@ -45,6 +47,18 @@ def counts(lines):
 def common_vars(home):
     # No become: the tests run as whoever runs them, on files that user owns.
     return {"hermes_maintenance_homes": [str(home)], "hermes_maintenance_become": False}
+
+
+def role_vars(home, install, scheduler, **more):
+    """The role applied for the user running the tests, installed under ``install``."""
+    return dict(
+        common_vars(home),
+        hermes_maintenance_user=getpass.getuser(),
+        hermes_maintenance_install_dir=str(install),
+        hermes_maintenance_scheduler=scheduler,
+        hermes_maintenance_syslog=False,
+        **more,
+    )
 
 
 def test_demo(ansible_playbook, tmp_path):
@@ -117,14 +131,7 @@ def test_report(ansible_playbook, tmp_path):
 def test_schedule_with_hermes_cron_then_none_then_absent(ansible_playbook, tmp_path):
     home = make_home(tmp_path / "hermes", sessions=20)
     install = tmp_path / "install"
-    extra = dict(
-        common_vars(home),
-        hermes_maintenance_user=getpass.getuser(),
-        hermes_maintenance_install_dir=str(install),
-        hermes_maintenance_scheduler="hermes",
-        hermes_maintenance_prune_days=90,
-        hermes_maintenance_syslog=False,
-    )
+    extra = role_vars(home, install, "hermes", hermes_maintenance_prune_days=90)
     # An existing job of the user's must survive every step.
     (home / "cron").mkdir()
     theirs = {"id": "abc123def456", "name": "their job", "schedule": {"kind": "interval", "minutes": 60}}
@@ -186,3 +193,45 @@ def test_schedule_with_hermes_cron_then_none_then_absent(ansible_playbook, tmp_p
     assert not install.exists()
     assert (home / "backups").is_dir()
     assert [j["id"] for j in json.loads((home / "cron" / "jobs.json").read_text())["jobs"]] == ["abc123def456"]
+
+
+def auto_vacuum(db):
+    with contextlib.closing(sqlite3.connect(str(db))) as conn:
+        return conn.execute("PRAGMA auto_vacuum").fetchone()[0]
+
+
+def test_maintain_passes_vacuum_switch_incremental(ansible_playbook, tmp_path):
+    """A role variable the playbook once dropped: a full VACUUM must keep auto_vacuum=NONE when asked."""
+    home = make_home(tmp_path / "hermes")
+    assert {auto_vacuum(db) for db in digests(home)} == {0}
+    extra = dict(
+        common_vars(home),
+        hermes_maintenance_prune_days=90,
+        hermes_maintenance_vacuum_mode="full",
+        hermes_maintenance_vacuum_switch_incremental=False,
+    )
+    rc, out = ansible_playbook("playbooks/maintain.yml", extra_vars=extra)
+    assert rc == 0, getattr(out, "text", out)
+    profiles = out.result("Maintain")["profiles"]
+    assert {p["reclaim"]["action"] for p in profiles} == {"full"}, profiles
+    assert {auto_vacuum(db) for db in digests(home)} == {0}
+
+
+def test_schedule_writes_every_engine_option_into_the_config(ansible_playbook, tmp_path):
+    home = make_home(tmp_path / "hermes", sessions=5)
+    install = tmp_path / "install"
+    extra = role_vars(
+        home,
+        install,
+        "none",
+        hermes_maintenance_vacuum_switch_incremental=False,
+        hermes_maintenance_batch_size=500,
+        hermes_maintenance_prune_days=30,
+        hermes_maintenance_zombie_sources=["cli"],
+    )
+    rc, out = ansible_playbook("playbooks/schedule.yml", extra_vars=extra)
+    assert rc == 0, getattr(out, "text", out)
+    config = json.loads((install / "maintenance.json").read_text())
+    assert config["vacuum_switch_incremental"] is False
+    assert config["batch_size"] == 500 and config["prune_days"] == 30.0 and config["zombie_sources"] == ["cli"]
+    assert "backup_keep_days" not in config and "batch_time" not in config  # unset: the engine's default

@@ -187,6 +187,7 @@ def asides(home):
     return sorted(p for p in os.listdir(str(home)) if p.startswith("state.db.pre-restore-"))
 
 
+@pytest.mark.root
 def test_restore_end_to_end(ansible_playbook, world):
     gateway, db, home = world["gateway"], world["db"], world["home"]
     assert gateway.ctl("start").returncode == 0 and gateway.running()
@@ -253,6 +254,7 @@ def test_restore_end_to_end(ansible_playbook, world):
     assert set(seen["sessions"]) == world["original"] and seen["hits"] > 0
 
 
+@pytest.mark.root
 def test_restore_refused_while_the_gateway_holds_the_file(ansible_playbook, world):
     """No service configured, but a gateway has the file open: refused, nothing moved."""
     gateway, db, home = world["gateway"], world["db"], world["home"]

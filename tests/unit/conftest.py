@@ -20,18 +20,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 # Importing it puts the collection and tests/lib on sys.path.
 import collection_paths  # noqa: E402, F401  # pylint: disable=unused-import
-
-# ansible-test units runs pytest with its own ini file (not pyproject.toml): register the
-# project's markers here too, so --strict-markers accepts them there.
-MARKERS = (
-    "slow: takes more than a few seconds (still part of `make test`)",
-    "matrix: support-matrix run over Hermes releases / Python versions (`make matrix`, not in `make test`)",
-)
+import hermes_markers  # noqa: E402
 
 
 def pytest_configure(config):
-    for line in MARKERS:
-        config.addinivalue_line("markers", line)
+    hermes_markers.register(config)
+
+
+def pytest_collection_modifyitems(items):
+    hermes_markers.mark_heavy(items)
 
 
 def pytest_report_header(config):

@@ -163,6 +163,7 @@ def test_times_and_markers(built, layout):
         conn.close()
 
 
+@pytest.mark.releases
 @pytest.mark.parametrize("layout", hf.LAYOUTS)
 def test_real_release_opens_built_file(built, layout, tmp_path):
     _home, db, specs, _expected = built(layout)

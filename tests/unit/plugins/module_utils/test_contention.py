@@ -33,6 +33,13 @@ def by_name(result):
     return {p["name"]: p for p in result["profiles"]}
 
 
+def start_child(*args, stdin=None):
+    """A Python child with its output on pipes, as text."""
+    return subprocess.Popen(
+        [sys.executable, "-c", *args], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
 def wait_for_line(proc, wanted, timeout=60):
     deadline = time.time() + timeout
     seen = []
@@ -51,12 +58,7 @@ def test_second_run_skips_the_profile_the_first_is_working_on(tmp_path):
     make_big_home(str(tmp_path), "v30", 400, 5, old_fraction=0.5, seed=5)
     build_home(str(tmp_path), "v30", SPECS, profile="work")
     slow = {"hermes_home": [str(tmp_path)], "batch_size": 20, "batch_pause": 0.05, "profiles": ["default"]}
-    first = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(COLLECTIONS_ROOT), json.dumps(slow)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first = start_child(CHILD, str(COLLECTIONS_ROOT), json.dumps(slow))
     try:
         wait_for_line(first, "@@ prune start")
         second = by_name(run_maintenance({"hermes_home": [str(tmp_path)]}))
@@ -89,13 +91,7 @@ def test_hermes_auto_maintenance_in_another_process_skips_that_profile(tmp_path)
     build_home(str(tmp_path), "v30", SPECS)
     busy = build_home(str(tmp_path), "v30", SPECS, profile="busy")
     before = full_rows(busy)
-    hermes = subprocess.Popen(
-        [sys.executable, "-c", HERMES_LOCK_HOLDER, str(busy)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    hermes = start_child(HERMES_LOCK_HOLDER, str(busy), stdin=subprocess.PIPE)
     try:
         wait_for_line(hermes, "locked")
         result = by_name(run_maintenance({"hermes_home": [str(tmp_path)]}))

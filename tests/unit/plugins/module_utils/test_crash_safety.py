@@ -54,6 +54,9 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup im
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from hermes_fixtures import build_home, layout_available, make_big_home, standard_scenario
 
+# SIGKILL trials: children killed at random points, then every database checked.
+pytestmark = [pytest.mark.crash]
+
 PHASES = ("backup", "zombies", "prune", "reclaim")
 RELEASE = "hermes-0.19.0"
 DAY = 86400.0

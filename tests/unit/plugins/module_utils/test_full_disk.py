@@ -22,6 +22,9 @@ from hermes_reliability import db_problems, digest, full_rows, session_rows, tin
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_backup
 from hermes_fixtures import make_big_home
 
+# Each test mounts a tiny tmpfs (root only).
+pytestmark = [pytest.mark.tmpfs, pytest.mark.root]
+
 MB = 1024 * 1024
 
 

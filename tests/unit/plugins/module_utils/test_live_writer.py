@@ -39,6 +39,7 @@ STALL_LIMIT = 3.0
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.releases,
     pytest.mark.skipif(
         hermes_python(RELEASE) is None, reason="no hermes-%s venv (tests/setup_hermes_venvs.sh)" % RELEASE
     ),

@@ -36,6 +36,9 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_en
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from hermes_fixtures import build_home
 
+# Switches users and chowns: root only.
+pytestmark = [pytest.mark.root]
+
 SPECS = [
     {"id": "old", "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3, "transcripts": True},
     {"id": "zombie", "source": "cli", "started_days_ago": 3, "messages": 2, "last_message_days_ago": 2},

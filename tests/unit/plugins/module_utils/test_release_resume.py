@@ -30,6 +30,9 @@ from hermes_fixtures import (
     standard_scenario,
 )
 
+# A real Hermes release reopens and appends to the maintained file.
+pytestmark = [pytest.mark.releases]
+
 # Runs under the release's python: argv = db path, JSON {"resume": [ids], "append_to": [ids]}.
 RELEASE_CODE = r"""
 import inspect, json, sys, time

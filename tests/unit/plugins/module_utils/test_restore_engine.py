@@ -163,6 +163,8 @@ def test_restore_waits_for_no_maintenance_run(home):
         os.close(fd)
 
 
+@pytest.mark.tmpfs
+@pytest.mark.root
 def test_no_room_for_the_restored_file_refused_before_anything_moves(tmp_path):
     """(root) The home on a tiny tmpfs, the backup elsewhere: refused with the space needed, nothing moved."""
     source = tmp_path / "source"

@@ -154,6 +154,7 @@ def test_unreadable_or_invalid_config(tmp_path, capsys):
     assert rc == 2 and "not valid JSON" in err
 
 
+@pytest.mark.root
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root")
 def test_root_refuses_a_home_of_another_user(tmp_path, home, capsys):
     for path in [home, *home.rglob("*")]:

@@ -126,6 +126,7 @@ def test_real_run_does_what_check_mode_said(scenario):
     assert run_maintenance({"hermes_home": [home]}, check_mode=True)["changed"] is False
 
 
+@pytest.mark.releases
 def test_release_still_reads_the_file(scenario, tmp_path):
     layout, home, db, specs, expected = scenario
     run_maintenance({"hermes_home": [home]})

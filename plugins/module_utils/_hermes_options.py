@@ -1,0 +1,188 @@
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The engine's options, written once: name, type, default, choices, bounds, documentation.
+
+At run time the engine's defaults and checks, the runner's config types and the modules'
+argument specs are read from ``OPTIONS``. What Ansible needs as literal text (DOCUMENTATION,
+the doc fragment, the role's defaults and argument specs, ``playbooks/maintain.yml``, the
+README tables) is written from it by ``scripts/generate.py``; ``make lint`` fails when a copy
+differs. Adding an option: add one ``Option`` row below, run ``python3 scripts/generate.py``.
+
+Documentation uses Ansible's markup (``C()``, ``O()``, ``V()``); the first paragraph is the
+one-line summary the tables show.
+"""
+
+from __future__ import annotations
+
+# Hermes's non-messaging sources: closing a messaging session (telegram, discord, ...)
+# makes the gateway start a fresh conversation in a live chat, so those are never closed.
+ZOMBIE_SOURCES = ("cli", "cron", "kanban", "acp", "api_server", "subagent", "tool", "recovered")
+
+# Where an option is documented and accepted: both modules (the doc fragment) or
+# session_maintenance only.
+SHARED = "shared"
+MAINTENANCE = "maintenance"
+
+# How the role exposes an option: a generated hermes_maintenance_<name> variable that is
+# null by default (the engine's default applies), a hand-written role variable, or none.
+ROLE_GENERATED = "generated"
+ROLE_HAND_WRITTEN = "hand-written"
+ROLE_NONE = None
+
+
+class Option:
+    """One engine option. ``unset`` says in words what None means when the default is None."""
+
+    def __init__(
+        self,
+        name,
+        type,
+        doc,
+        default=None,
+        elements=None,
+        choices=None,
+        minimum=None,
+        maximum=None,
+        percent=False,
+        unset=None,
+        scope=MAINTENANCE,
+        role=ROLE_GENERATED,
+    ):
+        self.name = name
+        self.type = type
+        self.doc = tuple(doc)
+        self.default = default
+        self.elements = elements
+        self.choices = tuple(choices) if choices else None
+        self.minimum = minimum
+        self.maximum = maximum
+        self.percent = percent
+        self.unset = unset
+        self.scope = scope
+        self.role = role
+
+    def __repr__(self):
+        return "Option(%r)" % self.name
+
+
+# fmt: off
+OPTIONS = (
+    Option("hermes_home", "list", elements="path", scope=SHARED, role=ROLE_NONE,
+           unset="C(~/.hermes) of the user the module runs as", doc=(
+        "Hermes homes to work on. Each home's C(state.db) is profile C(default); each C(profiles/<name>/state.db) "
+        "below it is profile C(<name>).",
+        "Defaults to C(~/.hermes) of the user the module runs as.",
+    )),
+    Option("profiles", "list", elements="str", scope=SHARED, unset="all profiles", doc=(
+        "Names of the profiles to include. All profiles when omitted.",
+    )),
+    Option("zombie_days", "float", default=1.0, minimum=0, scope=SHARED, doc=(
+        "An open session (no C(ended_at)) idle for longer than this many days is a zombie.",
+        "Idle time counts from the latest of C(last_activity_at), the newest message and C(started_at).",
+    )),
+    Option("prune_days", "float", default=7.0, minimum=0, scope=SHARED, doc=(
+        "An ended session whose last activity is older than this many days is pruned (Hermes's own default is 90).",
+    )),
+    Option("zombie_sources", "list", default=list(ZOMBIE_SOURCES), elements="str", scope=SHARED, doc=(
+        "Session sources whose zombies may be closed. Messaging platforms (telegram, discord, slack, ...) are left out "
+        "on purpose, as Hermes does, because closing them makes the gateway start a new conversation in a live chat.",
+    )),
+    Option("backup_dir", "path", scope=SHARED, role=ROLE_HAND_WRITTEN, unset="C(HOME/backups) of each home", doc=(
+        "Where backups are written and looked up. Defaults to C(HOME/backups) of each home.",
+        "Must be a real directory owned by the owner of C(state.db) and not writable by others.",
+    )),
+    Option("busy_timeout", "float", default=5.0, minimum=0, scope=SHARED, doc=(
+        "Seconds to wait for a lock held by Hermes before the profile is skipped.",
+    )),
+    Option("end_reason", "str", default="startup_orphan_reap", doc=(
+        "C(end_reason) written on closed zombies. The default is one Hermes treats as recoverable.",
+    )),
+    Option("backup", "bool", default=True, doc=(
+        "Take a verified backup before the first change to a profile. If the backup fails, nothing in that profile is "
+        "changed.",
+        "Verified means the copy opens and holds every session about to be pruned with all its messages; the full "
+        "C(quick_check) runs on C(state.db) at the start of the run and on a backup before any restore.",
+    )),
+    Option("backup_keep_days", "float", default=30, minimum=0, doc=(
+        "Remove this collection's backups of a profile older than this many days (the newest is always kept). Files it "
+        "did not write, such as Hermes's C(pre-update-*.zip), are never touched.",
+    )),
+    Option("backup_keep_count", "int", minimum=1, unset="no limit", doc=(
+        "Keep at most this many backups per profile. No limit when omitted.",
+    )),
+    Option("backup_interval_days", "float", minimum=0, unset="back up only before a change", doc=(
+        "Also take a backup when the newest one is older than this many days, even if nothing else changes.",
+    )),
+    Option("backup_compress", "bool", default=False, doc=("Gzip the backup.",)),
+    Option("vacuum_mode", "str", default="auto", choices=('auto', 'full', 'incremental', 'never'), doc=(
+        "V(auto) reclaims in short C(incremental_vacuum) steps where the file is in incremental mode, and otherwise "
+        "runs a full C(VACUUM) when free pages pass O(vacuum_threshold), nobody else holds the file, and the disk has "
+        "room.",
+        "V(full) runs a full C(VACUUM) whenever there are free pages (same safety conditions); use it in a service "
+        "window with the gateway stopped.",
+        "V(incremental) only uses C(incremental_vacuum); V(never) reclaims nothing.",
+    )),
+    Option("vacuum_threshold", "float", default=25.0, minimum=0, maximum=100, percent=True, doc=(
+        "Free pages, in percent of the file, above which V(auto) runs a full C(VACUUM).",
+    )),
+    Option("vacuum_switch_incremental", "bool", default=True, doc=(
+        "A full C(VACUUM) also sets C(auto_vacuum=INCREMENTAL), so later runs can reclaim in short steps while Hermes "
+        "is live.",
+    )),
+    Option("batch_size", "int", default=2000, minimum=1, doc=(
+        "Most messages deleted in one transaction (messages fire Hermes's FTS triggers). O(batch_time) usually ends a "
+        "transaction first; this also bounds a single statement on a very long session.",
+    )),
+    Option("batch_time", "float", default=0.06, minimum=0, doc=(
+        "Seconds one transaction may hold the write lock before it commits and lets the gateway in. Wall time, so a "
+        "busy machine cannot stretch the stall a live writer sees.",
+        "With O(batch_pause), the defaults kept a live Hermes writer's worst stall within 250 ms at about 0.8x the "
+        "speed of Hermes's own single-transaction prune in the collection's benchmark (docs/benchmarks.md).",
+    )),
+    Option("batch_pause", "float", default=0.03, minimum=0, doc=(
+        "Seconds to pause between transactions, so that a live gateway's writes get the lock.",
+        "A waiting writer polls the lock every 25 ms or more, so a pause shorter than that can starve it.",
+    )),
+    Option("allow_unknown_schema", "bool", default=False, doc=(
+        "Maintain a C(schema_version) newer than any this collection knows. Refused by default.",
+    )),
+    Option("allow_foreign_owner", "bool", default=False, doc=(
+        "Work on a C(state.db) owned by another user when not running as root.",
+    )),
+)
+# fmt: on
+
+BY_NAME = {option.name: option for option in OPTIONS}
+
+# The types the engine converts with: what float(...) / int(...) must accept.
+NUMBER_TYPES = ("int", "float")
+
+
+def defaults():
+    """A fresh dict of every option's default (lists copied, so callers may change them)."""
+    return {o.name: list(o.default) if isinstance(o.default, list) else o.default for o in OPTIONS}
+
+
+def options_in(scope):
+    """The options of one scope (SHARED, MAINTENANCE), in table order."""
+    return [o for o in OPTIONS if o.scope == scope]
+
+
+def check_option(option, value):
+    """The message for a value out of bounds or choices, or None when it is fine (None always is)."""
+    if value is None:
+        return None
+    if option.choices and value not in option.choices:
+        return "%s must be one of %s (got %r)" % (option.name, ", ".join(option.choices), value)
+    if option.type not in NUMBER_TYPES:
+        return None
+    number = int(value) if option.type == "int" else float(value)
+    if option.percent and not option.minimum <= number <= option.maximum:
+        return "%s is a percentage from %s to %s (got %s)" % (option.name, option.minimum, option.maximum, value)
+    if option.minimum == 0 and number < 0:
+        return "%s must not be negative (got %s)" % (option.name, value)
+    if option.minimum is not None and number < option.minimum:
+        return "%s must be at least %s (got %s)" % (option.name, option.minimum, value)
+    if option.maximum is not None and number > option.maximum:
+        return "%s must be at most %s (got %s)" % (option.name, option.maximum, value)
+    return None

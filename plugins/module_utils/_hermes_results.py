@@ -1,0 +1,110 @@
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What ``run_maintenance`` returns, written once: the run's keys and each profile's keys.
+
+The engine builds each profile's result from ``PROFILE_FIELDS`` (their initial values);
+``scripts/generate.py`` writes the module's RETURN block and the result table of
+docs/architecture.md from both tables. Adding a result key: add one ``Field`` row, set it in
+the engine, run ``python3 scripts/generate.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+SET_LATER = object()  # no initial value: the engine sets the key once it knows it
+
+
+class Field:
+    """One result key. ``module_key`` is its name in the module's result (None: not returned);
+    ``in_return`` False leaves it out of RETURN where Ansible documents it itself (``changed``)."""
+
+    def __init__(
+        self, name, type, doc, initial=SET_LATER, elements=None, returned="always", module_key="", in_return=True
+    ):
+        self.name = name
+        self.type = type
+        self.doc = tuple(doc)
+        self.initial = initial
+        self.elements = elements
+        self.returned = returned
+        self.module_key = name if module_key == "" else module_key
+        self.in_return = in_return and self.module_key is not None
+
+
+# fmt: off
+RUN_FIELDS = (
+    Field("summary", "list", elements="str", doc=(
+        "One line per profile, in the form of the monthly script it replaces.",
+    )),
+    Field("failed", "list", elements="str", module_key="failed_profiles", doc=("Names of the profiles that failed.",)),
+    Field("profiles", "list", elements="dict", doc=(
+        "What happened to each profile (in check mode, what would happen).",
+    )),
+    Field("changed", "bool", in_return=False, doc=("Whether any profile changed (or would change).",)),
+    Field("check_mode", "bool", module_key=None, doc=("Whether this was a dry run (nothing was written).",)),
+)
+
+PROFILE_FIELDS = (
+    Field("name", "str", initial=None, doc=("V(default) for C(HOME/state.db), else the profile's directory name.",)),
+    Field("home", "str", initial=None, doc=("The Hermes home.",)),
+    Field("path", "str", initial=None, doc=("The C(state.db) path.",)),
+    Field("status", "str", initial="ok", doc=(
+        "V(ok), V(skipped) (lock held, database busy; nothing lost, the next run retries) or V(failed).",
+    )),
+    Field("error", "str", initial=None, doc=(
+        "Why it was skipped or failed, naming the thing and what to do; null when ok.",
+    )),
+    Field("changed", "bool", initial=False, doc=("Whether this profile changed (or would change).",)),
+    Field("zombies_closed", "int", initial=0, doc=("Open sessions closed.",)),
+    Field("sessions_pruned", "int", initial=0, doc=(
+        "Sessions deleted, including delegate children deleted with their parent.",
+    )),
+    Field("messages_pruned", "int", initial=0, doc=("Messages deleted (their FTS rows go with them).",)),
+    Field("sessions_orphaned", "int", initial=0, doc=(
+        "Kept child sessions whose pruned parent was unlinked (C(parent_session_id) set to null).",
+    )),
+    Field("transcripts_removed", "int", initial=0, doc=("Files removed from C(HOME/sessions/).",)),
+    Field("prompts_collected", "int", initial=0, doc=("C(system_prompts) rows no longer referenced after the prune.",)),
+    Field("sessions_left_alone", "int", initial=0, doc=(
+        "Planned sessions that stopped qualifying during the run (resumed by Hermes) and were kept.",
+    )),
+    Field("bad_time_rows", "int", initial=0, doc=(
+        "Sessions never selected because a time value in them is not unix seconds.",
+    )),
+    Field("schema_version", "int", returned="when the schema was read", doc=(
+        "Hermes's C(schema_version) of the file.",
+    )),
+    Field("fts_layout", "str", returned="when the schema was read", doc=(
+        "V(none), V(inline), V(external-content) or V(external-content-views).",
+    )),
+    Field("backup", "dict", initial=None, doc=(
+        "The backup taken, or null when none was needed. V(path), V(bytes), V(verified), V(compressed), V(sessions) "
+        "and V(messages) in the copy, and V(copied_by) (V(files) for the byte copy of C(state.db) and its C(-wal), "
+        "V(backup_api) when SQLite's backup API copied it).",
+    )),
+    Field("backups_removed", "list", initial=[], elements="str", doc=(
+        "Paths of this collection's older backups that retention removed after the new one.",
+    )),
+    Field("reclaim", "dict", initial=None, doc=(
+        "V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed), V(skipped_reason), V(fts_merge_steps), "
+        "and V(checkpoint) after a real run.",
+    )),
+    Field("before", "dict", initial=None, doc=(
+        "V(db_bytes), V(wal_bytes), V(sessions), V(messages), V(open_sessions), V(free_pages), V(page_size), "
+        "V(page_count).",
+    )),
+    Field("after", "dict", initial=None, doc=("The same figures after the run (predicted in check mode).",)),
+    Field("duration", "float", initial=0.0, doc=("Seconds spent on the profile.",)),
+    Field("traceback", "str", returned="when an unexpected error stopped the profile", doc=(
+        "The Python traceback of the unexpected error, for a bug report.",
+    )),
+)
+# fmt: on
+
+
+def new_profile_result(home, name, path):
+    """A profile's result before any work: every key that has an initial value."""
+    result = {f.name: copy.copy(f.initial) for f in PROFILE_FIELDS if f.initial is not SET_LATER}
+    result.update(name=name, home=home, path=path)
+    return result

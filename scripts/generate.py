@@ -1,0 +1,379 @@
+#!/usr/bin/env python3
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Write the literal copies of the option and result tables into the files that need them.
+
+The engine reads its options from ``plugins/module_utils/_hermes_options.py`` and its
+result keys from ``_hermes_results.py`` at run time. Ansible needs some of that as text
+(DOCUMENTATION, RETURN, the doc fragment, the role's defaults and argument specs, the
+role's config template, ``playbooks/maintain.yml``) and so do the README tables. Each copy
+sits between two marker lines::
+
+    # BEGIN GENERATED: <block> (scripts/generate.py)
+    ...
+    # END GENERATED
+
+(``<!-- ... -->`` in Markdown, ``{#- ... #}`` in Jinja). Everything outside the markers is
+hand-written and stays as it is; the block takes the indentation of its BEGIN line.
+
+    python3 scripts/generate.py          # rewrite every block
+    python3 scripts/generate.py --check  # exit 1, with a diff, when a block differs (make lint)
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib.util
+import json
+import os
+import re
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROLE_PREFIX = "hermes_maintenance_"
+BEGIN = re.compile(r"BEGIN GENERATED: ([\w-]+)")
+END = re.compile(r"END GENERATED")
+MARKUP = re.compile(r"\b(C|V|O|M|RV|I)\(([^()]*)\)")
+WIDTH = 116
+
+
+def load_tables(root):
+    """The option and result tables of the tree at ``root`` (plain files, no package needed)."""
+    tables = {}
+    for name in ("_hermes_options", "_hermes_results"):
+        path = os.path.join(root, "plugins", "module_utils", name + ".py")
+        spec = importlib.util.spec_from_file_location("hermes_generate_" + name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        tables[name] = module
+    return tables["_hermes_options"], tables["_hermes_results"]
+
+
+# ---- rendering helpers -------------------------------------------------------------------
+
+
+def markdown(text):
+    """Ansible markup as Markdown: C(x), V(x), O(x) ... become `x`."""
+    return MARKUP.sub(lambda m: "*%s*" % m.group(2) if m.group(1) == "I" else "`%s`" % m.group(2), text)
+
+
+def cell(text):
+    return markdown(text).replace("|", "\\|")
+
+
+def yaml_scalar(text):
+    """``text`` as a YAML scalar: plain where that is unambiguous, else double-quoted."""
+    plain = re.match(r"^[A-Za-z0-9(][^#]*$", text) and ": " not in text and not text.endswith(":")
+    return text if plain else json.dumps(text)
+
+
+def yaml_value(value):
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (list, tuple)):
+        return "[%s]" % ", ".join(yaml_value(v) for v in value)
+    if isinstance(value, str):
+        return yaml_scalar(value)
+    return str(value)
+
+
+def yaml_list_item(text, indent=0):
+    """A ``- text`` item, wrapped as the hand-written docs are (plain scalars fold their lines)."""
+    scalar = yaml_scalar(text)
+    if scalar != text:
+        return [" " * indent + "- " + scalar]
+    lines = textwrap.wrap(text, WIDTH - indent - 2, break_long_words=False, break_on_hyphens=False)
+    return [" " * indent + "- " + lines[0]] + [" " * (indent + 2) + line for line in lines[1:]]
+
+
+def yaml_description(paragraphs, indent=0):
+    lines = [" " * indent + "description:"]
+    for paragraph in paragraphs:
+        lines += yaml_list_item(paragraph, indent + 2)
+    return lines
+
+
+def shown_default(option):
+    """The default as the tables show it: the value, or what unset means."""
+    if option.default is None:
+        return markdown(option.unset or "none")
+    return "`%s`" % yaml_value(option.default)
+
+
+def bounds(option):
+    parts = []
+    if option.choices:
+        parts.append(", ".join("`%s`" % c for c in option.choices))
+    if option.minimum is not None and option.maximum is not None:
+        parts.append("%s to %s" % (option.minimum, option.maximum))
+    elif option.minimum is not None:
+        parts.append(">= %s" % option.minimum)
+    return "; ".join(parts)
+
+
+# ---- the blocks ----------------------------------------------------------------------------
+
+
+def module_options(options, scope):
+    lines = []
+    for option in options.options_in(scope):
+        lines.append(option.name + ":")
+        lines += yaml_description(option.doc, 2)
+        lines.append("  type: %s" % option.type)
+        if option.elements:
+            lines.append("  elements: %s" % option.elements)
+        if option.choices:
+            lines.append("  choices: %s" % yaml_value(list(option.choices)))
+        if option.default is not None:
+            lines.append("  default: %s" % yaml_value(option.default))
+    return lines
+
+
+def return_fields(fields, indent=0):
+    lines = []
+    pad = " " * indent
+    for field in fields:
+        lines.append("%s%s:" % (pad, field.module_key))
+        if len(field.doc) == 1 and len(pad + "  description: " + field.doc[0]) <= WIDTH:
+            lines.append("%s  description: %s" % (pad, yaml_scalar(field.doc[0])))
+        else:
+            lines += yaml_description(field.doc, indent + 2)
+        if indent == 0 or field.returned != "always":
+            lines.append("%s  returned: %s" % (pad, yaml_scalar(field.returned)))
+        lines.append("%s  type: %s" % (pad, field.type))
+        if field.elements:
+            lines.append("%s  elements: %s" % (pad, field.elements))
+    return lines
+
+
+def module_return(options, results):
+    lines = []
+    for field in results.RUN_FIELDS:
+        if not field.in_return:
+            continue
+        lines += return_fields([field])
+        if field.name == "summary":
+            lines.append('  sample: ["default: zombies=3 pruned=12 freed=45MB remaining=150 sessions, 8420 messages"]')
+        if field.name == "profiles":
+            lines.append("  contains:")
+            lines += return_fields(results.PROFILE_FIELDS, 4)
+    return lines
+
+
+def role_options(options):
+    return [o for o in options.OPTIONS if o.role == options.ROLE_GENERATED]
+
+
+def role_markup(options, text):
+    """In the role's docs an option is its role variable, or plain code when the role has none."""
+    known = {o.name for o in role_options(options)}
+
+    def option_ref(match):
+        kind, name = match.group(1), match.group(2)
+        if kind != "O":
+            return match.group(0)
+        return "O(%s%s)" % (ROLE_PREFIX, name) if name in known else "C(%s)" % name
+
+    return MARKUP.sub(option_ref, text)
+
+
+def role_default(option):
+    """null (the engine's default applies), except where choices are checked: null is not one of them."""
+    return option.default if option.choices else None
+
+
+def role_defaults(options):
+    return ["%s%s: %s" % (ROLE_PREFIX, o.name, yaml_value(role_default(o))) for o in role_options(options)]
+
+
+def role_argument_specs(options):
+    lines = []
+    for option in role_options(options):
+        lines.append("%s%s:" % (ROLE_PREFIX, option.name))
+        lines.append("  type: %s" % option.type)
+        if option.elements:
+            lines.append("  elements: %s" % option.elements)
+        if option.choices:
+            lines.append("  choices: %s" % yaml_value(list(option.choices)))
+        if role_default(option) is not None:
+            lines.append("  default: %s" % yaml_value(role_default(option)))
+            unset = "Default: the engine's default, C(%s)." % yaml_value(option.default)
+        elif option.default is None:
+            unset = "Unset (null, the default): %s." % option.unset
+        else:
+            unset = "Unset (null, the default): the engine's default, C(%s)." % yaml_value(option.default)
+        lines += yaml_description([role_markup(options, p) for p in option.doc] + [unset], 2)
+    return lines
+
+
+def role_config_keys(options):
+    """The role's config template: which variables go into maintenance.json, by conversion."""
+    kinds = {"float": "float", "int": "int", "bool": "bool", "str": "string", "list": "list"}
+    by_kind = {}
+    for option in role_options(options):
+        by_kind.setdefault(kinds[option.type], []).append(option.name)
+    return ["{%%- set _engine_keys = %s -%%}" % json.dumps(by_kind).replace('"', "'")]
+
+
+def playbook_option_names(options):
+    return ["- %s" % o.name for o in options.OPTIONS if o.role is not options.ROLE_NONE]
+
+
+def playbook_module_args(options):
+    return [
+        '%s: "{{ hermes_ops_args.%s | default(omit) }}"' % (o.name, o.name)
+        for o in options.OPTIONS
+        if o.role is not options.ROLE_NONE
+    ]
+
+
+def readme_options(options):
+    lines = ["| option | modules | type | default | what |", "| --- | --- | --- | --- | --- |"]
+    for option in options.OPTIONS:
+        where = "both" if option.scope == options.SHARED else "`session_maintenance`"
+        lines.append(
+            "| `%s` | %s | %s | %s | %s |"
+            % (option.name, where, option.type, shown_default(option), cell(option.doc[0]))
+        )
+    return lines
+
+
+def role_readme_options(options):
+    lines = ["| variable | engine default | meaning |", "| --- | --- | --- |"]
+    for option in role_options(options):
+        lines.append("| `%s%s` | %s | %s |" % (ROLE_PREFIX, option.name, shown_default(option), cell(option.doc[0])))
+    return lines
+
+
+def architecture_options(options):
+    lines = ["| option | type | default | allowed | role variable |", "| --- | --- | --- | --- | --- |"]
+    for option in options.OPTIONS:
+        role = {
+            options.ROLE_GENERATED: "`%s%s`" % (ROLE_PREFIX, option.name),
+            options.ROLE_HAND_WRITTEN: "hand-written",
+            options.ROLE_NONE: "none",
+        }[option.role]
+        lines.append(
+            "| `%s` | %s | %s | %s | %s |" % (option.name, option.type, shown_default(option), bounds(option), role)
+        )
+    return lines
+
+
+def architecture_results(options, results):
+    lines = ["| level | key (module's name) | type | returned | what |", "| --- | --- | --- | --- | --- |"]
+    for level, fields in (("run", results.RUN_FIELDS), ("profile", results.PROFILE_FIELDS)):
+        for field in fields:
+            key = "`%s`" % field.name
+            if level == "run" and field.module_key != field.name:
+                key += " (%s)" % (
+                    "module: `%s`" % field.module_key if field.module_key else "not in the module's result"
+                )
+            doc = " ".join(cell(p) for p in field.doc)
+            lines.append("| %s | %s | %s | %s | %s |" % (level, key, field.type, field.returned, doc))
+    return lines
+
+
+def blocks(options, results):
+    """(file, block name) -> the block's lines, unindented."""
+    return {
+        ("plugins/doc_fragments/hermes.py", "options"): module_options(options, options.SHARED),
+        ("plugins/modules/session_maintenance.py", "options"): module_options(options, options.MAINTENANCE),
+        ("plugins/modules/session_maintenance.py", "return"): module_return(options, results),
+        ("roles/session_maintenance/defaults/main.yml", "options"): role_defaults(options),
+        ("roles/session_maintenance/meta/argument_specs.yml", "options"): role_argument_specs(options),
+        ("roles/session_maintenance/templates/maintenance.json.j2", "options"): role_config_keys(options),
+        ("playbooks/maintain.yml", "option-names"): playbook_option_names(options),
+        ("playbooks/maintain.yml", "module-args"): playbook_module_args(options),
+        ("README.md", "options"): readme_options(options),
+        ("roles/session_maintenance/README.md", "options"): role_readme_options(options),
+        ("docs/architecture.md", "options"): architecture_options(options),
+        ("docs/architecture.md", "results"): architecture_results(options, results),
+    }
+
+
+# ---- splicing ------------------------------------------------------------------------------
+
+
+class GenerateError(Exception):
+    pass
+
+
+def splice(path, text, wanted):
+    """``text`` with every generated block of ``path`` replaced by ``wanted[name]``."""
+    out, seen, lines, i = [], set(), text.splitlines(True), 0
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        begin = BEGIN.search(line)
+        i += 1
+        if not begin:
+            continue
+        name = begin.group(1)
+        if name not in wanted:
+            raise GenerateError("%s:%d: no generator for block %r (known: %s)" % (path, i, name, ", ".join(wanted)))
+        while i < len(lines) and not END.search(lines[i]):
+            i += 1
+        if i == len(lines):
+            raise GenerateError("%s: block %r has no END GENERATED line" % (path, name))
+        indent = line[: len(line) - len(line.lstrip())]
+        out.extend((indent + body).rstrip() + "\n" for body in wanted[name])
+        seen.add(name)
+    missing = set(wanted) - seen
+    if missing:
+        raise GenerateError("%s: no BEGIN GENERATED line for %s" % (path, ", ".join(sorted(missing))))
+    return "".join(out)
+
+
+def run(root, check):
+    options, results = load_tables(root)
+    by_file = {}
+    for (path, name), lines in blocks(options, results).items():
+        by_file.setdefault(path, {})[name] = lines
+    stale = []
+    for path, wanted in sorted(by_file.items()):
+        full = os.path.join(root, path)
+        with open(full) as handle:
+            old = handle.read()
+        new = splice(path, old, wanted)
+        if new == old:
+            continue
+        stale.append(path)
+        if check:
+            diff = difflib.unified_diff(old.splitlines(True), new.splitlines(True), path, path + " (generated)")
+            sys.stdout.writelines(diff)
+        else:
+            with open(full, "w") as handle:
+                handle.write(new)
+    return stale
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 when a block differs")
+    parser.add_argument("--root", default=ROOT, help="the tree to work on (default: this checkout)")
+    args = parser.parse_args(argv)
+    try:
+        stale = run(args.root, args.check)
+    except (GenerateError, OSError) as exc:
+        sys.stderr.write("generate.py: %s\n" % exc)
+        return 2
+    if args.check and stale:
+        sys.stderr.write(
+            "generate.py: generated blocks differ from the option/result tables in: %s\n"
+            "edit plugins/module_utils/_hermes_options.py or _hermes_results.py, not the copies, "
+            "then run: python3 scripts/generate.py\n" % ", ".join(stale)
+        )
+        return 1
+    for path in stale:
+        print("rewrote the generated blocks of %s" % path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+# Copyright: contributors to hermes_agent.ops
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The project's pytest markers, registered by both conftest files (ansible-test units reads
+its own ini file, not pyproject.toml, so the markers cannot live there alone).
+
+The heavy tests carry a marker that says why they are heavy; each of them also gets
+``heavy``, so a contributor runs the fast set with ``pytest -m 'not heavy'``.
+"""
+
+MARKERS = (
+    "slow: takes more than a few seconds (still part of `make test`)",
+    "matrix: support-matrix run over Hermes releases / Python versions (`make matrix`, not in `make test`)",
+    "crash: SIGKILL trials (a child killed at random points, then recovery checked)",
+    "tmpfs: mounts a tiny tmpfs to fill the disk (root)",
+    "root: needs root: switches users, chowns (skipped otherwise)",
+    "releases: runs a real Hermes release from .cache/venvs (tests/setup_hermes_venvs.sh)",
+    "heavy: any of slow, crash, tmpfs, root, releases; `pytest -m 'not heavy'` is the fast set",
+)
+HEAVY = ("slow", "crash", "tmpfs", "root", "releases")
+RELEASE_LAYOUT_PREFIX = "hermes-"  # the fixture layouts that a real release builds
+
+
+def register(config):
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+
+
+def _uses_a_release_layout(item):
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(isinstance(v, str) and v.startswith(RELEASE_LAYOUT_PREFIX) for v in params.values())
+
+
+def mark_heavy(items):
+    """A layout parameter built by a real release marks the test ``releases``; heavy ones get ``heavy``."""
+    import pytest
+
+    for item in items:
+        if _uses_a_release_layout(item) and not item.get_closest_marker("releases"):
+            item.add_marker(pytest.mark.releases)
+        if any(item.get_closest_marker(name) for name in HEAVY):
+            item.add_marker(pytest.mark.heavy)
