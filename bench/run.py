@@ -86,7 +86,8 @@ def wrap(name, module=E, label=None):
             key = label or name
             phases[key if key not in phases else key + "-2"] = [t0, time.time()]
     setattr(module, name, timed)
-for name in ("quick_check", "stats", "build_plan", "take_backup", "close_zombies", "prune", "reclaim"):
+for name in ("preflight_check", "quick_check", "stats", "build_plan", "take_backup", "take_archive",
+             "close_zombies", "prune", "reclaim"):
     wrap(name)
 import ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup as B
 for name, label in (("_copy_files", "backup.copy"), ("_copy_snapshot", "backup.copy_api"), ("verify", "backup.verify")):

@@ -18,9 +18,10 @@ import time
 import traceback
 
 from ._hermes_apply import PruneResult, close_zombies, prune
+from ._hermes_archive import list_archives, take_archive
 from ._hermes_backup import apply_retention, check_backup_dir, list_backups, take_backup
 from ._hermes_db import MB, MaintenanceError, ProfileSkipped, ReadOnlyDB, check_db_file, holders, open_rw
-from ._hermes_inspect import check_version, inspect_schema, quick_check, stats, unusable_fts
+from ._hermes_inspect import check_version, inspect_schema, quick_check, quick_check_small_tables, stats, unusable_fts
 from ._hermes_plan import DAY, build_plan
 from ._hermes_reclaim import reclaim
 
@@ -130,7 +131,9 @@ def _new_result(home, name, path):
         "sessions_left_alone": 0,
         "bad_time_rows": 0,
         "backup": None,
+        "backup_deferred": None,
         "backups_removed": [],
+        "preflight": None,
         "reclaim": None,
         "before": None,
         "after": None,
@@ -182,7 +185,7 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
         lock = ProfileLock(db_path, check_mode)
         db = ReadOnlyDB(db_path, opts["busy_timeout"]) if check_mode else None
         conn = db.conn if db else open_rw(db_path, float(opts["busy_timeout"]))
-        quick_check(conn, db_path)
+        result["preflight"] = preflight_check(conn, db_path)
         schema = inspect_schema(conn, home)
         check_version(schema, opts["allow_unknown_schema"])
         result["schema_version"] = schema["schema_version"]
@@ -205,6 +208,10 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             check_backup_dir(backup_dir, st.st_uid, create=not check_mode)
         if check_mode:
             _predict(result, plan, backup_due, backup_dir, name)
+            if backup_due and result["preflight"]["live_rollback"]:
+                result["backup"]["kind"] = "archive" if plan.delete_order else None
+                result["backup"]["path"] = os.path.join(backup_dir, "hermes-ops-archive_%s_<timestamp>.db" % name)
+                result["backup_deferred"] = _deferred_reason(result["preflight"])
             result["reclaim"] = reclaim(conn, db_path, opts, schema, bool(plan.delete_order), True)
         else:
             _apply(result, conn, db_path, plan, schema, opts, backup_due, backup_dir, name, now)
@@ -238,6 +245,36 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             lock.release()
     result["duration"] = round(time.time() - started, 3)
     return result
+
+
+def preflight_check(conn, db_path):
+    """Check the file before any change, without stalling a live gateway; say how.
+
+    In WAL mode (or with nobody else holding the file) a full quick_check: WAL readers block
+    no writer. In rollback-journal mode with other processes holding the file, a read's
+    SHARED lock blocks every commit of the gateway for as long as it lasts, so only the
+    small tables are checked here, each in its own short read (quick_check_small_tables);
+    the rows the prune deletes are checked through their archive.
+    """
+    mode = conn.execute("PRAGMA journal_mode").fetchone()[0].lower()  # a query: changes nothing
+    others = holders(db_path) if mode != "wal" else []
+    report = {"journal_mode": mode, "live_rollback": bool(others), "holders": len(others)}
+    if others:
+        report["check"] = "tables"
+        report["tables_checked"] = quick_check_small_tables(conn, db_path)
+    else:
+        quick_check(conn, db_path)
+        report["check"] = "quick_check"
+    return report
+
+
+def _deferred_reason(preflight):
+    return (
+        "state.db is in rollback-journal mode (journal_mode=%s) and %d other process(es) hold it: a whole-file "
+        "copy would block every commit of the gateway for as long as it takes; the rows to prune were archived "
+        "instead. A run with no holder (maintain.yml with hermes_gateway_service) takes the whole-file backup"
+        % (preflight["journal_mode"], preflight["holders"])
+    )
 
 
 def _bytes(stats_):
@@ -279,6 +316,7 @@ def _predict(result, plan, backup_due, backup_dir, name):
     )
     if backup_due:
         result["backup"] = {
+            "kind": "file",
             "path": os.path.join(backup_dir, "hermes-ops_%s_<timestamp>.db" % name),
             "bytes": None,
             "verified": None,
@@ -292,6 +330,9 @@ def _predict(result, plan, backup_due, backup_dir, name):
 
 
 def _apply(result, conn, db_path, plan, schema, opts, backup_due, backup_dir, name, now):
+    if result["preflight"]["live_rollback"]:
+        _apply_live_rollback(result, conn, db_path, plan, schema, opts, backup_due, backup_dir, name, now)
+        return
     if backup_due:
         result["backup"] = take_backup(
             conn, db_path, backup_dir, name, opts["backup_compress"], plan.messages, float(opts["busy_timeout"])
@@ -306,6 +347,60 @@ def _apply(result, conn, db_path, plan, schema, opts, backup_due, backup_dir, na
         close_zombies(conn, plan, schema, opts["end_reason"], pause, closed)
         prune(conn, plan, schema, int(opts["batch_size"]), pause, pruned, float(opts["batch_time"]))
     finally:  # also when a later transaction failed: report what was committed
+        result.update(
+            zombies_closed=len(closed),
+            sessions_pruned=pruned.sessions,
+            messages_pruned=pruned.messages,
+            sessions_orphaned=pruned.orphaned,
+            transcripts_removed=pruned.transcripts,
+            prompts_collected=pruned.prompts,
+            sessions_left_alone=len(pruned.left_alone),
+            changed=result["changed"] or bool(closed or pruned.sessions),
+        )
+    result["reclaim"] = reclaim(conn, db_path, opts, schema, pruned.sessions > 0, False)
+    if result["reclaim"]["action"]:
+        result["changed"] = True
+
+
+def _apply_live_rollback(result, conn, db_path, plan, schema, opts, backup_due, backup_dir, name, now):
+    """``_apply`` beside a live gateway in rollback-journal mode: an archive instead of a file copy.
+
+    Zombies are closed first (a short update each batch, nothing lost), so the archive holds
+    the sessions as they are deleted; the archive is verified and fsynced before the first
+    delete. Prune transactions pause long enough after each (slower) rollback-mode commit for
+    the waiting gateway's next poll.
+    """
+    pause = float(opts["batch_pause"])
+    closed, pruned = [], PruneResult()
+    try:
+        close_zombies(conn, plan, schema, opts["end_reason"], pause, closed)
+        if backup_due:
+            result["backup_deferred"] = _deferred_reason(result["preflight"])
+            result["changed"] = result["changed"] or bool(plan.delete_order)
+            if plan.delete_order:
+                result["backup"] = take_archive(
+                    conn, db_path, backup_dir, name, plan.delete_order, plan.messages, schema["schema_version"]
+                )
+                result["backups_removed"] = apply_retention(
+                    backup_dir,
+                    name,
+                    opts["backup_keep_days"],
+                    opts["backup_keep_count"],
+                    now,
+                    result["backup"]["path"],
+                    lister=list_archives,
+                )
+        prune(
+            conn,
+            plan,
+            schema,
+            int(opts["batch_size"]),
+            pause,
+            pruned,
+            float(opts["batch_time"]),
+            pause_after_commit=True,
+        )
+    finally:
         result.update(
             zombies_closed=len(closed),
             sessions_pruned=pruned.sessions,
