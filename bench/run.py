@@ -750,7 +750,9 @@ def write_report(path, command, rows, sweep_rows, started, finished, defaults):
         "```",
         "",
     ]
-    Path(path).write_text("\n".join(text))
+    import rollback  # its section (bench/run.py --rollback) stays when this page is rewritten
+
+    Path(path).write_text("\n".join(text) + rollback.kept_section(path))
 
 
 MACHINE = None
@@ -800,11 +802,20 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=2, help="repeats of every sweep point (round robin)")
     parser.add_argument("--opts", default=None, help="JSON engine options for the ours runs (exploration only)")
     parser.add_argument(
+        "--rollback",
+        action="store_true",
+        help="Hermes 0.22.2 in journal_mode=DELETE instead (bench/rollback.py); writes only its section of the page",
+    )
+    parser.add_argument(
         "--grid",
         default="500:0.03:0,2000:0.03:0,2000:0.02,2000:0.03:0.04,2000:0.03,2000:0.03:0.1",
         help="batch_size:batch_pause[:batch_time] points for --sweep (batch_time 0 = no time bound)",
     )
     args = parser.parse_args(argv)
+    if args.rollback:
+        import rollback
+
+        return rollback.main(args, argv if argv is not None else sys.argv[1:])
     if hermes_python(RELEASE) is None:
         sys.exit("no venv with hermes-agent==%s: run tests/setup_hermes_venvs.sh %s" % (RELEASE, RELEASE))
     MACHINE = machine()

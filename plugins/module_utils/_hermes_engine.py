@@ -54,6 +54,7 @@ DEFAULTS = {
     "allow_foreign_owner": False,
 }
 VACUUM_MODES = ("auto", "full", "incremental", "never")
+ROLLBACK_CACHE_KB = 32768  # page cache of the maintenance connection beside a live rollback-mode gateway
 
 
 def normalize_options(options):
@@ -370,6 +371,9 @@ def _apply_live_rollback(result, conn, db_path, plan, schema, opts, backup_due, 
     delete. Prune transactions pause long enough after each (slower) rollback-mode commit for
     the waiting gateway's next poll.
     """
+    # A transaction whose dirty pages outgrow the page cache spills them into state.db before
+    # it commits, which needs the EXCLUSIVE lock and a journal sync in the middle of the batch.
+    conn.execute("PRAGMA cache_size=-%d" % ROLLBACK_CACHE_KB)  # this connection only
     pause = float(opts["batch_pause"])
     closed, pruned = [], PruneResult()
     try:
