@@ -141,6 +141,13 @@ def test_live_rollback_run_archives_prunes_and_restores(base_db, tmp_path):
     assert os.stat(archive).st_mode & 0o777 == 0o600
     assert db_problems(archive) == []
     check_writer(db, writer, summary, t0, t1)
+    during = latency_stats(writer.records(), t0, t1)
+    print(
+        "\nrollback live run: %d messages before, %d pruned, %d sessions archived (%d MB), %d appends during the run,"
+        " %d failed, worst %.0f ms (a figure only: the target is measured by bench/run.py --rollback)"
+        % (before, profile["messages_pruned"], backup["sessions"], backup["bytes"] // 2**20, during["n"],
+           summary["failed"], 1000 * during["max"])
+    )  # fmt: skip
     # Counts: everything kept, the restored session back.
     archived_msgs = q(archive, "SELECT COUNT(*) FROM messages WHERE session_id = ?", pruned_sid)[0][0]
     assert restored == {
