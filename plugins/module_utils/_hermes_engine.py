@@ -191,8 +191,9 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
         check_version(schema, opts["allow_unknown_schema"])
         result["schema_version"] = schema["schema_version"]
         result["fts_layout"] = schema["fts_layout"]
-        result["before"] = stats(conn, db_path)
-        plan = build_plan(conn, schema, opts, now, sessions_dir(db_path))
+        short_reads = result["preflight"]["live_rollback"]
+        result["before"] = stats(conn, db_path, short_reads)
+        plan = build_plan(conn, schema, opts, now, sessions_dir(db_path), short_reads)
         result["bad_time_rows"] = plan.bad_time_rows
         broken_fts = unusable_fts(schema)
         if broken_fts and plan.delete_order:
@@ -216,7 +217,7 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             result["reclaim"] = reclaim(conn, db_path, opts, schema, bool(plan.delete_order), True)
         else:
             _apply(result, conn, db_path, plan, schema, opts, backup_due, backup_dir, name, now)
-            result["after"] = stats(conn, db_path)
+            result["after"] = stats(conn, db_path, short_reads)
             result["reclaim"]["bytes_freed"] = max(0, _bytes(result["before"]) - _bytes(result["after"]))
         if result["error"]:
             result["status"] = "failed"

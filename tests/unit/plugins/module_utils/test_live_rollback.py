@@ -184,3 +184,24 @@ def test_rollback_mode_without_holders_takes_the_whole_file_backup(base_db, tmp_
     assert profile["backup"]["sessions"] == SIZE[0]
     assert journal_mode(db) == "delete"
     assert db_problems(db) == []
+
+
+def test_short_reads_plan_and_count_like_one_read(base_db, tmp_path):
+    """The plan and the message count built from many short reads equal those of one long read."""
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import normalize_options
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_inspect import inspect_schema, stats
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_plan import build_plan
+
+    home, db = fresh_home(base_db, tmp_path)
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        schema = inspect_schema(conn, home)
+        opts, now = normalize_options({"hermes_home": [home]}), time.time()
+        plans = [build_plan(conn, schema, opts, now, os.path.join(home, "sessions"), short) for short in (False, True)]
+        counts = [stats(conn, db, short)["messages"] for short in (False, True)]
+    finally:
+        conn.close()
+    long_read, short_reads = plans
+    assert short_reads.delete_order == long_read.delete_order and len(long_read.delete_order) >= SIZE[0] // 2
+    assert short_reads.messages == long_read.messages and short_reads.zombies == long_read.zombies
+    assert counts[0] == counts[1] == SIZE[0] * SIZE[1]
