@@ -210,9 +210,13 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             check_backup_dir(backup_dir, st.st_uid, create=not check_mode)
         if check_mode:
             _predict(result, plan, backup_due, backup_dir, name)
-            if backup_due and result["preflight"]["live_rollback"]:
-                result["backup"]["kind"] = "archive" if plan.delete_order else None
-                result["backup"]["path"] = os.path.join(backup_dir, "hermes-ops-archive_%s_<timestamp>.db" % name)
+            if backup_due and result["preflight"]["live_rollback"]:  # as _apply_live_rollback would do
+                result["backup_deferred"] = _deferred_reason(result["preflight"])
+                if plan.delete_order:
+                    result["backup"]["kind"] = "archive"
+                    result["backup"]["path"] = os.path.join(backup_dir, "hermes-ops-archive_%s_<timestamp>.db" % name)
+                else:
+                    result["backup"], result["changed"] = None, plan.has_changes
                 result["backup_deferred"] = _deferred_reason(result["preflight"])
             result["reclaim"] = reclaim(conn, db_path, opts, schema, bool(plan.delete_order), True)
         else:
@@ -381,11 +385,11 @@ def _apply_live_rollback(result, conn, db_path, plan, schema, opts, backup_due, 
         close_zombies(conn, plan, schema, opts["end_reason"], pause, closed)
         if backup_due:
             result["backup_deferred"] = _deferred_reason(result["preflight"])
-            result["changed"] = result["changed"] or bool(plan.delete_order)
             if plan.delete_order:
                 result["backup"] = take_archive(
                     conn, db_path, backup_dir, name, plan.delete_order, plan.messages, schema["schema_version"]
                 )
+                result["changed"] = True
                 result["backups_removed"] = apply_retention(
                     backup_dir,
                     name,

@@ -111,6 +111,7 @@ def test_live_rollback_run_archives_prunes_and_restores(base_db, tmp_path):
         writer.start()
         time.sleep(0.5)
         t0 = time.time()
+        predicted = run_maintenance(dict(OPTIONS, hermes_home=[home]), check_mode=True)["profiles"][0]
         result = run_maintenance(dict(OPTIONS, hermes_home=[home]))
         t1 = time.time()
         profile = result["profiles"][0]
@@ -129,6 +130,12 @@ def test_live_rollback_run_archives_prunes_and_restores(base_db, tmp_path):
     pre = profile["preflight"]
     assert pre["journal_mode"] == "delete" and pre["live_rollback"] and pre["check"] == "tables"
     assert "sessions" in pre["tables_checked"] and "messages" not in pre["tables_checked"]
+    # Check mode, next to the same writer, reads the same way and predicts the run.
+    assert predicted["status"] == "ok", predicted["error"]
+    assert predicted["preflight"]["check"] == "tables" and predicted["backup"]["kind"] == "archive"
+    assert predicted["backup_deferred"] == profile["backup_deferred"]
+    for key in ("zombies_closed", "sessions_pruned", "messages_pruned", "changed"):
+        assert predicted[key] == profile[key], key
     assert profile["zombies_closed"] == OLD_ZOMBIES + RECENT_ZOMBIES
     assert profile["messages_pruned"] >= SIZE[0] * SIZE[1] // 2  # half the sessions are old
     assert profile["sessions_left_alone"] == 0
