@@ -86,7 +86,8 @@ def wrap(name, module=E, label=None):
             key = label or name
             phases[key if key not in phases else key + "-2"] = [t0, time.time()]
     setattr(module, name, timed)
-for name in ("quick_check", "stats", "build_plan", "take_backup", "close_zombies", "prune", "reclaim"):
+for name in ("preflight_check", "quick_check", "stats", "build_plan", "take_backup", "take_archive",
+             "close_zombies", "prune", "reclaim"):
     wrap(name)
 import ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup as B
 for name, label in (("_copy_files", "backup.copy"), ("_copy_snapshot", "backup.copy_api"), ("verify", "backup.verify")):
@@ -749,7 +750,9 @@ def write_report(path, command, rows, sweep_rows, started, finished, defaults):
         "```",
         "",
     ]
-    Path(path).write_text("\n".join(text))
+    import rollback  # its section (bench/run.py --rollback) stays when this page is rewritten
+
+    Path(path).write_text("\n".join(text) + rollback.kept_section(path))
 
 
 MACHINE = None
@@ -799,11 +802,20 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=2, help="repeats of every sweep point (round robin)")
     parser.add_argument("--opts", default=None, help="JSON engine options for the ours runs (exploration only)")
     parser.add_argument(
+        "--rollback",
+        action="store_true",
+        help="Hermes 0.22.2 in journal_mode=DELETE instead (bench/rollback.py); writes only its section of the page",
+    )
+    parser.add_argument(
         "--grid",
         default="500:0.03:0,2000:0.03:0,2000:0.02,2000:0.03:0.04,2000:0.03,2000:0.03:0.1",
         help="batch_size:batch_pause[:batch_time] points for --sweep (batch_time 0 = no time bound)",
     )
     args = parser.parse_args(argv)
+    if args.rollback:
+        import rollback
+
+        return rollback.main(args, argv if argv is not None else sys.argv[1:])
     if hermes_python(RELEASE) is None:
         sys.exit("no venv with hermes-agent==%s: run tests/setup_hermes_venvs.sh %s" % (RELEASE, RELEASE))
     MACHINE = machine()

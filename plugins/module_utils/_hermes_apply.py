@@ -18,6 +18,8 @@ from ._hermes_db import write_transaction
 from ._hermes_plan import ORPHAN_REAP, leased_conversation, live_leases, routed_sessions
 
 ZOMBIE_CHUNK = 200
+# SQLite's busy handler sleeps these many ms between polls, then 100 ms each (sqliteDefaultBusyCallback).
+BUSY_POLL_MS = (1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100)
 # Beside state.db while a batch commits: the transcripts of its sessions, removed right after.
 PENDING_SUFFIX = ".hermes-ops-transcripts"
 
@@ -66,11 +68,26 @@ class PruneResult:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
-def prune(conn, plan, schema, batch_size, pause, result, batch_time=None):
+def poll_gap(waited):
+    """The sleep before a waiting writer's next poll once it has waited ``waited`` seconds."""
+    elapsed = 0.0
+    for ms in BUSY_POLL_MS:
+        elapsed += ms / 1000.0
+        if elapsed > waited:
+            return ms / 1000.0
+    return BUSY_POLL_MS[-1] / 1000.0
+
+
+def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_after_commit=False):
     """Delete plan.delete_order in transactions of at most batch_size messages.
 
     A transaction also ends once it has held the write lock for ``batch_time`` seconds:
     the bound a waiting gateway sees is then wall time, whatever the machine's load.
+
+    ``pause_after_commit`` (rollback-journal mode): a commit there writes the journal and the
+    pages and syncs both, so the lock is held well past ``batch_time``. A gateway that waited
+    that long polls at longer intervals (``poll_gap``); the pause is stretched to cover one
+    of them, or the next transaction takes the lock before the gateway looks again.
 
     ``result`` (a PruneResult) is updated as each transaction commits, so a run that fails
     halfway still reports what it did.
@@ -83,6 +100,7 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None):
     while queue:
         batch = queue.popleft()
         counts = PruneResult()  # joins ``result`` only once its transaction commits
+        began = time.monotonic()
         with write_transaction(conn):
             started = time.monotonic()
             leased = live_leases(conn, schema, time.time())
@@ -124,7 +142,8 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None):
             result.transcripts += remove_files(plan.transcripts.get(sid, ()))
         if files:
             remove_files([pending])
-        time.sleep(pause)
+        held = time.monotonic() - began
+        time.sleep(max(pause, poll_gap(held) + 0.005) if pause_after_commit else pause)
     return result
 
 

@@ -169,6 +169,7 @@ def take_backup(conn, db_path, backup_dir, profile, compress, must_contain, busy
             ) from None
         raise
     result = {
+        "kind": "file",
         "path": final,
         "bytes": file_size(final),
         "verified": True,
@@ -292,9 +293,12 @@ def verify(target, path, must_contain):
     return {"sessions": sessions, "messages": messages}
 
 
-def apply_retention(backup_dir, profile, keep_days, keep_count, now, keep_path):
-    """Remove this profile's backups older than keep_days or beyond keep_count; never the newest."""
-    backups = list_backups(backup_dir, profile)
+def apply_retention(backup_dir, profile, keep_days, keep_count, now, keep_path, lister=None):
+    """Remove this profile's backups older than keep_days or beyond keep_count; never the newest.
+
+    ``lister``: which files (default ``list_backups``; the prune archives have their own).
+    """
+    backups = (lister or list_backups)(backup_dir, profile)
     removed = []
     for index, (path, stamp) in enumerate(backups):
         if index == 0 or path == keep_path:

@@ -78,6 +78,16 @@ def sqlite_uri(path, **params):
     return "file:%s?%s" % (quote(os.path.abspath(path)), query)
 
 
+def _wal_header(path):
+    """Whether the file's header says WAL (read/write versions 2), not a rollback journal (1)."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(20)
+    except OSError:
+        return True
+    return len(header) < 20 or header[18:20] == b"\x02\x02"
+
+
 class ReadOnlyDB:
     """A read-only connection that creates no file next to the database.
 
@@ -92,7 +102,9 @@ class ReadOnlyDB:
         self.path = path
         self._tmpdir = None
         has = [os.path.exists(path + s) for s in SIDECAR_SUFFIXES]
-        if all(has):
+        if all(has) or not _wal_header(path):
+            # A rollback-journal file: mode=ro creates nothing beside it and takes SHARED locks,
+            # so it never reads a page a live writer is halfway through rewriting (immutable would).
             uri = sqlite_uri(path, mode="ro")
         elif not any(has):
             uri = sqlite_uri(path, mode="ro", immutable="1")

@@ -18,9 +18,10 @@ import time
 import traceback
 
 from ._hermes_apply import PruneResult, close_zombies, prune
+from ._hermes_archive import list_archives, take_archive
 from ._hermes_backup import apply_retention, check_backup_dir, list_backups, take_backup
 from ._hermes_db import MB, MaintenanceError, ProfileSkipped, ReadOnlyDB, check_db_file, holders, open_rw
-from ._hermes_inspect import check_version, inspect_schema, quick_check, stats, unusable_fts
+from ._hermes_inspect import check_version, inspect_schema, quick_check, quick_check_small_tables, stats, unusable_fts
 from ._hermes_options import BY_NAME, OPTIONS, check_option, defaults
 from ._hermes_plan import DAY, build_plan
 from ._hermes_reclaim import reclaim
@@ -30,6 +31,7 @@ LOCK_SUFFIX = ".auto-maintenance.lock"  # the file Hermes's own auto-maintenance
 
 DEFAULTS = defaults()  # the option table's defaults (_hermes_options.OPTIONS)
 VACUUM_MODES = BY_NAME["vacuum_mode"].choices
+ROLLBACK_CACHE_KB = 32768  # page cache of the maintenance connection beside a live rollback-mode gateway
 
 
 def normalize_options(options):
@@ -134,13 +136,14 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
         lock = ProfileLock(db_path, check_mode=check_mode)
         db = ReadOnlyDB(db_path, opts["busy_timeout"]) if check_mode else None
         conn = db.conn if db else open_rw(db_path, float(opts["busy_timeout"]))
-        quick_check(conn, db_path)
+        result["preflight"] = preflight_check(conn, db_path)
         schema = inspect_schema(conn, home)
         check_version(schema, opts["allow_unknown_schema"])
         result["schema_version"] = schema["schema_version"]
         result["fts_layout"] = schema["fts_layout"]
-        result["before"] = stats(conn, db_path)
-        plan = build_plan(conn, schema, opts, now, sessions_dir(db_path))
+        short_reads = result["preflight"]["live_rollback"]
+        result["before"] = stats(conn, db_path, short_reads)
+        plan = build_plan(conn, schema, opts, now, sessions_dir(db_path), short_reads)
         result["bad_time_rows"] = plan.bad_time_rows
         broken_fts = unusable_fts(schema)
         if broken_fts and plan.delete_order:
@@ -157,13 +160,20 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             check_backup_dir(backup_dir, st.st_uid, create=not check_mode)
         if check_mode:
             _predict(result, plan, backup_due, backup_dir, name)
+            if backup_due and result["preflight"]["live_rollback"]:  # as _apply would do
+                result["backup_deferred"] = _deferred_reason(result["preflight"])
+                if plan.delete_order:
+                    result["backup"]["kind"] = "archive"
+                    result["backup"]["path"] = os.path.join(backup_dir, "hermes-ops-archive_%s_<timestamp>.db" % name)
+                else:
+                    result["backup"], result["changed"] = None, plan.has_changes
             result["reclaim"] = reclaim(conn, db_path, opts, schema, pruned=bool(plan.delete_order), check_mode=True)
         else:
             _apply(
                 result, conn, plan, schema, opts,
                 db_path=db_path, backup_due=backup_due, backup_dir=backup_dir, name=name, now=now,
             )  # fmt: skip
-            result["after"] = stats(conn, db_path)
+            result["after"] = stats(conn, db_path, short_reads)
             result["reclaim"]["bytes_freed"] = max(0, _bytes(result["before"]) - _bytes(result["after"]))
         if result["error"]:
             result["status"] = "failed"
@@ -193,6 +203,36 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             lock.release()
     result["duration"] = round(time.time() - started, 3)
     return result
+
+
+def preflight_check(conn, db_path):
+    """Check the file before any change, without stalling a live gateway; say how.
+
+    In WAL mode (or with nobody else holding the file) a full quick_check: WAL readers block
+    no writer. In rollback-journal mode with other processes holding the file, a read's
+    SHARED lock blocks every commit of the gateway for as long as it lasts, so only the
+    small tables are checked here, each in its own short read (quick_check_small_tables);
+    the rows the prune deletes are checked through their archive.
+    """
+    mode = conn.execute("PRAGMA journal_mode").fetchone()[0].lower()  # a query: changes nothing
+    others = holders(db_path) if mode != "wal" else []
+    report = {"journal_mode": mode, "live_rollback": bool(others), "holders": len(others)}
+    if others:
+        report["check"] = "tables"
+        report["tables_checked"] = quick_check_small_tables(conn, db_path)
+    else:
+        quick_check(conn, db_path)
+        report["check"] = "quick_check"
+    return report
+
+
+def _deferred_reason(preflight):
+    return (
+        "state.db is in rollback-journal mode (journal_mode=%s) and %d other process(es) hold it: a whole-file "
+        "copy would block every commit of the gateway for as long as it takes; the rows to prune were archived "
+        "instead. A run with no holder (maintain.yml with hermes_gateway_service) takes the whole-file backup"
+        % (preflight["journal_mode"], preflight["holders"])
+    )
 
 
 def _bytes(stats_):
@@ -235,6 +275,7 @@ def _predict(result, plan, backup_due, backup_dir, name):
     )
     if backup_due:
         result["backup"] = {
+            "kind": "file",
             "path": os.path.join(backup_dir, "hermes-ops_%s_<timestamp>.db" % name),
             "bytes": None,
             "verified": None,
@@ -248,24 +289,39 @@ def _predict(result, plan, backup_due, backup_dir, name):
 
 
 def _apply(result, conn, plan, schema, opts, *, db_path, backup_due, backup_dir, name, now):
-    if backup_due:
+    """Back up, close zombies, prune, reclaim; report what was committed even when a step fails.
+
+    Beside a live gateway in rollback-journal mode the backup is an archive of the rows the
+    prune deletes instead of a whole-file copy (which would block every commit of the gateway
+    for as long as it takes): taken after the zombie close, so it holds the sessions as they
+    are deleted, and verified and fsynced before the first delete.
+    """
+    live_rollback = result["preflight"]["live_rollback"]
+    if live_rollback:
+        # A transaction whose dirty pages outgrow the page cache spills them into state.db before
+        # it commits, which needs the EXCLUSIVE lock and a journal sync in the middle of the batch.
+        conn.execute("PRAGMA cache_size=-%d" % ROLLBACK_CACHE_KB)  # this connection only
+    elif backup_due:
         result["backup"] = take_backup(
             conn, db_path, backup_dir, name,
             compress=opts["backup_compress"], must_contain=plan.messages, busy_timeout=float(opts["busy_timeout"]),
         )  # fmt: skip
-        result["backups_removed"] = apply_retention(
-            backup_dir, name,
-            keep_days=opts["backup_keep_days"], keep_count=opts["backup_keep_count"], now=now,
-            keep_path=result["backup"]["path"],
-        )  # fmt: skip
-        result["changed"] = True
+        _retain(result, opts, backup_dir=backup_dir, name=name, now=now, lister=None)
     pause = float(opts["batch_pause"])
     closed, pruned = [], PruneResult()
     try:
         close_zombies(conn, plan, schema, end_reason=opts["end_reason"], pause=pause, closed=closed)
+        if live_rollback and backup_due:
+            result["backup_deferred"] = _deferred_reason(result["preflight"])
+            if plan.delete_order:
+                result["backup"] = take_archive(
+                    conn, db_path, backup_dir, name, plan.delete_order, plan.messages, schema["schema_version"]
+                )
+                _retain(result, opts, backup_dir=backup_dir, name=name, now=now, lister=list_archives)
         prune(
             conn, plan, schema,
             batch_size=int(opts["batch_size"]), pause=pause, result=pruned, batch_time=float(opts["batch_time"]),
+            pause_after_commit=live_rollback,  # rollback-mode commits are slower: let the gateway's next poll in
         )  # fmt: skip
     finally:  # also when a later transaction failed: report what was committed
         result.update(
@@ -281,6 +337,16 @@ def _apply(result, conn, plan, schema, opts, *, db_path, backup_due, backup_dir,
     result["reclaim"] = reclaim(conn, db_path, opts, schema, pruned=pruned.sessions > 0, check_mode=False)
     if result["reclaim"]["action"]:
         result["changed"] = True
+
+
+def _retain(result, opts, *, backup_dir, name, now, lister):
+    """Retention after a new backup (or archive), which is never removed itself."""
+    result["changed"] = True
+    result["backups_removed"] = apply_retention(
+        backup_dir, name,
+        keep_days=opts["backup_keep_days"], keep_count=opts["backup_keep_count"], now=now,
+        keep_path=result["backup"]["path"], lister=lister,
+    )  # fmt: skip
 
 
 def _run_as_owner(uid, fn, *args, **kwargs):

@@ -102,6 +102,11 @@ OPTIONS = (
         "changed.",
         "Verified means the copy opens and holds every session about to be pruned with all its messages; the full "
         "C(quick_check) runs on C(state.db) at the start of the run and on a backup before any restore.",
+        "In rollback-journal mode (C(journal_mode=DELETE), what Hermes 0.20 and later run on an SQLite with the "
+        "WAL-reset bug) with another process holding C(state.db), a whole-file copy would block every commit of the "
+        "gateway for as long as it takes. The backup is then an archive of the rows the prune deletes "
+        "(C(hermes-ops-archive_<profile>_<time>.db) in the backup directory, quick_checked and fsynced before the "
+        "first delete); the whole-file copy is taken by a run with no holder (see RV(profiles[].backup_deferred)).",
     )),
     Option("backup_keep_days", "float", default=30, minimum=0, doc=(
         "Remove this collection's backups of a profile older than this many days (the newest is always kept). Files it "

@@ -124,8 +124,13 @@ def prune_age(session):
     return session.last
 
 
-def load_sessions(conn, schema, now):
-    """Every session with its last activity; flags rows whose times are not unix seconds."""
+def load_sessions(conn, schema, now, short_reads=False):
+    """Every session with its last activity; flags rows whose times are not unix seconds.
+
+    ``short_reads``: the per-session message figures in statements of SHORT_READ_SESSIONS
+    sessions each, each its own short read transaction (rollback-journal mode beside a live
+    gateway, where one scan of all messages would block its commits for the whole scan).
+    """
     cols = schema["session_columns"]
     extra = [
         "last_activity_at" if "last_activity_at" in cols else "NULL",
@@ -151,7 +156,7 @@ def load_sessions(conn, schema, now):
         "SUM(CASE WHEN %s THEN 0 ELSE 1 END) FROM messages GROUP BY session_id" % (sane, sane)
     )
     bad_messages = total_messages = 0
-    for sid, count, newest, bad in conn.execute(msg_sql, (lo, hi, lo, hi)):
+    for sid, count, newest, bad in _message_figures(conn, msg_sql, (lo, hi, lo, hi), sessions, short_reads):
         total_messages += count
         bad_messages += bad
         s = sessions.get(sid)
@@ -172,6 +177,20 @@ def load_sessions(conn, schema, now):
         if not s.bad:
             s.last = max(v for v in (s.started, s.last_activity, s.last) if v is not None)
     return sessions
+
+
+SHORT_READ_SESSIONS = 100
+
+
+def _message_figures(conn, msg_sql, params, sessions, short_reads):
+    if not short_reads:
+        return conn.execute(msg_sql, params).fetchall()
+    ids, rows = sorted(sessions), []
+    where = msg_sql.replace(" GROUP BY", " WHERE session_id IN (%s) GROUP BY")
+    for start in range(0, len(ids), SHORT_READ_SESSIONS):
+        chunk = ids[start : start + SHORT_READ_SESSIONS]
+        rows += conn.execute(where % ",".join("?" * len(chunk)), tuple(params) + tuple(chunk)).fetchall()
+    return rows
 
 
 def _delegate_from(model_config):
@@ -201,13 +220,13 @@ def _refuse_if_mostly_bad(conn, table, column, bad, total, now, example=None):
     )
 
 
-def build_plan(conn, schema, options, now, sessions_dir):
-    """Select zombies and the prune set for one profile (reads only)."""
+def build_plan(conn, schema, options, now, sessions_dir, short_reads=False):
+    """Select zombies and the prune set for one profile (reads only); ``short_reads``: see load_sessions."""
     plan = Plan()
     plan.now = now
     plan.zombie_cutoff = now - float(options["zombie_days"]) * DAY
     plan.prune_cutoff = now - float(options["prune_days"]) * DAY
-    sessions = load_sessions(conn, schema, now)
+    sessions = load_sessions(conn, schema, now, short_reads)
     leased = live_leases(conn, schema, now)
     plan.bad_time_rows = sum(1 for s in sessions.values() if s.bad)
     children = {}

@@ -81,10 +81,23 @@ PROFILE_FIELDS = (
     Field("backup", "dict", initial=None, doc=(
         "The backup taken, or null when none was needed. V(path), V(bytes), V(verified), V(compressed), V(sessions) "
         "and V(messages) in the copy, and V(copied_by) (V(files) for the byte copy of C(state.db) and its C(-wal), "
-        "V(backup_api) when SQLite's backup API copied it).",
+        "V(backup_api) when SQLite's backup API copied it, V(archive) for an archive).",
+        "V(kind) is V(file) for a copy of the whole file, V(archive) for an archive of the sessions pruned, their "
+        "messages and the rows tied to them (rollback-journal mode beside a live gateway).",
+    )),
+    Field("backup_deferred", "str", initial=None, doc=(
+        "Null, or why no whole-file backup was taken although one was due (rollback-journal mode, the file held "
+        "open by the gateway); a run with no holder, such as C(playbooks/maintain.yml) with "
+        "C(hermes_gateway_service), takes it.",
     )),
     Field("backups_removed", "list", initial=[], elements="str", doc=(
         "Paths of this collection's older backups that retention removed after the new one.",
+    )),
+    Field("preflight", "dict", initial=None, doc=(
+        "How the file was checked before any change. V(journal_mode), V(holders) (other processes with the file "
+        "open, counted in rollback-journal mode only), V(live_rollback) (both), V(check) (V(quick_check) of the "
+        "whole file, or V(tables) for a quick_check of each small table in its own short read, beside a live "
+        "gateway in rollback-journal mode) and V(tables_checked).",
     )),
     Field("reclaim", "dict", initial=None, doc=(
         "V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed), V(skipped_reason), V(fts_merge_steps), "

@@ -40,6 +40,11 @@ options:
         changed.
       - Verified means the copy opens and holds every session about to be pruned with all its messages; the full
         C(quick_check) runs on C(state.db) at the start of the run and on a backup before any restore.
+      - In rollback-journal mode (C(journal_mode=DELETE), what Hermes 0.20 and later run on an SQLite with the
+        WAL-reset bug) with another process holding C(state.db), a whole-file copy would block every commit of the
+        gateway for as long as it takes. The backup is then an archive of the rows the prune deletes
+        (C(hermes-ops-archive_<profile>_<time>.db) in the backup directory, quick_checked and fsynced before the first
+        delete); the whole-file copy is taken by a run with no holder (see RV(profiles[].backup_deferred)).
     type: bool
     default: true
   backup_keep_days:
@@ -222,12 +227,27 @@ profiles:
       description:
         - The backup taken, or null when none was needed. V(path), V(bytes), V(verified), V(compressed), V(sessions)
           and V(messages) in the copy, and V(copied_by) (V(files) for the byte copy of C(state.db) and its C(-wal),
-          V(backup_api) when SQLite's backup API copied it).
+          V(backup_api) when SQLite's backup API copied it, V(archive) for an archive).
+        - V(kind) is V(file) for a copy of the whole file, V(archive) for an archive of the sessions pruned, their
+          messages and the rows tied to them (rollback-journal mode beside a live gateway).
       type: dict
+    backup_deferred:
+      description:
+        - Null, or why no whole-file backup was taken although one was due (rollback-journal mode, the file held
+          open by the gateway); a run with no holder, such as C(playbooks/maintain.yml) with
+          C(hermes_gateway_service), takes it.
+      type: str
     backups_removed:
       description: Paths of this collection's older backups that retention removed after the new one.
       type: list
       elements: str
+    preflight:
+      description:
+        - How the file was checked before any change. V(journal_mode), V(holders) (other processes with the file
+          open, counted in rollback-journal mode only), V(live_rollback) (both), V(check) (V(quick_check) of the
+          whole file, or V(tables) for a quick_check of each small table in its own short read, beside a live
+          gateway in rollback-journal mode) and V(tables_checked).
+      type: dict
     reclaim:
       description:
         - V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed), V(skipped_reason),

@@ -27,9 +27,10 @@ Two sides in one file:
   back, for the whole run.
 
   Hermes 0.19.0 runs a full FTS ``'optimize'`` inside every 1000th write
-  (``_OPTIMIZE_EVERY_N_WRITES``); that stalls its own writer for seconds whatever else
-  happens, so it is switched off here unless ``--keep-hermes-optimize``: the latencies
-  measured are then the ones maintenance causes.
+  (``_OPTIMIZE_EVERY_N_WRITES``), 0.22.2 FTS ``'merge'`` passes (``_FTS_MERGE_EVERY_N_WRITES``);
+  both stall its own writer (for seconds on a large index) whatever else happens, so they are
+  switched off here unless ``--keep-hermes-optimize``: the latencies measured are then the
+  ones maintenance causes.
 
 * the **harness** (imported by tests and ``bench/run.py`` under the dev venv):
   ``WriterProcess(python, db_path, out_path, **options)`` (``env``: variables added to
@@ -143,8 +144,12 @@ def run_process(args):
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     out = open(args.out, "a", buffering=1)
     db = hermes_state.SessionDB(db_path=Path(args.db))
-    if not args.keep_hermes_optimize and hasattr(db, "_OPTIMIZE_EVERY_N_WRITES"):
-        db._OPTIMIZE_EVERY_N_WRITES = 10**12
+    if not args.keep_hermes_optimize:
+        # 0.19.0: a full FTS 'optimize' every 1000th write; 0.22.2: 'merge' passes every 1000th write
+        # (up to 4 x 500 pages per index, 1-2 s on an 800k-message index). Either stalls the writer by itself.
+        for knob in ("_OPTIMIZE_EVERY_N_WRITES", "_FTS_MERGE_EVERY_N_WRITES"):
+            if hasattr(db, knob):
+                setattr(db, knob, 10**12)
     start_ino = os.stat(args.db).st_ino
     sids = ["%s-%d" % (args.prefix, i) for i in range(args.sessions)]
     for sid in sids:

@@ -1,0 +1,20 @@
+# Rollback-journal mode (Hermes >= 0.20 on an SQLite with the WAL-reset bug runs journal_mode=DELETE).
+# Included by the Makefile's `-include $(wildcard mk/*.mk)`; nothing here is part of `make test`
+# (which runs tests/unit/.../test_live_rollback.py at its reduced size, 40k messages).
+#
+#   make live-full-delete   test_live_rollback.py at full size: 120k messages, a real 0.22.2 SessionDB
+#                           appending every 20 ms in DELETE mode through a whole run (prunes 60k)
+#   make bench-rollback     bench/run.py --rollback: 0.22.2's own prune vs ours in DELETE mode at
+#                           50k / 200k / 800k messages; writes its section of docs/benchmarks.md
+#                           (run it under `flock /tmp/hermes-host.lock` on a shared machine)
+
+ROLLBACK_BENCH_ARGS ?=
+
+.PHONY: live-full-delete bench-rollback
+
+live-full-delete: $(STAMP) collection-link ## live test in DELETE mode at full size (120k messages, real 0.22.2 writer)
+	@HERMES_LIVE_SIZE=full bash scripts/pytest.sh $(BIN)/pytest tests/unit/plugins/module_utils/test_live_rollback.py \
+		-m "" $(PYTEST_ARGS)
+
+bench-rollback: $(STAMP) collection-link ## DELETE-mode bench rows: 0.22.2 prune vs ours (writes its section of docs/benchmarks.md)
+	$(BIN)/python bench/run.py --rollback $(ROLLBACK_BENCH_ARGS)
