@@ -112,6 +112,14 @@ options:
       - Work on a C(state.db) owned by another user when not running as root.
     type: bool
     default: false
+  metrics_dir:
+    description:
+      - After a real run (not in check mode), write Prometheus text-format metrics of every profile to
+        C(METRICS_DIR/hermes_ops_<user>.prom) for node_exporter's textfile collector, through a temporary file
+        renamed into place (mode 0644: sizes, counts, times and a status reason only, no chat content).
+      - Debian's collector directory is C(/var/lib/prometheus/node-exporter). Not written when omitted.
+      - A failure to write them is a warning; the maintenance result stands.
+    type: path
 seealso:
   - module: hermes_agent.ops.state_db_info
   - name: Hermes Agent
@@ -141,6 +149,12 @@ EXAMPLES = r"""
     vacuum_mode: full
     backup_compress: true
   register: maintenance
+
+- name: Maintain and write metrics for node_exporter's textfile collector
+  become: true
+  become_user: hermes
+  hermes_agent.ops.session_maintenance:
+    metrics_dir: /var/lib/prometheus/node-exporter
 
 - name: Show the seed-style lines
   ansible.builtin.debug:
@@ -236,6 +250,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support import diff_of, shared_argument_spec
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import DEFAULTS, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_metrics import record_run
 
 
 def main():
@@ -255,12 +270,20 @@ def main():
         batch_time=dict(type="float", default=DEFAULTS["batch_time"]),
         allow_unknown_schema=dict(type="bool", default=False),
         allow_foreign_owner=dict(type="bool", default=False),
+        metrics_dir=dict(type="path"),
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    options = dict(module.params)
+    metrics_dir = options.pop("metrics_dir")
     try:
-        result = run_maintenance(dict(module.params), check_mode=module.check_mode)
+        result = run_maintenance(options, check_mode=module.check_mode)
     except MaintenanceError as exc:
         module.fail_json(msg="invalid options: %s" % exc)
+    if metrics_dir and not module.check_mode:
+        try:
+            record_run(metrics_dir, options, result)
+        except Exception as exc:  # the maintenance is done; its metrics are only its report
+            module.warn("cannot write metrics to %s: %s" % (metrics_dir, getattr(exc, "strerror", None) or exc))
     output = dict(
         changed=result["changed"],
         profiles=result["profiles"],
