@@ -9,6 +9,7 @@ are compared with what SQLite says about the files.
 
 import json
 import os
+import re
 import shutil
 import sqlite3
 import stat
@@ -235,3 +236,10 @@ def test_missing_metrics_dir_is_reported_and_the_run_still_succeeds(tmp_path, ho
 def test_reason_label_is_from_a_fixed_set(status, error, reason):
     assert metrics.reason_of({"status": status, "error": error}) == reason
     assert reason in metrics.ALL_REASONS
+
+
+def test_the_shipped_alert_rules_use_only_metrics_the_runner_writes():
+    rules = (REPO / "roles/session_maintenance/files/prometheus/hermes-ops.rules.yml").read_text()
+    written = {metrics.PREFIX + m[0] for m in metrics.PROFILE_METRICS + metrics.RUN_METRICS + (metrics.STATUS_METRIC,)}
+    used = set(re.findall(r"\bhermes_ops_[a-z_]+", rules))
+    assert used and used <= written, used - written
