@@ -7,12 +7,15 @@ A state.db written by the real Hermes 0.19.0 (inline FTS) and opened once by the
 is upgraded by 0.22.2's own ``hermes sessions optimize-storage``, run by the worker as an
 unprivileged user (here ``nobody``, when the test runs as root); a 0.19.0 CLI, which has
 no such command, leaves the file alone and says so; a file that does not offer the
-upgrade is left alone; the worker refuses to run as root.
+upgrade is left alone; the worker refuses to run as root. And end to end: maintain.yml's
+service window (a test init script as the gateway) stops it, backs up, runs the upgrade as
+the user, reports the sizes and starts it again.
 """
 
 import hashlib
 import json
 import os
+import pwd
 import shutil
 import sqlite3
 import subprocess
@@ -164,3 +167,76 @@ def test_refuses_to_run_as_root(world):
     )
     assert proc.returncode == 2 and "refusing to run as root" in proc.stderr
     assert _meta(world["db"])[0].get("fts_optimize_available") == "1"
+
+
+SERVICE_SCRIPT = """#!/bin/sh
+# Test double of the Hermes gateway service (tests/integration/test_optimize_storage.py).
+RUN={run}
+case "$1" in
+  start) touch $RUN/running; echo start >> $RUN/events ;;
+  stop) if [ -f $RUN/running ]; then rm -f $RUN/running; echo stop >> $RUN/events; fi ;;
+  status) if [ -f $RUN/running ]; then echo running; exit 0; fi; echo "not running"; exit 3 ;;
+  *) exit 2 ;;
+esac
+exit 0
+"""
+
+
+@pytest.fixture
+def service(world):
+    if os.geteuid() != 0:
+        pytest.skip("installs an init script: run as root")
+    run = world["base"] / "service"
+    run.mkdir()
+    name = "hermes-ops-test-optimize-%d" % os.getpid()
+    script = Path("/etc/init.d") / name
+    script.write_text(SERVICE_SCRIPT.format(run=run))
+    script.chmod(0o755)
+    (run / "running").touch()
+    try:
+        yield {"name": name, "events": run / "events"}
+    finally:
+        script.unlink()
+
+
+def test_maintain_service_window_runs_optimize_storage_as_the_user_after_a_backup(ansible_playbook, world, service):
+    db, home = world["db"], world["home"]
+    extra = {
+        "hermes_maintenance_homes": [str(home)],
+        "hermes_maintenance_user": USER,
+        "hermes_maintenance_become": False,  # already root; the step itself becomes the user
+        "hermes_gateway_service": service["name"],
+        "hermes_maintenance_optimize_storage": True,
+        "hermes_maintenance_hermes_cli": str(world["clis"]["0.22.2"]),
+        "hermes_maintenance_python": SYSTEM_PYTHON,
+    }
+    # No sudo on this test host: su, with a shell for the nologin user.
+    env = {"ANSIBLE_BECOME_METHOD": "su", "ANSIBLE_BECOME_FLAGS": "-s /bin/sh"}
+    before = os.path.getsize(db)
+
+    rc, out = ansible_playbook("playbooks/maintain.yml", extra_vars=extra, env=env, check=True)
+    assert rc == 0, getattr(out, "text", out)
+    assert _meta(db)[0].get("fts_optimize_available") == "1"  # check mode: not run
+
+    rc, out = ansible_playbook("playbooks/maintain.yml", extra_vars=extra, env=env)
+    assert rc == 0, getattr(out, "text", out)
+    ran = out.result("Run optimize-storage where the file offers it, as %s" % USER)
+    assert ran["_status"] == "changed", ran
+    report = json.loads(ran["stdout"])
+    by_path = {r["path"]: r for r in report["profiles"]}
+    done = by_path[str(db)]
+    assert done["action"] == "optimized" and done["after_bytes"] < done["before_bytes"], done
+    assert by_path[str(world["untouched"])]["action"] == "not_needed"
+    printed = out.result("Storage upgrade (optimize-storage), size before and after")["msg"]
+    assert any(line.startswith("%s: optimized " % db) for line in printed), printed
+    sys.stdout.write("maintain.yml window: %s (state.db was %d bytes before the window)\n" % (printed, before))
+    # the gateway was stopped for the window and started again
+    assert service["events"].read_text().split() == ["stop", "start"]
+    # the window's backup came first: it still has the old layout, the file the new one
+    backup = out.result("Maintain with a full VACUUM while the gateway is stopped")["profiles"]
+    (default,) = [p for p in backup if p["path"] == str(db)]
+    assert default["backup"] and os.path.exists(default["backup"]["path"])
+    assert _meta(default["backup"]["path"])[0].get("fts_optimize_available") == "1"
+    meta_after, _messages, _version = _meta(db)
+    assert meta_after.get("fts_storage_version") == "3"
+    assert os.stat(db).st_uid == pwd.getpwnam(USER).pw_uid
