@@ -32,6 +32,15 @@ WORKER = REPO / "playbooks" / "files" / "hermes_optimize_storage.py"
 VENVS = REPO / ".cache" / "venvs"
 SYSTEM_PYTHON = "/usr/bin/python3"
 USER = "nobody"
+# Hermes refuses to open a state.db outside a temporary HERMES_HOME when it sees it runs
+# under pytest; the processes here stand for a real host, which has no such variable.
+PYTEST_VAR = "PYTEST_CURRENT_TEST"
+
+
+def _host_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k != PYTEST_VAR}
+    env.update(extra)
+    return env
 
 
 def _site_packages(release):
@@ -68,7 +77,12 @@ def _digest(path):
 def _as_user(argv, home):
     prefix = ["runuser", "-u", USER, "--"] if os.geteuid() == 0 else []
     return subprocess.run(
-        prefix + ["env", "HOME=%s" % home] + argv, capture_output=True, text=True, timeout=900, check=False
+        prefix + ["env", "-u", PYTEST_VAR, "HOME=%s" % home] + argv,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env=_host_env(),
     )
 
 
@@ -89,9 +103,10 @@ def world():
         untouched = make_big_home(home, "hermes-0.19.0", 20, 5, old_fraction=0.0, profile="old")
         # 0.22.2 opens the default profile once: migrates to 31 and flags the FTS upgrade.
         code = "from pathlib import Path; from hermes_state import SessionDB; SessionDB(Path(%r)).close()" % str(db)
-        env = dict(os.environ, HERMES_HOME=str(home), HOME=str(home.parent))
+        env = _host_env(HERMES_HOME=str(home), HOME=str(home.parent))
         python_022 = str(VENVS / "hermes-0.22.2.post1" / "bin" / "python")
-        subprocess.run([python_022, "-c", code], env=env, check=True, capture_output=True)
+        opened = subprocess.run([python_022, "-c", code], env=env, check=False, capture_output=True, text=True)
+        assert opened.returncode == 0, opened.stderr
         bindir = base / "bin"
         bindir.mkdir()
         clis = {
@@ -211,7 +226,7 @@ def test_maintain_service_window_runs_optimize_storage_as_the_user_after_a_backu
         "hermes_maintenance_python": SYSTEM_PYTHON,
     }
     # No sudo on this test host: su, with a shell for the nologin user.
-    env = {"ANSIBLE_BECOME_METHOD": "su", "ANSIBLE_BECOME_FLAGS": "-s /bin/sh"}
+    env = {"ANSIBLE_BECOME_METHOD": "su", "ANSIBLE_BECOME_FLAGS": "-s /bin/sh", PYTEST_VAR: None}
     before = os.path.getsize(db)
 
     rc, out = ansible_playbook("playbooks/maintain.yml", extra_vars=extra, env=env, check=True)
