@@ -116,7 +116,7 @@ options:
     description:
       - After a real run (not in check mode), write Prometheus text-format metrics of every profile to
         C(METRICS_DIR/hermes_ops_<user>.prom) for node_exporter's textfile collector, through a temporary file
-        renamed into place (mode 0644: sizes, counts, times and a status reason only, no chat content).
+        renamed into place, mode 0644 (sizes, counts, times and a status reason only, no chat content).
       - Debian's collector directory is C(/var/lib/prometheus/node-exporter). Not written when omitted.
       - A failure to write them is a warning; the maintenance result stands.
     type: path
