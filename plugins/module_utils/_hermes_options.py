@@ -108,6 +108,13 @@ OPTIONS = (
         "(C(hermes-ops-archive_<profile>_<time>.db) in the backup directory, quick_checked and fsynced before the "
         "first delete); the whole-file copy is taken by a run with no holder (see RV(profiles[].backup_deferred)).",
     )),
+    Option("metrics_dir", "path", role=ROLE_HAND_WRITTEN, unset="no metrics", doc=(
+        "After a real run (not in check mode), write Prometheus text-format metrics of every profile to "
+        "C(METRICS_DIR/hermes_ops_<user>.prom) for node_exporter's textfile collector, through a temporary file "
+        "renamed into place, mode 0644 (sizes, counts, times and a status reason only, no chat content).",
+        "Debian's collector directory is C(/var/lib/prometheus/node-exporter). Not written when omitted.",
+        "A failure to write them is a warning; the maintenance result stands.",
+    )),
     Option("backup_keep_days", "float", default=30, minimum=0, doc=(
         "Remove this collection's backups of a profile older than this many days (the newest is always kept). Files it "
         "did not write, such as Hermes's C(pre-update-*.zip), are never touched.",

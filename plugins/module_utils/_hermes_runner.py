@@ -27,6 +27,8 @@ these runner keys:
 ``log_file``    (str)  append each run's output to this file...
 ``log_keep``    (int)  ...keeping only the last N runs in it (default 12).
 ``syslog``      (bool) log one line per profile to syslog (default true).
+``metrics_dir`` (str)  after each real run (not a dry run), write Prometheus metrics to
+                       METRICS_DIR/hermes_ops_<user>.prom for node_exporter's textfile collector.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -39,6 +41,7 @@ import time
 
 from ._hermes_db import MaintenanceError
 from ._hermes_engine import DEFAULTS, run_maintenance
+from ._hermes_metrics import record_run
 from ._hermes_options import BY_NAME
 
 try:
@@ -65,6 +68,7 @@ RUNNER_KEYS = {
     "log_file": (None, str),
     "log_keep": (12, int),
     "syslog": (True, bool),
+    "metrics_dir": (None, str),
 }
 
 # The Python type a JSON value must have for each of the option table's types.
@@ -152,8 +156,9 @@ def load_config(path):
     options["hermes_home"] = [os.path.expanduser(h) for h in homes]
     if options.get("backup_dir"):
         options["backup_dir"] = os.path.expanduser(options["backup_dir"])
-    if runner.get("log_file"):
-        runner["log_file"] = os.path.expanduser(runner["log_file"])
+    for key in ("log_file", "metrics_dir"):
+        if runner.get(key):
+            runner[key] = os.path.expanduser(runner[key])
     if runner["log_keep"] < 1:
         raise ConfigError("{}: key 'log_keep' must be at least 1, got {}".format(source, runner["log_keep"]))
     return options, runner
@@ -313,7 +318,22 @@ def main(argv=None):
                 "hermes-session-maintenance: cannot write log file {}: {}\n".format(runner["log_file"], exc)
             )
 
+    if runner.get("metrics_dir") and not args.dry_run:
+        _write_metrics(runner, options, result, args.dry_run)
+
     return EXIT_FAILED if (result.get("failed") or errors) else EXIT_OK
+
+
+def _write_metrics(runner, options, result, dry_run):
+    """Metrics are a report of the run: failing to write them is said, never fatal."""
+    try:
+        record_run(runner["metrics_dir"], options, result)
+    except Exception as exc:  # noqa: BLE001 - the run itself is done and reported
+        detail = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
+        message = "cannot write metrics to {}: {}".format(runner["metrics_dir"], detail)
+        sys.stderr.write(f"hermes-session-maintenance: {message}\n")
+        if runner.get("syslog"):
+            _log_syslog([], [message], dry_run)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,14 @@ options:
         delete); the whole-file copy is taken by a run with no holder (see RV(profiles[].backup_deferred)).
     type: bool
     default: true
+  metrics_dir:
+    description:
+      - After a real run (not in check mode), write Prometheus text-format metrics of every profile to
+        C(METRICS_DIR/hermes_ops_<user>.prom) for node_exporter's textfile collector, through a temporary file renamed
+        into place, mode 0644 (sizes, counts, times and a status reason only, no chat content).
+      - Debian's collector directory is C(/var/lib/prometheus/node-exporter). Not written when omitted.
+      - A failure to write them is a warning; the maintenance result stands.
+    type: path
   backup_keep_days:
     description:
       - Remove this collection's backups of a profile older than this many days (the newest is always kept). Files it
@@ -148,6 +156,12 @@ EXAMPLES = r"""
     vacuum_mode: full
     backup_compress: true
   register: maintenance
+
+- name: Maintain and write metrics for node_exporter's textfile collector
+  become: true
+  become_user: hermes
+  hermes_agent.ops.session_maintenance:
+    metrics_dir: /var/lib/prometheus/node-exporter
 
 - name: Show the seed-style lines
   ansible.builtin.debug:
@@ -279,15 +293,23 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support 
 )
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_metrics import record_run
 
 
 def main():
     argument_spec = maintenance_argument_spec()
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    options = dict(module.params)
+    metrics_dir = options.pop("metrics_dir")
     try:
-        result = run_maintenance(dict(module.params), check_mode=module.check_mode)
+        result = run_maintenance(options, check_mode=module.check_mode)
     except MaintenanceError as exc:
         module.fail_json(msg="invalid options: %s" % exc)
+    if metrics_dir and not module.check_mode:
+        try:
+            record_run(metrics_dir, options, result)
+        except Exception as exc:  # the maintenance is done; its metrics are only its report
+            module.warn("cannot write metrics to %s: %s" % (metrics_dir, getattr(exc, "strerror", None) or exc))
     output = dict(
         changed=result["changed"],
         profiles=result["profiles"],

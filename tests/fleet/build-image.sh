@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Build the base image of the fleet test: Debian bookworm minbase with python3, cron,
-# sudo, sqlite3, procps (no image registry is reachable: debootstrap + podman import).
+# sudo, sqlite3, procps, prometheus-node-exporter (no image registry is reachable:
+# debootstrap + podman import).
 #
 #   tests/fleet/build-image.sh [--force]
 #
 # Idempotent: installs the host tools (podman, runc, debootstrap) only when missing and
-# skips the build when the image already exists (unless --force). Reads the Debian mirror
+# skips the build when the image already exists with the same package list (label
+# hermes.fleet.packages; unless --force). Reads the Debian mirror
 # from the host's apt sources. Env: FLEET_IMAGE (default localhost/hermes-ops-fleet:bookworm),
 # FLEET_MIRROR (override the mirror), FLEET_SUITE (default bookworm).
 set -euo pipefail
@@ -13,7 +15,10 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 image="${FLEET_IMAGE:-localhost/hermes-ops-fleet:bookworm}"
 suite="${FLEET_SUITE:-bookworm}"
-packages="python3,cron,sudo,sqlite3,procps,acl,ca-certificates"
+packages="python3,cron,sudo,sqlite3,procps,acl,ca-certificates,adduser,init-system-helpers"
+# Installed after debootstrap with daemons held back (policy-rc.d): its postinst would
+# start node_exporter in the chroot, on the host's network.
+late_packages="prometheus-node-exporter"
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$here/containers.conf}"
 force=0
 [ "${1:-}" = "--force" ] && force=1
@@ -40,8 +45,12 @@ fi
 
 # 2. cached? --------------------------------------------------------------------------
 if [ "$force" = 0 ] && podman image exists "$image"; then
-    stamp "image $image exists, nothing to do (use --force to rebuild)"
-    exit 0
+    built_with=$(podman image inspect --format '{{ index .Labels "hermes.fleet.packages" }}' "$image" 2>/dev/null || true)
+    if [ "$built_with" = "$packages,$late_packages" ]; then
+        stamp "image $image exists, nothing to do (use --force to rebuild)"
+        exit 0
+    fi
+    stamp "image $image was built with other packages (${built_with:-unknown}): rebuilding"
 fi
 
 # 3. mirror from apt sources ------------------------------------------------------------
@@ -76,6 +85,16 @@ if ! debootstrap --variant=minbase --include="$packages" "$suite" "$rootfs" "$mi
 fi
 stamp "debootstrap done ($(du -sh "$rootfs" | cut -f1))"
 
+# 4b. packages whose postinst starts a daemon: from the host's apt (same suite), no start
+stamp "install $late_packages (daemons not started)"
+( cd "$work" && apt-get download $late_packages >"$work/download.log" 2>&1 ) || { cat "$work/download.log" >&2; exit 1; }
+printf '#!/bin/sh\nexit 101\n' > "$rootfs/usr/sbin/policy-rc.d"
+chmod 755 "$rootfs/usr/sbin/policy-rc.d"
+mkdir -p "$rootfs/tmp/late-debs"
+cp "$work"/*.deb "$rootfs/tmp/late-debs/"
+chroot "$rootfs" sh -c 'dpkg -i /tmp/late-debs/*.deb' >"$work/dpkg.log" 2>&1 || { cat "$work/dpkg.log" >&2; exit 1; }
+rm -rf "$rootfs/tmp/late-debs" "$rootfs/usr/sbin/policy-rc.d"
+
 # 5. container tweaks -------------------------------------------------------------------
 # pam_loginuid cannot write /proc/self/loginuid in a container: cron would refuse to run jobs.
 sed -i 's/^\(session[[:space:]]\+required[[:space:]]\+pam_loginuid.so\)/# \1/' "$rootfs/etc/pam.d/cron"
@@ -89,5 +108,6 @@ stamp "podman import -> $image"
 tar --numeric-owner -C "$rootfs" -c . | podman import \
     --change 'CMD ["/usr/sbin/cron", "-f"]' \
     --change 'ENV LANG=C.UTF-8' \
+    --change "LABEL hermes.fleet.packages=$packages,$late_packages" \
     - "$image" >/dev/null
 stamp "done: $(podman image inspect --format '{{.Id}} {{.Size}}' "$image" | cut -c1-12,65-) bytes"

@@ -53,3 +53,23 @@ def test_broken_profile_fails_the_task_others_maintained(ansible_playbook, tmp_p
     assert rc == 0, getattr(out, "text", out)
     failed = out.result("Maintain a home with a broken profile")
     assert failed["_status"] == "failed" and failed["failed_profiles"] == ["broken"]
+
+
+def test_metrics_dir_writes_the_textfile_after_a_real_run(ansible_playbook, tmp_path):
+    home, expected = scenario_home(tmp_path / "hermes")
+    metrics_dir = tmp_path / "textfile"
+    metrics_dir.mkdir()
+    extra = {"test_home": home, "test_metrics_dir": str(metrics_dir)}
+    rc, out = ansible_playbook(os.path.join(HERE, "playbooks", "metrics.yml"), extra_vars=extra)
+    assert rc == 0, getattr(out, "text", out)
+    (prom,) = list(metrics_dir.iterdir())  # one file, from the real run only
+    assert prom.name.startswith("hermes_ops_") and prom.name.endswith(".prom")
+    assert oct(prom.stat().st_mode & 0o777) == "0o644"
+    text = prom.read_text()
+    labels = '{home="%s",profile="default"}' % home
+    assert "hermes_ops_last_run_sessions_pruned%s %d\n" % (labels, len(expected["pruned"])) in text
+    sessions = sqlite3.connect(os.path.join(home, "state.db")).execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+    assert "hermes_ops_sessions%s %d\n" % (labels, sessions) in text
+    missing = out.result("Missing metrics directory")
+    assert missing["_status"] in ("ok", "changed")
+    assert any("cannot write metrics to" in w and "does not exist" in w for w in missing.get("warnings", []))

@@ -131,7 +131,13 @@ def test_report(ansible_playbook, tmp_path):
 def test_schedule_with_hermes_cron_then_none_then_absent(ansible_playbook, tmp_path):
     home = make_home(tmp_path / "hermes", sessions=20)
     install = tmp_path / "install"
-    extra = role_vars(home, install, "hermes", hermes_maintenance_prune_days=90)
+    extra = role_vars(
+        home,
+        install,
+        "hermes",
+        hermes_maintenance_prune_days=90,
+        hermes_maintenance_metrics_dir=str(tmp_path / "textfile"),
+    )
     # An existing job of the user's must survive every step.
     (home / "cron").mkdir()
     theirs = {"id": "abc123def456", "name": "their job", "schedule": {"kind": "interval", "minutes": 60}}
@@ -152,6 +158,8 @@ def test_schedule_with_hermes_cron_then_none_then_absent(ansible_playbook, tmp_p
     config = install / "maintenance.json"
     assert stat.S_IMODE(config.stat().st_mode) == 0o600
     assert json.loads(config.read_text())["hermes_home"] == [str(home)]
+    assert json.loads(config.read_text())["metrics_dir"] == str(tmp_path / "textfile")
+    assert stat.S_IMODE((tmp_path / "textfile").stat().st_mode) == 0o1775
     assert stat.S_IMODE((home / "backups").stat().st_mode) == 0o700
 
     # What Hermes's scheduler would run: the script under bash, cwd = the scripts dir.

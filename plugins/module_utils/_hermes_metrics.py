@@ -1,0 +1,235 @@
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Prometheus text-format metrics of a maintenance run, for node_exporter's textfile collector.
+
+``record_run`` renders one file per runner user (``hermes_ops_<user>.prom``) from the run
+result and a read-only ``gather_info`` pass, and renames it into the collector's directory.
+Only sizes, counts, times, the schema version and a status from a fixed set of reasons are
+written: never an error text, a session id, a title or anything else taken from the chats.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pwd
+import re
+import time
+
+from ._hermes_engine import gather_info
+
+PREFIX = "hermes_ops_"
+FILE_MODE = 0o644  # node_exporter runs as its own user and must read it; no chat content in it
+
+# (metric, type, help); per profile, labels home and profile.
+PROFILE_METRICS = (
+    ("db_size_bytes", "gauge", "Size of state.db."),
+    ("wal_size_bytes", "gauge", "Size of state.db-wal (0 when there is none)."),
+    ("sessions", "gauge", "Sessions in state.db."),
+    ("messages", "gauge", "Messages in state.db."),
+    ("open_sessions", "gauge", "Sessions without ended_at (live or zombie)."),
+    ("prunable_sessions", "gauge", "Ended sessions old enough to prune, after the run."),
+    ("prunable_messages", "gauge", "Messages of the prunable sessions, after the run."),
+    ("schema_version", "gauge", "Hermes schema_version of state.db (0 when unreadable)."),
+    ("backups", "gauge", "Backups this collection keeps of the profile."),
+    ("backup_newest_timestamp_seconds", "gauge", "Unix time of the newest backup (absent: none)."),
+    ("last_run_zombies_closed", "gauge", "Zombie sessions the last run closed."),
+    ("last_run_sessions_pruned", "gauge", "Sessions the last run pruned."),
+    ("last_run_messages_pruned", "gauge", "Messages the last run pruned."),
+    ("last_run_freed_bytes", "gauge", "Bytes the last run gave back (state.db plus WAL)."),
+    ("last_run_duration_seconds", "gauge", "Seconds the last run spent on the profile."),
+)
+STATUS_METRIC = ("profile_status", "gauge", "1 for the last run's status of the profile (ok, skipped, failed) and why.")
+# (metric, type, help); per runner user.
+RUN_METRICS = (
+    ("last_run_timestamp_seconds", "gauge", "Unix time the last maintenance run ended."),
+    ("last_success_timestamp_seconds", "gauge", "Unix time the last run without a failed profile ended."),
+    ("last_run_failed_profiles", "gauge", "Profiles that failed in the last run."),
+)
+
+# The reason label: a fixed set, picked from the error text (never the text itself).
+# First match wins; the order puts the specific before the general.
+REASONS = (
+    ("locked", ("holds", "stayed locked", "database is locked", "busy")),
+    ("no_database", ("no state.db under",)),
+    ("missing_home", ("check hermes_home",)),
+    ("damaged", ("quick_check", "not a SQLite database", "malformed", "is empty", "not a regular file")),
+    ("unknown_schema", ("newer than any this collection knows", "not a Hermes state.db")),
+    ("wrong_owner", ("belongs to uid",)),
+    ("fts_tokenizer", ("pruning refused",)),
+    ("disk_full", ("No space left", "disk is full", "disk full")),
+    ("backup", ("backup",)),
+    ("permission", ("Permission denied", "readonly", "read-only", "Operation not permitted")),
+)
+REASON_NONE = "none"
+REASON_OTHER = "error"
+ALL_REASONS = tuple(r for r, _ in REASONS) + (REASON_NONE, REASON_OTHER)
+
+_LAST_SUCCESS = re.compile(
+    r"^" + PREFIX + r"last_success_timestamp_seconds(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE
+)
+
+
+def reason_of(profile):
+    """The bounded reason label of a profile result."""
+    if profile.get("status") == "ok" and not profile.get("error"):
+        return REASON_NONE
+    text = profile.get("error") or ""
+    for reason, needles in REASONS:
+        if any(needle in text for needle in needles):
+            return reason
+    return REASON_OTHER
+
+
+def _escape(value):
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels):
+    return "{" + ",".join('%s="%s"' % (k, _escape(v)) for k, v in labels) + "}"
+
+
+def _number(value):
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    return repr(float(value))
+
+
+def _file_size(path):
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def profile_figures(profile, info, now):
+    """Metric name -> value for one profile, from its run result and its info."""
+    info = info or {}
+    path = profile.get("path") or info.get("path") or ""
+    figures = {
+        "db_size_bytes": info.get("db_bytes", _file_size(path)),
+        "wal_size_bytes": info.get("wal_bytes", _file_size(path + "-wal")),
+        "schema_version": info.get("schema_version") or profile.get("schema_version") or 0,
+        "backups": info.get("backups", 0),
+        "last_run_zombies_closed": profile.get("zombies_closed") or 0,
+        "last_run_sessions_pruned": profile.get("sessions_pruned") or 0,
+        "last_run_messages_pruned": profile.get("messages_pruned") or 0,
+        "last_run_freed_bytes": ((profile.get("reclaim") or {}).get("bytes_freed")) or 0,
+        "last_run_duration_seconds": float(profile.get("duration") or 0.0),
+    }
+    for key in ("sessions", "messages", "open_sessions", "prunable_sessions", "prunable_messages"):
+        if info.get(key) is not None:
+            figures[key] = info[key]
+    newest = info.get("newest_backup")
+    if newest and newest.get("age_days") is not None:
+        figures["backup_newest_timestamp_seconds"] = round(now - float(newest["age_days"]) * 86400.0)
+    return figures
+
+
+def render(result, infos, user, finished, last_success):
+    """The whole .prom text of one run.
+
+    ``infos`` maps (home, profile) to gather_info's entry; ``last_success`` is the time of
+    the last run without a failed profile (this one's end if it had none), or None.
+    """
+    profiles = result.get("profiles") or []
+    rows = []
+    for profile in profiles:
+        key = (profile.get("home"), profile.get("name"))
+        labels = (("home", profile.get("home") or ""), ("profile", profile.get("name") or ""))
+        rows.append((labels, profile, profile_figures(profile, infos.get(key), finished)))
+    lines = []
+    for name, kind, help_text in PROFILE_METRICS:
+        samples = [(labels, figures[name]) for labels, _p, figures in rows if name in figures]
+        lines.extend(_family(name, kind, help_text, samples))
+    name, kind, help_text = STATUS_METRIC
+    samples = [
+        (labels + (("status", p.get("status") or "failed"), ("reason", reason_of(p))), 1) for labels, p, _f in rows
+    ]
+    lines.extend(_family(name, kind, help_text, samples))
+    failed = sum(1 for p in profiles if p.get("status") == "failed")
+    run_values = {
+        "last_run_timestamp_seconds": round(finished, 3),
+        "last_success_timestamp_seconds": None if last_success is None else round(last_success, 3),
+        "last_run_failed_profiles": failed,
+    }
+    for name, kind, help_text in RUN_METRICS:
+        value = run_values[name]
+        lines.extend(_family(name, kind, help_text, [] if value is None else [((("user", user),), value)]))
+    return "\n".join(lines) + "\n"
+
+
+def _family(name, kind, help_text, samples):
+    if not samples:
+        return []
+    full = PREFIX + name
+    out = ["# HELP %s %s" % (full, help_text), "# TYPE %s %s" % (full, kind)]
+    out.extend("%s%s %s" % (full, _labels(labels), _number(value)) for labels, value in samples)
+    return out
+
+
+def previous_last_success(path):
+    """The last-success time in an earlier file, so a failed run keeps it; None if none."""
+    try:
+        with open(path) as handle:
+            match = _LAST_SUCCESS.search(handle.read())
+    except (OSError, UnicodeDecodeError):
+        return None
+    return float(match.group(1)) if match else None
+
+
+def write_atomically(directory, filename, text):
+    """Write text to directory/filename through a temporary file renamed over it.
+
+    The temporary name does not end in .prom, so the collector never reads a half-written file.
+    """
+    final = os.path.join(directory, filename)
+    temp = os.path.join(directory, ".%s.%d.tmp" % (filename, os.getpid()))
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp, FILE_MODE)  # the umask may have taken bits away
+        os.rename(temp, final)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+    return final
+
+
+def _user_name():
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return "uid%d" % os.geteuid()
+
+
+def metrics_filename(user):
+    return "hermes_ops_%s.prom" % re.sub(r"[^A-Za-z0-9_.-]", "_", user)
+
+
+def record_run(directory, options, result, finished=None, user=None):
+    """Write the run's metrics to directory; returns the path written.
+
+    Raises OSError when the directory cannot be written (the caller reports it).
+    """
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(
+            errno.ENOENT,
+            "metrics directory %s does not exist: create it (the role does) or unset metrics_dir" % directory,
+        )
+    finished = time.time() if finished is None else finished
+    user = user or _user_name()
+    filename = metrics_filename(user)
+    failed = any(p.get("status") == "failed" for p in result.get("profiles") or [])
+    last_success = previous_last_success(os.path.join(directory, filename)) if failed else finished
+    info = gather_info(options)
+    infos = {(p.get("home"), p.get("name")): p for p in info["profiles"] if p.get("status") == "ok"}
+    return write_atomically(directory, filename, render(result, infos, user, finished, last_success))
