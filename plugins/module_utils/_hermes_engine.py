@@ -19,7 +19,23 @@ import traceback
 
 from ._hermes_apply import PruneResult, close_zombies, prune
 from ._hermes_backup import apply_retention, check_backup_dir, list_backups, take_backup
-from ._hermes_db import MB, MaintenanceError, ProfileSkipped, ReadOnlyDB, check_db_file, holders, open_rw
+from ._hermes_db import (
+    MB,
+    MaintenanceError,
+    ProfileSkipped,
+    ReadOnlyDB,
+    check_db_file,
+    engine_sqlite,
+    holders,
+    open_rw,
+)
+from ._hermes_hazards import (
+    auto_maintenance_meta,
+    auto_prune_setting,
+    held_hermes_locks,
+    litestream_tables,
+    refuse_during_hermes_operation,
+)
 from ._hermes_inspect import check_version, inspect_schema, quick_check, stats, unusable_fts
 from ._hermes_plan import DAY, build_plan
 from ._hermes_reclaim import reclaim
@@ -135,6 +151,7 @@ def _new_result(home, name, path):
         "before": None,
         "after": None,
         "duration": 0.0,
+        "sqlite": engine_sqlite(),
     }
 
 
@@ -180,11 +197,13 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
         st = check_db_file(db_path)
         _check_owner(db_path, st, opts)
         lock = ProfileLock(db_path, check_mode)
+        refuse_during_hermes_operation(db_path)
         db = ReadOnlyDB(db_path, opts["busy_timeout"]) if check_mode else None
         conn = db.conn if db else open_rw(db_path, float(opts["busy_timeout"]))
         quick_check(conn, db_path)
         schema = inspect_schema(conn, home)
         check_version(schema, opts["allow_unknown_schema"])
+        schema["litestream"] = result["litestream"] = litestream_tables(conn)
         result["schema_version"] = schema["schema_version"]
         result["fts_layout"] = schema["fts_layout"]
         result["before"] = stats(conn, db_path)
@@ -405,6 +424,7 @@ def run_maintenance(options, check_mode=False):
         "summary": [format_summary_line(p, check_mode) for p in profiles],
         "failed": [p["name"] for p in profiles if p["status"] == "failed"],
         "check_mode": check_mode,
+        "sqlite": engine_sqlite(),
     }
 
 
@@ -426,7 +446,7 @@ def format_summary_line(p, check_mode=False):
 
 def profile_info(home, name, db_path, opts, check_mode, now):
     """Read-only facts about one profile; reports what it can even when maintenance would refuse."""
-    info = {"name": name, "home": home, "path": db_path, "status": "ok", "error": None}
+    info = {"name": name, "home": home, "path": db_path, "status": "ok", "error": None, "sqlite": engine_sqlite()}
     db = None
     try:
         st = check_db_file(db_path)
@@ -440,6 +460,9 @@ def profile_info(home, name, db_path, opts, check_mode, now):
             auto_vacuum=schema["auto_vacuum"],
             holders=holders(db_path),
             mode="%o" % (st.st_mode & 0o777),
+            hermes_locks_held=held_hermes_locks(db_path),
+            litestream=litestream_tables(db.conn),
+            hermes_auto_maintenance=dict(auto_maintenance_meta(db.conn), config=auto_prune_setting(home)),
         )
         backups = list_backups(_backup_dir(opts, home, st.st_uid), name)
         info["newest_backup"] = (
@@ -464,4 +487,4 @@ def profile_info(home, name, db_path, opts, check_mode, now):
 def gather_info(options):
     """Stats of every profile, for reports; opens read-only and writes nothing."""
     opts = normalize_options(options)
-    return {"profiles": _each_profile(opts, True, profile_info)}
+    return {"profiles": _each_profile(opts, True, profile_info), "sqlite": engine_sqlite()}

@@ -32,7 +32,17 @@ import tempfile
 import time
 
 from ._hermes_backup import list_backups
-from ._hermes_db import MB, SIDECAR_SUFFIXES, MaintenanceError, _uri, file_size, free_bytes, fsync_path, holders
+from ._hermes_db import (
+    MB,
+    SIDECAR_SUFFIXES,
+    MaintenanceError,
+    _uri,
+    describe_holders,
+    file_size,
+    free_bytes,
+    fsync_path,
+    holders,
+)
 from ._hermes_engine import LOCK_SUFFIX
 
 PARTIAL = ".state.db.restore.partial"
@@ -189,10 +199,9 @@ def _restore(plan, force):
     db, backup, current = plan["db"], plan["backup"], plan["current"]
     others = holders(db)
     if others and not force:
-        names = ", ".join("%s (pid %d)" % (h["command"], h["pid"]) for h in others[:5])
         raise MaintenanceError(
             "%s is held open by %s: stop the Hermes gateway first (hermes_gateway_service), or force the restore "
-            "and restart every process that had it open" % (db, names)
+            "and restart every process that had it open" % (db, describe_holders(others))
         )
     directory = os.path.dirname(db)
     need = int(backup["db_bytes"] * 1.05) + MB
