@@ -34,6 +34,7 @@ from ._hermes_hazards import (
     auto_prune_setting,
     held_hermes_locks,
     litestream_tables,
+    no_checkpoint_on_close,
     refuse_during_hermes_operation,
 )
 from ._hermes_inspect import check_version, inspect_schema, quick_check, stats, unusable_fts
@@ -204,6 +205,8 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
         schema = inspect_schema(conn, home)
         check_version(schema, opts["allow_unknown_schema"])
         schema["litestream"] = result["litestream"] = litestream_tables(conn)
+        if schema["litestream"] and not check_mode:
+            no_checkpoint_on_close(conn)
         result["schema_version"] = schema["schema_version"]
         result["fts_layout"] = schema["fts_layout"]
         result["before"] = stats(conn, db_path)

@@ -12,6 +12,7 @@ import errno
 import fcntl
 import os
 import re
+import sqlite3
 
 from ._hermes_db import ProfileSkipped
 
@@ -74,6 +75,15 @@ def litestream_tables(conn):
         LITESTREAM_TABLES,
     ).fetchall()
     return sorted(r[0] for r in rows)
+
+
+def no_checkpoint_on_close(conn):
+    """Litestream owns a replica's checkpoints; SQLite checkpoints when its last connection
+    closes. Python 3.12+ can turn that off per connection; before that, Litestream's own
+    long read transaction (it holds one while it runs) is what stops the close checkpoint."""
+    option = getattr(sqlite3, "SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE", None)
+    if option is not None and hasattr(conn, "setconfig"):
+        conn.setconfig(option, True)
 
 
 def auto_maintenance_meta(conn):
