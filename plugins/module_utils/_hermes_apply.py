@@ -60,20 +60,22 @@ class PruneResult:
         self.transcripts = 0
         self.prompts = 0
         self.left_alone = set()  # sessions that stopped qualifying while we worked
+        self.stopped = None  # why the prune stopped before the end of its plan (the next run goes on)
 
     def add(self, other):
         for name in ("sessions", "messages", "orphaned", "transcripts", "prompts"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
-def prune(conn, plan, schema, batch_size, pause, result, batch_time=None):
+def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, stop=None):
     """Delete plan.delete_order in transactions of at most batch_size messages.
 
     A transaction also ends once it has held the write lock for ``batch_time`` seconds:
     the bound a waiting gateway sees is then wall time, whatever the machine's load.
 
     ``result`` (a PruneResult) is updated as each transaction commits, so a run that fails
-    halfway still reports what it did.
+    halfway still reports what it did. ``stop``, when given, is asked before each
+    transaction; a reason from it ends the prune there (``result.stopped``).
     """
     skipped = result.left_alone
     has_prompts = "system_prompts" in schema["tables"] and "system_prompt_hash" in schema["session_columns"]
@@ -81,6 +83,9 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None):
     result.transcripts += finish_pending(conn, pending)
     queue = collections.deque(_batches(plan, max(1, int(batch_size))))
     while queue:
+        result.stopped = stop() if stop else None
+        if result.stopped:
+            break
         batch = queue.popleft()
         counts = PruneResult()  # joins ``result`` only once its transaction commits
         with write_transaction(conn):

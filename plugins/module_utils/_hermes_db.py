@@ -196,6 +196,33 @@ def engine_sqlite():
     }
 
 
+# While the engine may not checkpoint, the WAL frames nobody has checkpointed yet stay below
+# this (Hermes bounds its own WAL to the same 64 MiB with journal_size_limit): the work stops
+# between transactions there and the next run goes on.
+WAL_BUDGET = 64 * MB
+
+
+def wal_pending_bytes(db_path):
+    """Bytes of WAL frames not yet checkpointed into the file: (mxFrame - nBackfill) frames.
+
+    Read from the -shm's WAL-index header through the descriptor our own SQLite holds
+    (opening and closing another one would drop SQLite's locks on it); without one, the
+    size of the -wal.
+    """
+    fd = _own_fd(db_path + "-shm")
+    if fd is None:
+        return file_size(db_path + "-wal")
+    try:
+        head = os.pread(fd, 104, 0)
+    except OSError:
+        return file_size(db_path + "-wal")
+    if len(head) < 104:
+        return 0
+    page = struct.unpack_from("=H", head, 14)[0]
+    frames = struct.unpack_from("=I", head, 16)[0] - struct.unpack_from("=I", head, 96)[0]
+    return max(0, frames) * ((65536 if page == 1 else page) + 24)
+
+
 def is_wal_file(path):
     """The header says WAL (bytes 18 and 19 are 2): SQLite opens it in WAL mode."""
     try:

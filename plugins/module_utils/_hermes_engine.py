@@ -39,7 +39,7 @@ from ._hermes_hazards import (
 )
 from ._hermes_inspect import check_version, inspect_schema, quick_check, stats, unusable_fts
 from ._hermes_plan import DAY, build_plan
-from ._hermes_reclaim import reclaim
+from ._hermes_reclaim import reclaim, wal_budget
 
 # Hermes's non-messaging sources: closing a messaging session (telegram, discord, ...)
 # makes the gateway start a fresh conversation in a live chat, so those are never closed.
@@ -153,6 +153,7 @@ def _new_result(home, name, path):
         "after": None,
         "duration": 0.0,
         "sqlite": engine_sqlite(),
+        "stopped_early": None,
     }
 
 
@@ -324,9 +325,10 @@ def _apply(result, conn, db_path, plan, schema, opts, backup_due, backup_dir, na
         result["changed"] = True
     pause = float(opts["batch_pause"])
     closed, pruned = [], PruneResult()
+    stop = wal_budget(conn, db_path, schema.get("litestream"))
     try:
         close_zombies(conn, plan, schema, opts["end_reason"], pause, closed)
-        prune(conn, plan, schema, int(opts["batch_size"]), pause, pruned, float(opts["batch_time"]))
+        prune(conn, plan, schema, int(opts["batch_size"]), pause, pruned, float(opts["batch_time"]), stop)
     finally:  # also when a later transaction failed: report what was committed
         result.update(
             zombies_closed=len(closed),
@@ -338,7 +340,8 @@ def _apply(result, conn, db_path, plan, schema, opts, backup_due, backup_dir, na
             sessions_left_alone=len(pruned.left_alone),
             changed=result["changed"] or bool(closed or pruned.sessions),
         )
-    result["reclaim"] = reclaim(conn, db_path, opts, schema, pruned.sessions > 0, False)
+    result["stopped_early"] = pruned.stopped
+    result["reclaim"] = reclaim(conn, db_path, opts, schema, pruned.sessions > 0, False, stop)
     if result["reclaim"]["action"]:
         result["changed"] = True
 

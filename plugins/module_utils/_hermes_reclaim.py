@@ -16,12 +16,14 @@ import time
 
 from ._hermes_db import (
     MB,
+    WAL_BUDGET,
     describe_holders,
     file_size,
     free_bytes,
     holders,
     is_wal_file,
     sqlite_wal_reset_affected,
+    wal_pending_bytes,
     write_transaction,
 )
 
@@ -31,15 +33,39 @@ INCREMENTAL_PAGES = 1000  # pages freed per incremental_vacuum step (30-80 ms he
 AUTO_VACUUM_INCREMENTAL = 2
 
 
-def fts_merge(conn, fts, pause):
+def wal_budget(conn, db_path, replica=None):
+    """A ``stop()`` for the work loops when this run may not checkpoint, else None.
+
+    Then every frame we write stays in the -wal until the holder checkpoints it, and the
+    work stops between transactions once WAL_BUDGET of them are pending.
+    """
+    policy, _why = checkpoint_policy(db_path, replica)
+    if policy is not None or replica or not is_wal_file(db_path):
+        return None  # we checkpoint at the end (or Litestream does, or there is no WAL)
+
+    def stop():
+        pending = wal_pending_bytes(db_path)
+        if pending >= WAL_BUDGET:
+            return (
+                "stopped at %d MB of WAL nobody has checkpointed yet (this SQLite %s may not checkpoint while "
+                "another process holds the file): the next run goes on" % (pending // MB, sqlite3.sqlite_version)
+            )
+        return None
+
+    return stop
+
+
+def fts_merge(conn, fts, pause, stop=None):
     """Merge FTS5 segments left sparse by the deletes, a few pages per transaction."""
     steps = 0
     for table in fts:
-        if table["error"]:
+        if table["error"] or (stop and stop()):
             continue
         name = '"%s"' % table["name"].replace('"', '""')
         sql = "INSERT INTO %s(%s, rank) VALUES('merge', %d)" % (name, name, MERGE_PAGES)
         for _step in range(MERGE_MAX_STEPS):
+            if stop and stop():
+                break
             before = conn.total_changes
             with write_transaction(conn):
                 conn.execute(sql)
@@ -95,10 +121,10 @@ def _dir(path):
     return os.path.dirname(os.path.abspath(path)) or "."
 
 
-def incremental_vacuum(conn, pause):
+def incremental_vacuum(conn, pause, stop=None):
     """Free pages in short steps; ``executescript`` runs the pragma to completion."""
     steps = 0
-    while pragma(conn, "freelist_count") > 0 and steps < 100000:
+    while pragma(conn, "freelist_count") > 0 and steps < 100000 and not (stop and stop()):
         conn.executescript("PRAGMA incremental_vacuum(%d);" % INCREMENTAL_PAGES)
         steps += 1
         time.sleep(pause)
@@ -145,12 +171,12 @@ def checkpoint(conn, db_path, replica=None):
     return kind, None
 
 
-def reclaim(conn, db_path, options, schema, pruned, check_mode):
+def reclaim(conn, db_path, options, schema, pruned, check_mode, stop=None):
     """Merge, vacuum as the options and the situation allow; report what and why."""
     mode = options["vacuum_mode"]
     report = {"mode": mode, "action": None, "bytes_freed": 0, "skipped_reason": None, "fts_merge_steps": 0}
     if pruned and not check_mode:
-        report["fts_merge_steps"] = fts_merge(conn, schema["fts"], options["batch_pause"])
+        report["fts_merge_steps"] = fts_merge(conn, schema["fts"], options["batch_pause"], stop)
     replica = schema.get("litestream")
     action, reason = decide(conn, db_path, mode, options["vacuum_threshold"], schema["auto_vacuum"], replica)
     report["action"], report["skipped_reason"] = action, reason
@@ -159,9 +185,10 @@ def reclaim(conn, db_path, options, schema, pruned, check_mode):
             report["skipped_reason"] = "decided after the prune, from the pages it frees"
         return report
     if action == "incremental":
-        incremental_vacuum(conn, options["batch_pause"])
+        incremental_vacuum(conn, options["batch_pause"], stop)
     elif action == "full":
         full_vacuum(conn, options["vacuum_switch_incremental"])
+    report["stopped_early"] = stop() if stop else None
     if pruned or action:
         report["checkpoint"], report["checkpoint_skipped_reason"] = checkpoint(conn, db_path, replica)
     return report

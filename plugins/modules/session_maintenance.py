@@ -266,6 +266,7 @@ def main():
         profiles=result["profiles"],
         summary=result["summary"],
         failed_profiles=result["failed"],
+        sqlite=result["sqlite"],
     )
     if module._diff:
         output["diff"] = diff_of(result["profiles"])

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from hermes_reliability import COLLECTIONS_ROOT, chown_tree, db_problems, full_rows, world_traversable_dir
 
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_reclaim
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import (
     holders,
     sqlite_wal_reset_affected,
@@ -261,8 +262,38 @@ def test_an_affected_sqlite_never_checkpoints_a_wal_file_another_process_holds(t
     assert result["sqlite"]["wal_reset_affected"] is True and profile["sqlite"]["version"] == sqlite3.sqlite_version
     assert profile["reclaim"]["checkpoint"] is None and "WAL-reset" in profile["reclaim"]["checkpoint_skipped_reason"]
     assert profile["reclaim"]["action"] is None and "held open by" in profile["reclaim"]["skipped_reason"]
+    assert profile["stopped_early"] is None  # far below the WAL budget
     assert frames > 0 and backfilled == 0, "something checkpointed: %d of %d frames backfilled" % (backfilled, frames)
     assert 0 < wal_bytes < 4 * 1024 * 1024  # only what our deletes wrote; the gateway checkpoints it later
+    assert db_problems(db) == []
+
+
+@pytest.mark.skipif(not sqlite_wal_reset_affected(), reason="this SQLite has no WAL-reset bug")
+def test_without_checkpoints_the_work_stops_at_the_wal_budget_and_the_next_run_goes_on(tmp_path, monkeypatch):
+    budget = 96 * 1024  # instead of 64 MiB, so that a small file reaches it
+    monkeypatch.setattr(_hermes_reclaim, "WAL_BUDGET", budget)
+    home = wal_home(tmp_path)
+    db = home / "state.db"
+    gateway = subprocess.Popen(
+        [sys.executable, "-c", WAL_GATEWAY, str(db), str(tmp_path / "ready")], stdin=subprocess.PIPE, text=True
+    )
+    try:
+        wait_ready(gateway, str(tmp_path / "ready"))
+        opts = {"hermes_home": [str(home)], "backup": False, "batch_size": 40}
+        first = run_maintenance(opts)["profiles"][0]
+        frames, backfilled = shm_counts(db)
+        page = sqlite3.connect(str(db)).execute("PRAGMA page_size").fetchone()[0]
+    finally:
+        gateway.communicate("", timeout=30)
+    assert first["status"] == "ok" and 0 < first["sessions_pruned"] < 30
+    assert "stopped at" in first["stopped_early"] and "the next run goes on" in first["stopped_early"]
+    assert backfilled == 0
+    # At most one transaction past the budget: the check runs before each one.
+    assert budget <= frames * (page + 24) < budget + 64 * (page + 24)
+    # Alone on the file (the gateway gone), the next run finishes and checkpoints.
+    second = run_maintenance(opts)["profiles"][0]
+    assert second["stopped_early"] is None and first["sessions_pruned"] + second["sessions_pruned"] == 30
+    assert second["reclaim"]["checkpoint"] == "TRUNCATE"
     assert db_problems(db) == []
 
 
