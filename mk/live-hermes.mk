@@ -12,3 +12,6 @@ live-hermes: $(STAMP) collection-link ## tests next to a live Hermes (real 0.22.
 
 bench-wal: $(STAMP) collection-link ## WAL left on the 800k bench file with checkpoints off (prints JSON)
 	$(BIN)/python bench/wal_left.py --size $(or $(WAL_SIZE),800k)
+
+restore-noptrace: $(STAMP) collection-link ## restore refusal test in a podman container without CAP_SYS_PTRACE (root)
+	bash scripts/restore-noptrace.sh $(PYTEST_ARGS)
