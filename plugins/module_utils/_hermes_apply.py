@@ -62,6 +62,7 @@ class PruneResult:
         self.transcripts = 0
         self.prompts = 0
         self.left_alone = set()  # sessions that stopped qualifying while we worked
+        self.stopped = None  # why the prune stopped before the end of its plan (the next run goes on)
 
     def add(self, other):
         for name in ("sessions", "messages", "orphaned", "transcripts", "prompts"):
@@ -78,7 +79,7 @@ def poll_gap(waited):
     return BUSY_POLL_MS[-1] / 1000.0
 
 
-def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_after_commit=False):
+def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_after_commit=False, stop=None):
     """Delete plan.delete_order in transactions of at most batch_size messages.
 
     A transaction also ends once it has held the write lock for ``batch_time`` seconds:
@@ -90,7 +91,8 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     of them, or the next transaction takes the lock before the gateway looks again.
 
     ``result`` (a PruneResult) is updated as each transaction commits, so a run that fails
-    halfway still reports what it did.
+    halfway still reports what it did. ``stop``, when given, is asked before each
+    transaction; a reason from it ends the prune there (``result.stopped``).
     """
     skipped = result.left_alone
     has_prompts = "system_prompts" in schema["tables"] and "system_prompt_hash" in schema["session_columns"]
@@ -98,6 +100,9 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     result.transcripts += finish_pending(conn, pending)
     queue = collections.deque(_batches(plan, max(1, int(batch_size))))
     while queue:
+        result.stopped = stop() if stop else None
+        if result.stopped:
+            break
         batch = queue.popleft()
         counts = PruneResult()  # joins ``result`` only once its transaction commits
         began = time.monotonic()

@@ -9,10 +9,13 @@ runner and the tests all use this file as it is.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import sqlite3
 import stat
+import struct
+import sys
 import tempfile
 from urllib.parse import quote
 
@@ -135,6 +138,13 @@ def open_rw(path, busy_timeout=BUSY_TIMEOUT):
     conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
     conn.execute("PRAGMA foreign_keys=ON")
     conn.execute("PRAGMA synchronous=NORMAL")
+    if sqlite_wal_reset_affected() and is_wal_file(path):
+        # No checkpoint at our commits from an SQLite with the WAL-reset bug: the one
+        # checkpoint we may take is decided at the end (_hermes_reclaim.checkpoint_policy).
+        # Closing does not checkpoint either while another process holds the file: SQLite
+        # checkpoints at close only when it gets the EXCLUSIVE lock, which a holder's SHARED
+        # lock refuses.
+        conn.execute("PRAGMA wal_autocheckpoint=0")
     return conn
 
 
@@ -182,36 +192,235 @@ def free_bytes(directory):
         return 0
 
 
-def holders(db_path, exclude_pids=None):
-    """Other processes that have state.db or a sidecar open, from /proc/*/fd.
+def sqlite_wal_reset_affected(version_info=None):
+    """True when this SQLite has the WAL-reset bug (sqlite.org/wal.html#walresetbug).
 
-    Only processes this user may inspect are seen; Hermes runs as the owner of its
-    home, and the engine runs as that owner too.
+    3.7.0 (the first with WAL) up to 3.51.2; fixed in 3.51.3, and in the 3.50.7 and
+    3.44.6 backports. The same test as Hermes's own gate (hermes_cli/sqlite_runtime.py).
+    """
+    v = tuple(version_info or sqlite3.sqlite_version_info)[:3]
+    fixed = v < (3, 7, 0) or v >= (3, 51, 3) or (3, 50, 7) <= v < (3, 51, 0) or (3, 44, 6) <= v < (3, 45, 0)
+    return not fixed
+
+
+def engine_sqlite():
+    """Which SQLite does the work here: reported with every result."""
+    return {
+        "version": sqlite3.sqlite_version,
+        "wal_reset_affected": sqlite_wal_reset_affected(),
+        "python": sys.executable,
+    }
+
+
+# While the engine may not checkpoint, the WAL frames nobody has checkpointed yet stay below
+# this (Hermes bounds its own WAL to the same 64 MiB with journal_size_limit): the work stops
+# between transactions there and the next run goes on.
+WAL_BUDGET = 64 * MB
+
+
+def wal_pending_bytes(db_path):
+    """Bytes of WAL frames not yet checkpointed into the file: (mxFrame - nBackfill) frames.
+
+    Read from the -shm's WAL-index header through the descriptor our own SQLite holds
+    (opening and closing another one would drop SQLite's locks on it); without one, the
+    size of the -wal.
+    """
+    fd = _own_fd(db_path + "-shm")
+    if fd is None:
+        return file_size(db_path + "-wal")
+    try:
+        head = os.pread(fd, 104, 0)
+    except OSError:
+        return file_size(db_path + "-wal")
+    if len(head) < 104:
+        return 0
+    page = struct.unpack_from("=H", head, 14)[0]
+    frames = struct.unpack_from("=I", head, 16)[0] - struct.unpack_from("=I", head, 96)[0]
+    return max(0, frames) * ((65536 if page == 1 else page) + 24)
+
+
+def is_wal_file(path):
+    """The header says WAL (bytes 18 and 19 are 2): SQLite opens it in WAL mode."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(20)
+    except OSError:
+        return False
+    return len(header) == 20 and header[18] == 2 and header[19] == 2
+
+
+# SQLite's unix VFS lock geometry (os_unix.c). Every connection to a WAL database holds a
+# shared lock on the -shm's DMS byte (128) for as long as it is open, next to the eight WAL
+# locks (120-127). On the main file, PENDING, RESERVED and the SHARED range are only held by
+# a connection inside a transaction (in rollback-journal mode an idle connection holds none).
+PENDING_BYTE = 0x40000000
+DB_LOCK_RANGE = (PENDING_BYTE, 512)
+SHM_LOCK_RANGE = (120, 9)
+_FLOCK = "hhqqi"  # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid
+
+
+def lock_owner(path, start, length):
+    """A lock another process holds on ``path``'s byte range: its pid (0 when not visible
+    from here, -1 for an open-file-description lock), or None when nobody holds one.
+
+    ``F_GETLK`` needs no access to ``/proc``. It ignores this process's own (POSIX) locks,
+    and the probe reuses a descriptor our SQLite already has on the file: closing any
+    descriptor of a file drops all of this process's POSIX locks on it, SQLite's included.
+    """
+    fd, ours = _own_fd(path), True
+    if fd is None:
+        try:
+            fd, ours = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), False
+        except OSError:
+            return None
+    try:
+        query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, start, length, 0)
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query + b"\0" * 16)
+    except OSError:
+        return None
+    finally:
+        if not ours:
+            os.close(fd)  # no connection of ours has this file open: nothing of ours to drop
+    l_type, _whence, _start, _len, l_pid = struct.unpack(_FLOCK, answer[: struct.calcsize(_FLOCK)])
+    return None if l_type == fcntl.F_UNLCK else l_pid
+
+
+def _own_fd(path):
+    try:
+        want = os.stat(path)
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    for name in names:
+        try:
+            st = os.fstat(int(name))
+        except (OSError, ValueError):
+            continue
+        if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino) and stat.S_ISREG(st.st_mode):
+            return int(name)
+    return None
+
+
+def holders(db_path, exclude_pids=None):
+    """Processes that have state.db or a sidecar open, or may have: never fewer than there are.
+
+    Each is ``{"pid", "command", "evidence"}``: ``descriptor`` (its /proc/PID/fd points at
+    the file), ``lock`` (it holds one of SQLite's locks on the file, seen with F_GETLK) or
+    ``unreadable`` (a possible holder: its descriptors cannot be read from here, by /proc
+    permissions, hidepid or a missing CAP_SYS_PTRACE, and no lock probe rules it out).
+    In WAL mode the lock probe rules out every SQLite connection, however hidden; in
+    rollback-journal mode an idle connection holds no lock, so nothing does.
     """
     exclude = set(exclude_pids or ()) | {os.getpid()}
+    found, hidden = _scan_proc(db_path, exclude)
+    seen = {h["pid"] for h in found}
+    wal = is_wal_file(db_path)
+    probes = [(db_path, DB_LOCK_RANGE)] + ([(db_path + "-shm", SHM_LOCK_RANGE)] if wal else [])
+    for path, (start, length) in probes:
+        pid = lock_owner(path, start, length)
+        if pid is None or pid in exclude or pid in seen:
+            continue
+        seen.add(pid)
+        command = _comm(pid) if pid > 0 else "a process this host cannot name (another pid namespace?)"
+        found.append({"pid": pid if pid > 0 else None, "command": command, "evidence": "lock"})
+    if not wal and not found:
+        found.extend(hidden)  # an idle rollback-journal connection holds no lock: cannot rule them out
+    return found
+
+
+def _scan_proc(db_path, exclude):
+    """(holders seen in /proc/*/fd, processes that could hold it but whose descriptors are unreadable)."""
     real = os.path.realpath(db_path)
-    targets = {real} | {real + s for s in SIDECAR_SUFFIXES}
-    found = []
+    targets = {real} | {real + s for s in SIDECAR_SUFFIXES} | {real + "-journal"}
     try:
+        st = os.stat(real)
         pids = [p for p in os.listdir("/proc") if p.isdigit()]
     except OSError:
-        return found
+        return [], [{"pid": None, "command": "every process (/proc cannot be read)", "evidence": "unreadable"}]
+    found, hidden = [], []
     for pid in pids:
         if int(pid) in exclude:
             continue
         fd_dir = "/proc/%s/fd" % pid
+        readable = True
         try:
             fds = os.listdir(fd_dir)
+        except FileNotFoundError:
+            continue  # it just exited
         except OSError:
-            continue
+            fds, readable = [], False
         for fd in fds:
             try:
                 if os.readlink(os.path.join(fd_dir, fd)) in targets:
-                    found.append({"pid": int(pid), "command": _comm(pid)})
+                    found.append({"pid": int(pid), "command": _comm(pid), "evidence": "descriptor"})
                     break
+            except FileNotFoundError:
+                continue  # that descriptor was just closed
             except OSError:
-                continue
-    return found
+                readable = False
+                break
+        if not readable and _could_open(pid, st):
+            hidden.append({"pid": int(pid), "command": _comm(pid), "evidence": "unreadable"})
+    if _proc_hides_others() and os.geteuid() != 0 and st.st_mode & 0o066:
+        hidden.append({"pid": None, "command": "other users' processes (/proc is hidepid)", "evidence": "unreadable"})
+    return found, hidden
+
+
+def _could_open(pid, st):
+    """Whether a process whose descriptors we cannot read could have the file open at all.
+
+    Its owner's processes, anyone's when the mode lets group or others in, and root's when
+    root owns the file. Root's processes next to a Hermes user's 0600 file are left out: the
+    Hermes gateway runs as the owner of its home, and a root process holding the file would
+    have made root-owned sidecars the gateway cannot open.
+    """
+    uids = _status_ids(pid, "Uid:")
+    if uids is None:
+        return True  # its status cannot be read either: assume the worst
+    if st.st_uid in uids or st.st_mode & 0o066:
+        return True
+    return st.st_uid == 0 and 0 in uids
+
+
+def _status_ids(pid, field):
+    try:
+        with open("/proc/%s/status" % pid) as handle:
+            for line in handle:
+                if line.startswith(field):
+                    return {int(x) for x in line.split()[1:]}
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _proc_hides_others():
+    try:
+        with open("/proc/self/mountinfo") as handle:
+            for line in handle:
+                fields = line.split()
+                if len(fields) > 4 and fields[4] == "/proc":
+                    options = line.split(" - ")[-1].split()[-1].split(",")
+                    return any(o.startswith("hidepid=") and o not in ("hidepid=0", "hidepid=off") for o in options)
+    except OSError:
+        return False
+    return False
+
+
+def describe_holders(found, limit=5):
+    """``python3 (pid 12)``, ``hermes (pid 40, a possible holder: its descriptors cannot be read)``."""
+    words = []
+    for h in found[:limit]:
+        pid = "pid %d" % h["pid"] if h.get("pid") else "pid unknown"
+        if h.get("evidence") == "unreadable":
+            why = "a possible holder: its descriptors cannot be read and no lock rules it out"
+            words.append("%s (%s, %s)" % (h["command"], pid, why))
+        elif h.get("evidence") == "lock":
+            words.append("%s (%s, holds a SQLite lock on it)" % (h["command"], pid))
+        else:
+            words.append("%s (%s)" % (h["command"], pid))
+    if len(found) > limit:
+        words.append("%d more" % (len(found) - limit))
+    return ", ".join(words)
 
 
 def _comm(pid):

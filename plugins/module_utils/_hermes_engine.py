@@ -20,11 +20,28 @@ import traceback
 from ._hermes_apply import PruneResult, close_zombies, prune
 from ._hermes_archive import list_archives, take_archive
 from ._hermes_backup import apply_retention, check_backup_dir, list_backups, take_backup
-from ._hermes_db import MB, MaintenanceError, ProfileSkipped, ReadOnlyDB, check_db_file, holders, open_rw
+from ._hermes_db import (
+    MB,
+    MaintenanceError,
+    ProfileSkipped,
+    ReadOnlyDB,
+    check_db_file,
+    engine_sqlite,
+    holders,
+    open_rw,
+)
+from ._hermes_hazards import (
+    auto_maintenance_meta,
+    auto_prune_setting,
+    held_hermes_locks,
+    litestream_tables,
+    no_checkpoint_on_close,
+    refuse_during_hermes_operation,
+)
 from ._hermes_inspect import check_version, inspect_schema, quick_check, quick_check_small_tables, stats, unusable_fts
 from ._hermes_options import BY_NAME, OPTIONS, check_option, defaults
 from ._hermes_plan import DAY, build_plan
-from ._hermes_reclaim import reclaim
+from ._hermes_reclaim import reclaim, wal_budget
 from ._hermes_results import new_profile_result
 
 LOCK_SUFFIX = ".auto-maintenance.lock"  # the file Hermes's own auto-maintenance locks
@@ -128,17 +145,22 @@ class ProfileLock:
 def maintain_profile(home, name, db_path, opts, check_mode, now):
     """Lock, preflight, plan, back up, apply, reclaim: one profile, never raising."""
     result = new_profile_result(home, name, db_path)
+    result["sqlite"] = engine_sqlite()
     started = time.time()
     lock = db = conn = None
     try:
         st = check_db_file(db_path)
         _check_owner(db_path, st, opts)
         lock = ProfileLock(db_path, check_mode=check_mode)
+        refuse_during_hermes_operation(db_path)
         db = ReadOnlyDB(db_path, opts["busy_timeout"]) if check_mode else None
         conn = db.conn if db else open_rw(db_path, float(opts["busy_timeout"]))
         result["preflight"] = preflight_check(conn, db_path)
         schema = inspect_schema(conn, home)
         check_version(schema, opts["allow_unknown_schema"])
+        schema["litestream"] = result["litestream"] = litestream_tables(conn)
+        if schema["litestream"] and not check_mode:
+            no_checkpoint_on_close(conn)
         result["schema_version"] = schema["schema_version"]
         result["fts_layout"] = schema["fts_layout"]
         short_reads = result["preflight"]["live_rollback"]
@@ -309,6 +331,7 @@ def _apply(result, conn, plan, schema, opts, *, db_path, backup_due, backup_dir,
         _retain(result, opts, backup_dir=backup_dir, name=name, now=now, lister=None)
     pause = float(opts["batch_pause"])
     closed, pruned = [], PruneResult()
+    stop = wal_budget(conn, db_path, schema.get("litestream"))
     try:
         close_zombies(conn, plan, schema, end_reason=opts["end_reason"], pause=pause, closed=closed)
         if live_rollback and backup_due:
@@ -322,6 +345,7 @@ def _apply(result, conn, plan, schema, opts, *, db_path, backup_due, backup_dir,
             conn, plan, schema,
             batch_size=int(opts["batch_size"]), pause=pause, result=pruned, batch_time=float(opts["batch_time"]),
             pause_after_commit=live_rollback,  # rollback-mode commits are slower: let the gateway's next poll in
+            stop=stop,
         )  # fmt: skip
     finally:  # also when a later transaction failed: report what was committed
         result.update(
@@ -334,7 +358,8 @@ def _apply(result, conn, plan, schema, opts, *, db_path, backup_due, backup_dir,
             sessions_left_alone=len(pruned.left_alone),
             changed=result["changed"] or bool(closed or pruned.sessions),
         )
-    result["reclaim"] = reclaim(conn, db_path, opts, schema, pruned=pruned.sessions > 0, check_mode=False)
+    result["stopped_early"] = pruned.stopped
+    result["reclaim"] = reclaim(conn, db_path, opts, schema, pruned=pruned.sessions > 0, check_mode=False, stop=stop)
     if result["reclaim"]["action"]:
         result["changed"] = True
 
@@ -433,6 +458,7 @@ def run_maintenance(options, check_mode=False):
         "summary": [format_summary_line(p, check_mode) for p in profiles],
         "failed": [p["name"] for p in profiles if p["status"] == "failed"],
         "check_mode": check_mode,
+        "sqlite": engine_sqlite(),
     }
 
 
@@ -454,7 +480,7 @@ def format_summary_line(p, check_mode=False):
 
 def profile_info(home, name, db_path, opts, check_mode, now):
     """Read-only facts about one profile; reports what it can even when maintenance would refuse."""
-    info = {"name": name, "home": home, "path": db_path, "status": "ok", "error": None}
+    info = {"name": name, "home": home, "path": db_path, "status": "ok", "error": None, "sqlite": engine_sqlite()}
     db = None
     try:
         st = check_db_file(db_path)
@@ -468,6 +494,9 @@ def profile_info(home, name, db_path, opts, check_mode, now):
             auto_vacuum=schema["auto_vacuum"],
             holders=holders(db_path),
             mode="%o" % (st.st_mode & 0o777),
+            hermes_locks_held=held_hermes_locks(db_path),
+            litestream=litestream_tables(db.conn),
+            hermes_auto_maintenance=dict(auto_maintenance_meta(db.conn), config=auto_prune_setting(home)),
         )
         backups = list_backups(backups_of(home, opts["backup_dir"]), name)
         info["newest_backup"] = (
@@ -492,4 +521,4 @@ def profile_info(home, name, db_path, opts, check_mode, now):
 def gather_info(options):
     """Stats of every profile, for reports; opens read-only and writes nothing."""
     opts = normalize_options(options)
-    return {"profiles": _each_profile(opts, profile_info, check_mode=True)}
+    return {"profiles": _each_profile(opts, profile_info, check_mode=True), "sqlite": engine_sqlite()}

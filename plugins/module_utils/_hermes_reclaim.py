@@ -10,10 +10,22 @@ file in ``auto_vacuum=INCREMENTAL`` mode is reclaimed in short steps even while 
 from __future__ import annotations
 
 import os
+import sqlite3
 import tempfile
 import time
 
-from ._hermes_db import MB, file_size, free_bytes, holders, write_transaction
+from ._hermes_db import (
+    MB,
+    WAL_BUDGET,
+    describe_holders,
+    file_size,
+    free_bytes,
+    holders,
+    is_wal_file,
+    sqlite_wal_reset_affected,
+    wal_pending_bytes,
+    write_transaction,
+)
 
 MERGE_PAGES = 256  # FTS5 'merge' work per transaction: a bounded write-lock hold
 MERGE_MAX_STEPS = 2000
@@ -21,15 +33,39 @@ INCREMENTAL_PAGES = 1000  # pages freed per incremental_vacuum step (30-80 ms he
 AUTO_VACUUM_INCREMENTAL = 2
 
 
-def fts_merge(conn, fts, pause):
+def wal_budget(conn, db_path, replica=None):
+    """A ``stop()`` for the work loops when this run may not checkpoint, else None.
+
+    Then every frame we write stays in the -wal until the holder checkpoints it, and the
+    work stops between transactions once WAL_BUDGET of them are pending.
+    """
+    policy, _why = checkpoint_policy(db_path, replica)
+    if policy is not None or replica or not is_wal_file(db_path):
+        return None  # we checkpoint at the end (or Litestream does, or there is no WAL)
+
+    def stop():
+        pending = wal_pending_bytes(db_path)
+        if pending >= WAL_BUDGET:
+            return (
+                "stopped at %d MB of WAL nobody has checkpointed yet (this SQLite %s may not checkpoint while "
+                "another process holds the file): the next run goes on" % (pending // MB, sqlite3.sqlite_version)
+            )
+        return None
+
+    return stop
+
+
+def fts_merge(conn, fts, pause, stop=None):
     """Merge FTS5 segments left sparse by the deletes, a few pages per transaction."""
     steps = 0
     for table in fts:
-        if table["error"]:
+        if table["error"] or (stop and stop()):
             continue
         name = '"%s"' % table["name"].replace('"', '""')
         sql = "INSERT INTO %s(%s, rank) VALUES('merge', %d)" % (name, name, MERGE_PAGES)
         for _step in range(MERGE_MAX_STEPS):
+            if stop and stop():
+                break
             before = conn.total_changes
             with write_transaction(conn):
                 conn.execute(sql)
@@ -44,13 +80,19 @@ def pragma(conn, name):
     return conn.execute("PRAGMA %s" % name).fetchone()[0]
 
 
-def decide(conn, db_path, mode, threshold_percent, auto_vacuum):
+def decide(conn, db_path, mode, threshold_percent, auto_vacuum, replica=None):
     """Return (action, reason): action is 'full', 'incremental' or None with a reason."""
     free, pages = pragma(conn, "freelist_count"), pragma(conn, "page_count")
     if mode == "never":
         return None, "vacuum_mode is never"
     if auto_vacuum == AUTO_VACUUM_INCREMENTAL and mode in ("auto", "incremental"):
         return ("incremental", None) if free else (None, "no free pages")
+    if replica:
+        return None, (
+            "Litestream replicates this file (%s): a full VACUUM rewrites every page under its WAL shadowing, "
+            "so only row work is done (a file already in auto_vacuum=INCREMENTAL mode is reclaimed in steps)"
+            % ", ".join(replica)
+        )
     if mode == "incremental":
         return None, (
             "the file is not in auto_vacuum=INCREMENTAL mode; one full VACUUM (vacuum_mode=full, "
@@ -64,8 +106,9 @@ def decide(conn, db_path, mode, threshold_percent, auto_vacuum):
         return None, "free pages are %.1f%% of the file, below vacuum_threshold %s%%" % (percent, threshold_percent)
     others = holders(db_path)
     if others:
-        names = ", ".join("%s (pid %d)" % (h["command"], h["pid"]) for h in others[:5])
-        return None, "held open by %s: a full VACUUM would stall or break it; run maintain.yml's service window" % names
+        return None, "held open by %s: a full VACUUM would stall or break it; run maintain.yml's service window" % (
+            describe_holders(others)
+        )
     size = file_size(db_path) + file_size(db_path + "-wal")
     for where, need in ((db_path, 2 * size), (tempfile.gettempdir(), size)):
         have = free_bytes(where if where != db_path else _dir(db_path))
@@ -78,10 +121,10 @@ def _dir(path):
     return os.path.dirname(os.path.abspath(path)) or "."
 
 
-def incremental_vacuum(conn, pause):
+def incremental_vacuum(conn, pause, stop=None):
     """Free pages in short steps; ``executescript`` runs the pragma to completion."""
     steps = 0
-    while pragma(conn, "freelist_count") > 0 and steps < 100000:
+    while pragma(conn, "freelist_count") > 0 and steps < 100000 and not (stop and stop()):
         conn.executescript("PRAGMA incremental_vacuum(%d);" % INCREMENTAL_PAGES)
         steps += 1
         time.sleep(pause)
@@ -95,32 +138,57 @@ def full_vacuum(conn, switch_to_incremental):
     conn.execute("VACUUM")
 
 
-def checkpoint(conn, db_path):
-    """TRUNCATE blocks writers while it waits, so only when nobody else holds the file."""
-    kind = "PASSIVE" if holders(db_path) else "TRUNCATE"
+def checkpoint_policy(db_path, replica=None, others=None):
+    """(kind, reason): which checkpoint this run may take, or None and why not.
+
+    Litestream owns a replica's checkpoints. An SQLite with the WAL-reset bug never
+    checkpoints a WAL file another process holds (the race is a checkpoint against a commit
+    that resets the WAL elsewhere). TRUNCATE blocks writers while it waits, so it is only
+    taken when nobody else holds the file, or may.
+    """
+    if replica:
+        return None, "Litestream replicates this file (%s): it does the checkpoints" % ", ".join(replica)
+    if not is_wal_file(db_path):
+        return None, "not a WAL file: nothing to checkpoint"
+    others = holders(db_path) if others is None else others
+    if others and sqlite_wal_reset_affected():
+        return None, (
+            "this SQLite %s has the WAL-reset bug and %s holds the file: no checkpoint from us "
+            "(the holder's own checkpoints move our frames)" % (sqlite3.sqlite_version, describe_holders(others))
+        )
+    return ("PASSIVE" if others else "TRUNCATE"), None
+
+
+def checkpoint(conn, db_path, replica=None):
+    """The checkpoint ``checkpoint_policy`` allows; returns (kind or None, reason)."""
+    kind, reason = checkpoint_policy(db_path, replica)
+    if kind is None:
+        return None, reason
     try:
         conn.execute("PRAGMA wal_checkpoint(%s)" % kind).fetchall()
     except Exception:  # a busy checkpoint is harmless: SQLite retries at the next commit
-        return None
-    return kind
+        return None, "the checkpoint was busy"
+    return kind, None
 
 
-def reclaim(conn, db_path, options, schema, *, pruned, check_mode):
+def reclaim(conn, db_path, options, schema, *, pruned, check_mode, stop=None):
     """Merge, vacuum as the options and the situation allow; report what and why."""
     mode = options["vacuum_mode"]
     report = {"mode": mode, "action": None, "bytes_freed": 0, "skipped_reason": None, "fts_merge_steps": 0}
     if pruned and not check_mode:
-        report["fts_merge_steps"] = fts_merge(conn, schema["fts"], options["batch_pause"])
-    action, reason = decide(conn, db_path, mode, options["vacuum_threshold"], schema["auto_vacuum"])
+        report["fts_merge_steps"] = fts_merge(conn, schema["fts"], options["batch_pause"], stop)
+    replica = schema.get("litestream")
+    action, reason = decide(conn, db_path, mode, options["vacuum_threshold"], schema["auto_vacuum"], replica)
     report["action"], report["skipped_reason"] = action, reason
     if check_mode:
         if pruned and action is None and reason == "no free pages":
             report["skipped_reason"] = "decided after the prune, from the pages it frees"
         return report
     if action == "incremental":
-        incremental_vacuum(conn, options["batch_pause"])
+        incremental_vacuum(conn, options["batch_pause"], stop)
     elif action == "full":
         full_vacuum(conn, options["vacuum_switch_incremental"])
+    report["stopped_early"] = stop() if stop else None
     if pruned or action:
-        report["checkpoint"] = checkpoint(conn, db_path)
+        report["checkpoint"], report["checkpoint_skipped_reason"] = checkpoint(conn, db_path, replica)
     return report

@@ -36,6 +36,7 @@ from ._hermes_db import (
     SIDECAR_SUFFIXES,
     MaintenanceError,
     ProfileSkipped,
+    describe_holders,
     file_size,
     free_bytes,
     fsync_path,
@@ -187,10 +188,9 @@ def _restore(plan, force):
     db, backup, current = plan["db"], plan["backup"], plan["current"]
     others = holders(db)
     if others and not force:
-        names = ", ".join("%s (pid %d)" % (h["command"], h["pid"]) for h in others[:5])
         raise MaintenanceError(
             "%s is held open by %s: stop the Hermes gateway first (hermes_gateway_service), or force the restore "
-            "and restart every process that had it open" % (db, names)
+            "and restart every process that had it open" % (db, describe_holders(others))
         )
     directory = os.path.dirname(db)
     need = int(backup["db_bytes"] * 1.05) + MB

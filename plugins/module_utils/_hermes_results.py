@@ -42,6 +42,11 @@ RUN_FIELDS = (
         "What happened to each profile (in check mode, what would happen).",
     )),
     Field("changed", "bool", in_return=False, doc=("Whether any profile changed (or would change).",)),
+    Field("sqlite", "dict", doc=(
+        "The SQLite that did the work, with V(version), V(wal_reset_affected) (whether it has the WAL-reset bug, "
+        "SQLite 3.7.0 to 3.51.2 but 3.50.7 and 3.44.6; then it never checkpoints a WAL file another process "
+        "holds) and V(python) (the interpreter).",
+    )),
     Field("check_mode", "bool", module_key=None, doc=("Whether this was a dry run (nothing was written).",)),
 )
 
@@ -93,6 +98,18 @@ PROFILE_FIELDS = (
     Field("backups_removed", "list", initial=[], elements="str", doc=(
         "Paths of this collection's older backups that retention removed after the new one.",
     )),
+    Field("sqlite", "dict", returned="when the profile was worked on", doc=(
+        "The SQLite that worked on this profile, as the run's RV(sqlite) (a root run works in a child process).",
+    )),
+    Field("litestream", "list", elements="str", returned="when the schema was read", doc=(
+        "Litestream's tables found in the file (a replicated database); then no checkpoint and no full VACUUM, "
+        "and incremental steps only where the file is already in incremental mode.",
+    )),
+    Field("stopped_early", "str", initial=None, doc=(
+        "Null, or why the run stopped between two transactions before all its work was done (the C(-wal) "
+        "reached its limit while another process holds the file and this SQLite may not checkpoint it); the "
+        "next run carries on.",
+    )),
     Field("preflight", "dict", initial=None, doc=(
         "How the file was checked before any change. V(journal_mode), V(holders) (other processes with the file "
         "open, counted in rollback-journal mode only), V(live_rollback) (both), V(check) (V(quick_check) of the "
@@ -101,7 +118,8 @@ PROFILE_FIELDS = (
     )),
     Field("reclaim", "dict", initial=None, doc=(
         "V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed), V(skipped_reason), V(fts_merge_steps), "
-        "and V(checkpoint) after a real run.",
+        "V(stopped_early), and V(checkpoint) (null when none was run; V(checkpoint_skipped_reason) says why) after "
+        "a real run.",
     )),
     Field("before", "dict", initial=None, doc=(
         "V(db_bytes), V(wal_bytes), V(sessions), V(messages), V(open_sessions), V(free_pages), V(page_size), "

@@ -255,6 +255,24 @@ profiles:
       description: Paths of this collection's older backups that retention removed after the new one.
       type: list
       elements: str
+    sqlite:
+      description:
+        - The SQLite that worked on this profile, as the run's RV(sqlite) (a root run works in a child process).
+      returned: when the profile was worked on
+      type: dict
+    litestream:
+      description:
+        - Litestream's tables found in the file (a replicated database); then no checkpoint and no full VACUUM, and
+          incremental steps only where the file is already in incremental mode.
+      returned: when the schema was read
+      type: list
+      elements: str
+    stopped_early:
+      description:
+        - Null, or why the run stopped between two transactions before all its work was done (the C(-wal) reached
+          its limit while another process holds the file and this SQLite may not checkpoint it); the next run
+          carries on.
+      type: str
     preflight:
       description:
         - How the file was checked before any change. V(journal_mode), V(holders) (other processes with the file
@@ -265,7 +283,8 @@ profiles:
     reclaim:
       description:
         - V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed), V(skipped_reason),
-          V(fts_merge_steps), and V(checkpoint) after a real run.
+          V(fts_merge_steps), V(stopped_early), and V(checkpoint) (null when none was run;
+          V(checkpoint_skipped_reason) says why) after a real run.
       type: dict
     before:
       description:
@@ -282,6 +301,13 @@ profiles:
       description: The Python traceback of the unexpected error, for a bug report.
       returned: when an unexpected error stopped the profile
       type: str
+sqlite:
+  description:
+    - The SQLite that did the work, with V(version), V(wal_reset_affected) (whether it has the WAL-reset bug, SQLite
+      3.7.0 to 3.51.2 but 3.50.7 and 3.44.6; then it never checkpoints a WAL file another process holds) and
+      V(python) (the interpreter).
+  returned: always
+  type: dict
 # END GENERATED
 """
 
@@ -315,6 +341,7 @@ def main():
         profiles=result["profiles"],
         summary=result["summary"],
         failed_profiles=result["failed"],
+        sqlite=result["sqlite"],
     )
     if module._diff:
         output["diff"] = diff_of(result["profiles"])

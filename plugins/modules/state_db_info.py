@@ -136,7 +136,7 @@ def main():
         info = gather_info(dict(module.params))
     except MaintenanceError as exc:
         module.fail_json(msg="invalid options: %s" % exc)
-    module.exit_json(changed=False, profiles=info["profiles"])
+    module.exit_json(changed=False, profiles=info["profiles"], sqlite=info["sqlite"])
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import stat
 import subprocess
 from pathlib import Path
 
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import sqlite_wal_reset_affected
+
 REPO = Path(__file__).resolve().parents[2]
 LINE = re.compile(
     r"^(?P<name>[\w-]+): zombies=(?P<z>\d+) pruned=(?P<p>\d+) freed=\d+MB remaining=\d+ sessions, \d+ messages$"
@@ -126,6 +128,15 @@ def test_report(ansible_playbook, tmp_path):
     assert by_name["broken"]["note"].startswith("FAILED")
     assert int(by_name["default"]["prunable"]) > 0
     assert by_name["default"]["newest_backup"] == "none"
+    live = out.result("Print the live-Hermes table")["msg"]
+    assert [c.strip() for c in live[0].split("|")[1:-1]] == [
+        "host", "profile", "engine sqlite", "hermes auto_prune", "last auto prune", "last vacuum", "held by",
+    ]  # fmt: skip
+    rows = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in live[2:]}
+    assert set(rows) == set(PROFILES)  # the broken file has nothing of this to show
+    affected = " (WAL-reset bug)" if sqlite_wal_reset_affected() else " (fixed)"
+    assert rows["default"][2] == sqlite3.sqlite_version + affected
+    assert rows["default"][3] == "on, 90 days" and rows["default"][4:] == ["never", "never", "nobody"]
 
 
 def test_schedule_with_hermes_cron_then_none_then_absent(ansible_playbook, tmp_path):
