@@ -183,7 +183,8 @@ test: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## THE test run (CI): lint,
 
 demo: $(STAMP) collection-link ## run playbooks/demo.yml against a generated demo Hermes home on localhost
 	@mkdir -p build/ansible-tmp
-	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i localhost, -c local playbooks/demo.yml
+	@echo "+ ansible-playbook -i localhost, -c local playbooks/demo.yml (the collection from build/collections)"
+	@$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i localhost, -c local playbooks/demo.yml
 
 changelog: $(STAMP) ## write CHANGELOG.md/.rst for galaxy.yml's version (preview; fragments kept)
 	@bash scripts/changelog.sh $(BIN)/antsibull-changelog --write

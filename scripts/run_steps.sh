@@ -47,8 +47,17 @@ if [ -s "$logs/missing-legs.txt" ] || [ -s "$logs/privilege-skips.txt" ]; then
     echo
     echo "Could not run on this machine (CI=true makes these failures):"
     sed 's/^/  /' "$logs/missing-legs.txt"
-    # "unit: SKIPPED [8] tests/lib/x.py:171: cannot mount ..." -> "unit: 8 tests skipped: cannot mount ..."
-    sed -E 's/^([^:]+): SKIPPED \[([0-9]+)\] [^ ]+: (.*)$/  \1: \2 tests skipped: \3/' "$logs/privilege-skips.txt"
+    # "unit: SKIPPED [1] tests/lib/x.py:171: cannot mount a tmpfs here: mount: /tmp/x: denied" lines,
+    # one per test, become "unit: 8 tests skipped: cannot mount a tmpfs here: mount: denied"
+    awk '{
+        step = $1; n = $3; gsub(/[][]/, "", n)
+        reason = $0; sub(/^[^ ]+ SKIPPED \[[0-9]+\] [^ ]+ /, "", reason); gsub(/ \/[^ :]*:/, "", reason)
+        key = step " " reason
+        if (!(key in count)) order[++keys] = key
+        count[key] += n
+    } END { for (i = 1; i <= keys; i++) { k = order[i]; split(k, parts, " ")
+        printf "  %s %d test%s skipped: %s\n", parts[1], count[k], count[k] == 1 ? "" : "s", substr(k, length(parts[1]) + 2) } }' \
+        "$logs/privilege-skips.txt"
     if [ "${CI:-}" = true ] && [ -s "$logs/privilege-skips.txt" ]; then
         echo "error: CI=true: tests were skipped for want of a privilege CI has to give (root, tmpfs mounts)"
         failed=$((failed + 1))

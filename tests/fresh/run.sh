@@ -85,7 +85,7 @@ fi
 if [ "$(cat "$cache/$suite.image-id" 2>/dev/null)" != "$(stat -c %Y "$rootfs_tar")" ] \
     || ! "${podman[@]}" image exists "$image"; then
     say "podman import $rootfs_tar -> $image"
-    "${podman[@]}" import --change 'ENV LANG=C.UTF-8' "$rootfs_tar" "$image" >/dev/null
+    "${podman[@]}" import --quiet --change 'ENV LANG=C.UTF-8' "$rootfs_tar" "$image" >/dev/null
     stat -c %Y "$rootfs_tar" >"$cache/$suite.image-id"
 fi
 
@@ -112,8 +112,7 @@ cp /etc/hermes-fresh/pip.conf /etc/pip.conf
 . /etc/os-release
 echo "== \$PRETTY_NAME; README prerequisites: $prereq"
 t=\$(date +%s)
-apt-get update -qq
-$prereq -y -qq --no-install-recommends >/dev/null
+{ apt-get update -qq && $prereq -y -qq --no-install-recommends; } >/tmp/apt.log 2>&1 || { tail -n 30 /tmp/apt.log; exit 1; }
 echo "== prerequisites installed in \$((\$(date +%s) - t))s (\$(python3 -c 'import sqlite3, sys; print("Python", sys.version.split()[0], "with SQLite", sqlite3.sqlite_version)'))"
 git clone --quiet /src/hermes-ops.git /root/hermes-ops
 cd /root/hermes-ops
