@@ -10,7 +10,9 @@ MAKEFLAGS += --no-print-directory
 
 # Interpreter of the controller venv: any Python 3.11 to 3.13 (ansible-core 2.19's
 # controller range), the newest on PATH unless PYTHON=... is given (scripts/find_python.sh).
-PYTHON ?= $(shell bash scripts/find_python.sh controller)
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell bash scripts/find_python.sh controller)
+endif
 VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
@@ -21,9 +23,6 @@ COLLECTION_LINK := $(COLLECTIONS_ROOT)/ansible_collections/hermes_agent/ops
 # `make test` and the test targets make them, `make demo` does not need them.
 HERMES_VENVS_SCRIPT := tests/setup_hermes_venvs.sh
 HERMES_VENVS_STAMP := build/.hermes-venvs-stamp
-# This machine's pip config names local index folders that may not exist; pip then prints
-# one warning per package. Drop only those lines (pipefail keeps pip's exit code).
-PIP_FILTER := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
 # pytest selection: the default run leaves out the `matrix` marker (see `make matrix`).
 PYTEST_MARKERS ?= not matrix
@@ -124,7 +123,9 @@ units: $(STAMP) $(HERMES_VENVS_STAMP) ## ansible-test units --venv on the contro
 MATRIX_PYTHONS ?= 3.8 3.9 3.10 3.11 3.12 3.13
 MATRIX_MARKERS ?= not matrix and not slow
 # Second controller: the newest ansible-core (requirements/controller-py313.txt) on Python 3.13.
-PYTHON313 ?= $(shell bash scripts/find_python.sh 3.13)
+ifeq ($(origin PYTHON313),undefined)
+PYTHON313 := $(shell bash scripts/find_python.sh 3.13)
+endif
 VENV313 ?= .venv-313
 BIN313 := $(CURDIR)/$(VENV313)/bin
 STAMP313 := $(VENV313)/.setup-stamp
