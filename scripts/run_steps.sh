@@ -24,7 +24,7 @@ total_start=$(date +%s)
 for target in "$@"; do
     log=$logs/$target.log
     start=$(date +%s)
-    printf '%-18s ... ' "make $target"
+    printf '%-24s ... ' "make $target"
     # -k: inside a step, independent parts still run after one fails (all lint findings at once)
     if $make_cmd -k "$target" >"$log" 2>&1; then status=ok; else status=FAILED; failed=$((failed + 1)); fi
     secs=$(($(date +%s) - start))
