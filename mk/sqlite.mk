@@ -2,7 +2,7 @@
 # tests, real-release scenarios included, on the SQLite of Debian 12 (the system's), Debian 13
 # (trixie, 3.46) and Debian sid (3.53, free of the WAL-reset bug, so Hermes 0.22 runs WAL).
 #
-#   make matrix-sqlite                       all three (builds cached in .cache/sqlite/<suite>/)
+#   make matrix-sqlite                       trixie and sid (system: `make unit`, or MATRIX_SQLITES="system trixie sid")
 #   make matrix-sqlite MATRIX_SQLITES=sid    one
 #   make sqlite-builds                       only build (or find cached) the libraries
 #   make live-wal-full                       test_identity_guards.py on sid's SQLite at 100k messages
@@ -11,7 +11,7 @@
 # with that package's compile options (about 1.5 min per suite, once), then put first on
 # LD_LIBRARY_PATH for the whole pytest run. Needs apt-get, dpkg-dev, gcc, make, tcl.
 
-MATRIX_SQLITES ?= system trixie sid
+MATRIX_SQLITES ?= trixie sid
 SQLITE_SUITES := $(filter-out system,$(MATRIX_SQLITES))
 
 .PHONY: matrix-sqlite sqlite-builds live-wal-full

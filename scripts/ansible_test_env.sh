@@ -11,6 +11,9 @@ ansible_test=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 cd "$repo"
 if [ -z "${HERMES_ANSIBLE_TEST_HOME_SET:-}" ]; then
+    # scripts/find_python.sh looks under pyenv's root, which is found through the real HOME
+    PYENV_ROOT=${PYENV_ROOT:-$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")}
+    export PYENV_ROOT
     user_pip_conf=${XDG_CONFIG_HOME:-$HOME/.config}/pip/pip.conf
     [ -f "$user_pip_conf" ] && [ -z "${PIP_CONFIG_FILE:-}" ] && export PIP_CONFIG_FILE=$user_pip_conf
     export HOME=${ANSIBLE_TEST_HOME:-$repo/.cache/ansible-test-home} HERMES_ANSIBLE_TEST_HOME_SET=1

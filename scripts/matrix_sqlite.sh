@@ -44,6 +44,14 @@ for entry in $entries; do
     echo "---------------------------------------------------------------- SQLite: $entry"
     libdir=""
     if [ "$entry" != system ]; then
+        # Building Debian's source package needs a compiler, tclsh and dpkg-source.
+        lacking=""
+        for tool in gcc tclsh dpkg-source apt-get; do command -v "$tool" >/dev/null || lacking="$lacking $tool"; done
+        if [ -n "$lacking" ]; then
+            bash scripts/missing_leg.sh matrix-sqlite "SQLite of Debian $entry" \
+                "cannot build it without${lacking} (apt-get install gcc tcl dpkg-dev)" || failed=$((failed + 1))
+            continue
+        fi
         if ! libdir=$(bash scripts/build_sqlite.sh "$entry" | tail -n 1) || [ ! -s "$libdir/libsqlite3.so.0" ]; then
             echo "error: could not build the SQLite of Debian $entry (scripts/build_sqlite.sh $entry)" >&2
             rows+=("$(printf '%-8s %-8s %-7s %-8s %5ss' "$entry" "-" "-" "BUILD" $(($(date +%s) - start)))")

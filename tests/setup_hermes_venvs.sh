@@ -23,13 +23,9 @@ package_for() {
     esac
 }
 
-if [ -x /root/.pyenv/versions/3.11.7/bin/python3 ]; then
-    py=/root/.pyenv/versions/3.11.7/bin/python3
-elif command -v python3.11 >/dev/null 2>&1; then
-    py="$(command -v python3.11)"
-else
-    py="$(command -v python3)"
-fi
+# Python 3.11 where there is one (what the releases were tried on), else the controller's.
+py=$(bash "$repo_root/scripts/find_python.sh" 3.11 || bash "$repo_root/scripts/find_python.sh" controller) \
+    || { echo "error: no Python 3.11 to 3.13 to create the Hermes release venvs with" >&2; exit 1; }
 
 mkdir -p "$venv_dir"
 rc=0

@@ -1,0 +1,14 @@
+# Fresh-machine job: the README's prerequisite line and its two commands in a plain Debian
+# container built with debootstrap (tests/fresh/run.sh; rootfs cached in .cache/fresh/).
+# Needs root, podman, runc and debootstrap on this host; CI runs the `fast` part.
+#
+#   make fresh-machine                                  Debian 12, make demo + the fast part of make test
+#   make fresh-machine FRESH_SUITE=trixie FRESH_PART=full   Debian 13, make demo + the whole make test
+
+FRESH_SUITE ?= bookworm
+FRESH_PART ?= fast
+
+.PHONY: fresh-machine
+
+fresh-machine: ## README's apt line + make demo + make test in a plain Debian container (FRESH_SUITE, FRESH_PART=fast|full)
+	@bash tests/fresh/run.sh $(FRESH_SUITE) $(FRESH_PART)

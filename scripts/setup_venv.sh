@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Create or complete the controller venv: `make setup` (the Makefile's stamp rule).
+#
+#   scripts/setup_venv.sh PYTHON VENV STAMP
+#
+# PYTHON is any Python 3.11 to 3.13 (ansible-core 2.19's controller range). A venv left
+# half made by an interrupted run (no working pip, or made by another Python X.Y) is
+# removed and made again; otherwise the pinned install is simply run again, which
+# completes whatever an interrupted run left out. The stamp is written last, so it
+# exists only after a set-up that finished. Prints one line per package installed; pip's
+# full output is in build/logs/setup.log.
+set -euo pipefail
+python=$1 venv=$2 stamp=$3
+log=build/logs/setup.log
+mkdir -p build/logs
+
+if [ -z "$python" ] || ! command -v "$python" >/dev/null 2>&1; then
+    echo "error: no Python 3.11 to 3.13 on PATH (python3.13, python3.12, python3.11 or python3)." >&2
+    echo "       Install one (Debian/Ubuntu: apt-get install python3 python3-venv) or run make PYTHON=/path/to/python3.X" >&2
+    exit 1
+fi
+version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+case "$version" in
+    3.11 | 3.12 | 3.13) ;;
+    *) echo "error: $python is Python $version; the controller (ansible-core 2.19) needs Python 3.11 to 3.13 (PYTHON=...)" >&2; exit 1 ;;
+esac
+if ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    echo "error: $python (Python $version) cannot create virtual environments: its venv/ensurepip module is missing." >&2
+    echo "       Debian/Ubuntu: apt-get install python$version-venv (or python3-venv); then run make again" >&2
+    exit 1
+fi
+
+if [ -e "$venv" ]; then
+    have=$("$venv/bin/python" -c 'import sys, pip; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
+    if [ "$have" != "$version" ]; then
+        if [ -z "$have" ]; then why="it has no working python/pip (an interrupted set-up?)"; else why="it is Python $have, not $version"; fi
+        echo "setup: $venv is not usable ($why): making it again"
+        rm -rf "$venv"
+    fi
+fi
+if [ ! -e "$venv" ]; then
+    echo "setup: creating $venv with Python $("$python" -c 'import sys; print(sys.version.split()[0])') ($python)"
+    "$python" -m venv "$venv"
+fi
+
+# pip's "Collecting X" line is the one to show: one per package, as it starts on it.
+pip_install() {
+    echo "+ pip install $*" >>"$log"
+    if ! "$venv/bin/python" -m pip install --no-input --disable-pip-version-check --progress-bar off "$@" 2>&1 \
+        | tee -a "$log" | sed -un -E 's/^Collecting ([A-Za-z0-9._-]+).*/  installing \1/p'; then
+        echo "error: pip install $* failed; the end of $log:" >&2
+        tail -n 25 "$log" >&2
+        exit 1
+    fi
+}
+: >"$log"
+echo "setup: pinned tools into $venv (requirements-dev.txt, requirements/constraints.txt; full log: $log)"
+pip_install -c requirements/constraints.txt pip
+pip_install -r requirements-dev.txt
+"$venv/bin/python" -m pip check >>"$log" 2>&1 || { tail -n 20 "$log" >&2; echo "error: pip check failed in $venv" >&2; exit 1; }
+touch "$stamp"
+echo "setup: done ($venv: $("$venv/bin/ansible" --version | head -1), Python $version)"
