@@ -112,15 +112,45 @@ profiles:
       type: list
       elements: str
     holders:
-      description: Processes holding the file open (V(pid), V(command)).
+      description:
+        - Processes holding the file open, or that may hold it (V(pid), V(command), V(evidence)).
+        - V(evidence) is V(descriptor) (its open file seen in C(/proc)), V(lock) (SQLite's own lock on the file
+          or its C(-shm), seen with C(fcntl); V(pid) may then be null) or V(unreadable) (a process whose
+          descriptors cannot be read and that could open the file, so it cannot be ruled out).
       type: list
       elements: dict
+    hermes_locks_held:
+      description:
+        - Hermes's own lock files held right now (V(file), V(operation)), such as C(state.db.repair.lock)
+          while Hermes repairs the file; maintenance skips the profile while one is held.
+      type: list
+      elements: dict
+    litestream:
+      description: Litestream's tables found in the file (a replicated database).
+      type: list
+      elements: str
+    hermes_auto_maintenance:
+      description:
+        - What Hermes's own auto-maintenance recorded and is set to, read-only. V(last_auto_prune) and
+          V(last_vacuum) from C(state_meta), and V(config) with the C(sessions.*) settings read from the home's
+          C(config.yaml) (V(auto_prune), V(retention_days), V(min_interval_hours), V(vacuum_after_prune),
+          V(min_vacuum_interval_days), V(source)).
+      type: dict
+    sqlite:
+      description: The SQLite that read the profile, as RV(sqlite).
+      type: dict
     newest_backup:
       description: Newest backup of this collection (V(path), V(age_days)), or null.
       type: dict
     backups:
       description: Number of this collection's backups of the profile.
       type: int
+sqlite:
+  description:
+    - The SQLite that did the work, with V(version), V(wal_reset_affected) (whether it has the WAL-reset bug,
+      SQLite 3.7.0 to 3.51.2 but 3.50.7 and 3.44.6) and V(python) (the interpreter).
+  returned: always
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
