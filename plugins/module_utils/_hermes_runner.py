@@ -38,7 +38,7 @@ import sys
 import time
 
 from ._hermes_db import MaintenanceError
-from ._hermes_engine import DEFAULTS, run_maintenance
+from ._hermes_engine import DEFAULTS, _run_as_owner, run_maintenance
 
 try:
     import fcntl
@@ -266,6 +266,27 @@ def append_log(path, text, keep):
         handle.flush()
 
 
+def _owner_of_nearest_dir(path):
+    """The uid owning the directory that holds path (or its nearest existing parent)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(directory) and os.path.dirname(directory) != directory:
+        directory = os.path.dirname(directory)
+    return os.stat(directory).st_uid
+
+
+def write_log(path, text, keep):
+    """append_log, done as the owner of the log's directory when root runs this.
+
+    The log lives where the Hermes user writes; as root, a symlink the user left there
+    must never make root rewrite a file of its choosing.
+    """
+    owner = _owner_of_nearest_dir(path) if hasattr(os, "geteuid") and os.geteuid() == 0 else 0
+    if owner == 0:
+        append_log(path, text, keep)
+    else:
+        _run_as_owner(owner, append_log, path, text, keep)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="hermes-session-maintenance",
@@ -324,8 +345,8 @@ def main(argv=None):
         body = "".join(f"{_stamp()} {line}\n" for line in summary)
         body += "".join(f"{_stamp()} ERROR {line}\n" for line in errors)
         try:
-            append_log(runner["log_file"], head + body + DONE + "\n", runner["log_keep"])
-        except OSError as exc:
+            write_log(runner["log_file"], head + body + DONE + "\n", runner["log_keep"])
+        except (OSError, MaintenanceError) as exc:
             sys.stderr.write(
                 "hermes-session-maintenance: cannot write log file {}: {}\n".format(runner["log_file"], exc)
             )
