@@ -25,7 +25,6 @@ import pwd
 import shutil
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -243,6 +242,14 @@ def test_root_never_imports_what_the_user_planted(ansible_playbook, host):
     )
     assert refused.returncode == 2, refused.stderr
     assert "refusing to run as root" in refused.stderr and f"sudo -u {USER}" in refused.stderr
+    # A symlink the user leaves as its log must not make root's run rewrite another file.
+    victim = h.base / "roots-file"
+    victim.write_text("root's\n")
+    log = h.data / "log" / "maintenance.log"
+    if log.exists():
+        log.unlink()
+    os.symlink(str(victim), str(log))
+    os.lchown(str(log), h.uid, h.gid)
     allowed = subprocess.run(
         [str(WRAPPER), "--allow-root", "--dry-run", "--json"],
         cwd=str(h.home),
@@ -254,8 +261,21 @@ def test_root_never_imports_what_the_user_planted(ansible_playbook, host):
     assert allowed.returncode == 0, allowed.stderr
     assert [p["status"] for p in json.loads(allowed.stdout)["profiles"]] == ["ok", "ok"]
     assert _markers(h) == []
-    # The log that root's run appended is written as the user, in the user's directory.
-    assert _ls(h.data / "log" / "maintenance.log")[1] == USER
+    assert victim.read_text() == "root's\n"
+    assert f"cannot write log file {log}" in allowed.stderr, allowed.stderr
+    # Without the symlink, root's run appends to the log as the user.
+    log.unlink()
+    again = subprocess.run(
+        [str(WRAPPER), "--allow-root", "--dry-run"],
+        cwd=str(h.home),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert again.returncode == 0, again.stderr
+    assert _ls(log)[1] == USER and "=== Session Maintenance Done ===" in log.read_text()
+    assert _markers(h) == []
 
     # The same as the user: nothing planted is imported either (the user's own runs are isolated too).
     as_user = subprocess.run(
