@@ -4,10 +4,10 @@
 """Command line runner for the scheduled maintenance job.
 
 The role ``hermes_agent.ops.session_maintenance`` copies the engine files
-(``_hermes_*.py``) to the managed host as the plain package ``hermes_ops`` and
-schedules::
+(``_hermes_*.py``) to the managed host as the plain package ``hermes_ops`` (root-owned, under ``/usr/local/lib/hermes-ops/USER/lib``) and schedules
+a wrapper that starts it in an isolated interpreter, the engine's directory first::
 
-    python3 -m hermes_ops._hermes_runner --config ~/.config/hermes-ops/maintenance.json
+    python3 -I -S -c '...import main from hermes_ops._hermes_runner...' LIB --config /etc/hermes-ops/USER/maintenance.json
 
 No Ansible is needed on the host: standard library only, Python 3.8+.
 
