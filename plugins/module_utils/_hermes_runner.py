@@ -4,10 +4,11 @@
 """Command line runner for the scheduled maintenance job.
 
 The role ``hermes_agent.ops.session_maintenance`` copies the engine files
-(``_hermes_*.py``) to the managed host as the plain package ``hermes_ops`` (root-owned, under ``/usr/local/lib/hermes-ops/USER/lib``) and schedules
-a wrapper that starts it in an isolated interpreter, the engine's directory first::
+(``_hermes_*.py``) to the managed host as the plain package ``hermes_ops`` (root-owned,
+in ``/usr/local/lib/hermes-ops/USER/lib``) and schedules a wrapper that starts it in an
+isolated interpreter with only the engine's directory added to the path::
 
-    python3 -I -S -c '...import main from hermes_ops._hermes_runner...' LIB --config /etc/hermes-ops/USER/maintenance.json
+    python3 -I -S -c '<put LIB first, run main>' LIB --config /etc/hermes-ops/USER/maintenance.json
 
 No Ansible is needed on the host: standard library only, Python 3.8+.
 
