@@ -15,6 +15,8 @@ Real ``ansible-playbook`` runs of playbooks/schedule.yml for the test user ``her
 * root is refused before any Python starts, unless ``--allow-root``; then only with an
   interpreter and an engine that are root's alone; the role refuses an interpreter the
   user can change;
+* the trust check follows every symlink and directory on the way (root-owned only, writable
+  by no one else);
 * an old per-user install is replaced (engine, wrapper, config gone; log and backups kept),
   and ``state: absent`` removes both layouts but never the backups.
 """
@@ -376,3 +378,42 @@ def test_upgrade_from_the_per_user_install_and_absent_removes_both(ansible_playb
     assert "hermes_agent.ops" not in _crontab(USER)
     assert (h.hermes / "backups" / "default-state.db.older-backup").read_text() == "kept\n"
     assert (h.hermes / "state.db").is_file()
+
+
+TRUST_CHECK = REPO_ROOT / "roles" / "session_maintenance" / "files" / "hermes_trusted_path.sh"
+
+
+def _trusted(*paths):
+    return subprocess.run(["sh", str(TRUST_CHECK), *map(str, paths)], capture_output=True, text=True, check=False)
+
+
+def test_the_trust_check_follows_every_link_and_directory(host):
+    h = host
+    assert _trusted("/usr/bin/python3").returncode == 0
+    base = Path("/usr/local/lib/hermes-ops-i16-trust")
+    shutil.rmtree(str(base), ignore_errors=True)
+    base.mkdir(mode=0o755)
+    try:
+        (base / "lib").mkdir(mode=0o755)
+        (base / "lib" / "engine.py").write_text("")
+        assert _trusted(base / "lib").returncode == 0
+        # A file in the tree that the user owns, a group-writable directory, /tmp on the way.
+        os.chown(str(base / "lib" / "engine.py"), h.uid, h.gid)
+        assert _trusted(base / "lib").stdout.startswith(f"{base / 'lib' / 'engine.py'}: under {base / 'lib'}")
+        os.chown(str(base / "lib" / "engine.py"), 0, 0)
+        os.chmod(str(base / "lib"), 0o775)
+        assert _trusted(base / "lib").stdout.strip() == f"{base / 'lib'}: mode 775 lets group or others write it"
+        os.chmod(str(base / "lib"), 0o755)
+        temp = _trusted(h.base)  # under the sticky, world-writable temp directory
+        assert temp.returncode == 1 and "lets group or others write it" in temp.stdout, temp.stdout
+        # A root-owned link in a root-owned directory, through a link in a directory the user owns.
+        hop = base / "user-dir"
+        hop.mkdir(mode=0o755)
+        os.symlink("/usr/bin/python3", str(hop / "python3"))
+        os.symlink(str(hop / "python3"), str(base / "python3"))
+        assert _trusted(base / "python3").returncode == 0
+        os.chown(str(hop), h.uid, h.gid)
+        assert _trusted(base / "python3").stdout.strip() == f"{hop}: owned by uid {h.uid}, not root"
+        assert _trusted("relative/python3").stdout.strip() == "relative/python3: not an absolute path"
+    finally:
+        shutil.rmtree(str(base), ignore_errors=True)
