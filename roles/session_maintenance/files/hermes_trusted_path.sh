@@ -29,13 +29,14 @@ check_entry() {
     [ $((0$mode & 022)) -eq 0 ] || fail "$1: mode $mode lets group or others write it"
 }
 
-# The path and every directory above it.
+# The path and every directory above it. (sh has no local variables: each function
+# keeps its own names.)
 check_chain() {
-    p=$1
+    chain=$1
     while :; do
-        check_entry "$p"
-        [ "$p" = / ] && return 0
-        p=$(dirname -- "$p")
+        check_entry "$chain"
+        [ "$chain" = / ] && return 0
+        chain=$(dirname -- "$chain")
     done
 }
 
@@ -67,13 +68,13 @@ check_followed() {
 
 # The standard library next to an interpreter (PREFIX/bin/pythonX.Y -> PREFIX/lib/pythonX.Y).
 check_stdlib() {
-    real=$(readlink -f -- "$1")
-    name=$(basename -- "$real")
+    binary=$(readlink -f -- "$1")
+    name=$(basename -- "$binary")
     case $name in
         python[0-9]*) ;;
         *) return 0 ;;
     esac
-    stdlib=$(dirname -- "$(dirname -- "$real")")/lib/$name
+    stdlib=$(dirname -- "$(dirname -- "$binary")")/lib/$name
     [ -d "$stdlib" ] || return 0
     check_chain "$stdlib"
     check_tree "$stdlib"
