@@ -374,7 +374,7 @@ def _retain(result, opts, *, backup_dir, name, now, lister):
     )  # fmt: skip
 
 
-def _run_as_owner(uid, fn, *args, **kwargs):
+def run_as_owner(uid, fn, *args, **kwargs):
     """As root, do a profile's work as the owner of its state.db, in a child process.
 
     Every file the engine creates (WAL, lock, backups) then belongs to the Hermes user,
@@ -434,7 +434,7 @@ def _each_profile(opts, work, *, check_mode):
             uid = _owner_of(path)
             if os.geteuid() == 0 and uid not in (None, 0):
                 try:
-                    results.append(_run_as_owner(uid, work, home, name, path, opts, check_mode=check_mode, now=now))
+                    results.append(run_as_owner(uid, work, home, name, path, opts, check_mode=check_mode, now=now))
                 except MaintenanceError as exc:
                     failed = new_profile_result(home, name, path)
                     failed["status"], failed["error"] = "failed", str(exc)

@@ -4,10 +4,11 @@
 """Command line runner for the scheduled maintenance job.
 
 The role ``hermes_agent.ops.session_maintenance`` copies the engine files
-(``_hermes_*.py``) to the managed host as the plain package ``hermes_ops`` and
-schedules::
+(``_hermes_*.py``) to the managed host as the plain package ``hermes_ops`` (root-owned,
+in ``/usr/local/lib/hermes-ops/USER/lib``) and schedules a wrapper that starts it in an
+isolated interpreter with only the engine's directory added to the path::
 
-    python3 -m hermes_ops._hermes_runner --config ~/.config/hermes-ops/maintenance.json
+    python3 -I -S -c '<put LIB first, run main>' LIB --config /etc/hermes-ops/USER/maintenance.json
 
 No Ansible is needed on the host: standard library only, Python 3.8+.
 
@@ -40,7 +41,7 @@ import sys
 import time
 
 from ._hermes_db import MaintenanceError
-from ._hermes_engine import DEFAULTS, run_maintenance
+from ._hermes_engine import DEFAULTS, run_as_owner, run_maintenance
 from ._hermes_metrics import record_run
 from ._hermes_options import BY_NAME
 
@@ -254,6 +255,27 @@ def append_log(path, text, keep):
         handle.flush()
 
 
+def _owner_of_nearest_dir(path):
+    """The uid owning the directory that holds path (or its nearest existing parent)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(directory) and os.path.dirname(directory) != directory:
+        directory = os.path.dirname(directory)
+    return os.stat(directory).st_uid
+
+
+def write_log(path, text, keep):
+    """append_log, done as the owner of the log's directory when root runs this.
+
+    The log lives where the Hermes user writes; as root, a symlink the user left there
+    must never make root rewrite a file of its choosing.
+    """
+    owner = _owner_of_nearest_dir(path) if hasattr(os, "geteuid") and os.geteuid() == 0 else 0
+    if owner == 0:
+        append_log(path, text, keep)
+    else:
+        run_as_owner(owner, append_log, path, text, keep)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="hermes-session-maintenance",
@@ -312,8 +334,8 @@ def main(argv=None):
         body = "".join(f"{_stamp()} {line}\n" for line in summary)
         body += "".join(f"{_stamp()} ERROR {line}\n" for line in errors)
         try:
-            append_log(runner["log_file"], head + body + DONE + "\n", runner["log_keep"])
-        except OSError as exc:
+            write_log(runner["log_file"], head + body + DONE + "\n", runner["log_keep"])
+        except (OSError, MaintenanceError) as exc:
             sys.stderr.write(
                 "hermes-session-maintenance: cannot write log file {}: {}\n".format(runner["log_file"], exc)
             )

@@ -207,8 +207,10 @@ def main(argv=None):
     out["backup_dir"] = backup_dir
     out["backups"] = sorted(os.listdir(backup_dir)) if os.path.isdir(backup_dir) else []
 
-    install_dir = os.path.dirname(out["config_path"]) if out["config_path"] else None
-    out["foreign"] = foreign_files([home, install_dir], uid)
+    # The user's own directory (its log's parent): the engine, wrapper and config may be
+    # root's elsewhere, but what the runner writes there must be the user's.
+    own_dir = os.path.dirname(os.path.dirname(log_path)) if log_path else None
+    out["foreign"] = foreign_files([home, own_dir], uid)
     print(json.dumps(out, sort_keys=True))
     return 0
 
