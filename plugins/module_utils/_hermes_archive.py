@@ -26,7 +26,7 @@ import re
 import sqlite3
 import time
 
-from ._hermes_backup import _stamp_time, remove_partials
+from ._hermes_backup import remove_partials, stamp_time
 from ._hermes_db import MaintenanceError, fsync_path, open_rw, read_snapshot, write_transaction
 
 ARCHIVE_PREFIX = "hermes-ops-archive_"
@@ -52,7 +52,7 @@ def list_archives(backup_dir, profile):
         match = _NAME.match(name)
         if match and match.group("profile") == profile:
             found.append(
-                (os.path.join(backup_dir, name), _stamp_time(match.group("stamp")), int(match.group("seq") or 0))
+                (os.path.join(backup_dir, name), stamp_time(match.group("stamp")), int(match.group("seq") or 0))
             )
     found.sort(key=lambda item: (item[1], item[2]), reverse=True)
     return [(path, stamp) for path, stamp, _seq in found]

@@ -48,13 +48,13 @@ def list_backups(backup_dir, profile):
     for name in names:
         match = _NAME.match(name)
         if match and match.group("profile") == profile:
-            stamp = _stamp_time(match.group("stamp"))
+            stamp = stamp_time(match.group("stamp"))
             found.append((os.path.join(backup_dir, name), stamp, int(match.group("seq") or 0)))
     found.sort(key=lambda item: (item[1], item[2]), reverse=True)
     return [(path, stamp) for path, stamp, _seq in found]
 
 
-def _stamp_time(stamp):
+def stamp_time(stamp):
     """YYYYmmddTHHMMSSZ as unix time. Not time.strptime: it imports ``_strptime`` lazily, and
     as root the work runs in a child switched to the Hermes user, who may not be able to
     read this interpreter's library (a Python under /root): that import then fails."""
