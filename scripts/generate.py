@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: hermes_agent.ops contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Write the literal copies of the option and result tables into the files that need them.
@@ -354,7 +353,7 @@ def run(root, check):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 when a block differs")
     parser.add_argument("--root", default=ROOT, help="the tree to work on (default: this checkout)")
     args = parser.parse_args(argv)

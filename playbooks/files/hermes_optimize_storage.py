@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: hermes_agent.ops contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Run Hermes's own FTS storage upgrade where a state.db says it is available.

@@ -63,7 +63,7 @@ REASONS = (
 )
 REASON_NONE = "none"
 REASON_OTHER = "error"
-ALL_REASONS = tuple(r for r, _ in REASONS) + (REASON_NONE, REASON_OTHER)
+ALL_REASONS = tuple(reason for reason, _needles in REASONS) + (REASON_NONE, REASON_OTHER)
 
 _LAST_SUCCESS = re.compile(
     r"^" + PREFIX + r"last_success_timestamp_seconds(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE

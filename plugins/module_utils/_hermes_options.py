@@ -65,10 +65,11 @@ class Option:
         return "Option(%r)" % self.name
 
 
+HOME_UNSET = "C(~/.hermes) of the user the module runs as"
+
 # fmt: off
 OPTIONS = (
-    Option("hermes_home", "list", elements="path", scope=SHARED, role=ROLE_NONE,
-           unset="C(~/.hermes) of the user the module runs as", doc=(
+    Option("hermes_home", "list", elements="path", scope=SHARED, role=ROLE_NONE, unset=HOME_UNSET, doc=(
         "Hermes homes to work on. Each home's C(state.db) is profile C(default); each C(profiles/<name>/state.db) "
         "below it is profile C(<name>).",
         "Defaults to C(~/.hermes) of the user the module runs as.",

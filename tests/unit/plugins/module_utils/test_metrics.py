@@ -97,7 +97,10 @@ def _run(tmp_path, home, *extra, **options):
 def _db_counts(db):
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
-        one = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
+
+        def one(sql):
+            return conn.execute(sql).fetchone()[0]
+
         version = one("SELECT version FROM schema_version")
         return {
             "sessions": one("SELECT COUNT(*) FROM sessions"),
@@ -176,7 +179,7 @@ def test_failed_run_keeps_the_last_success_time_and_names_a_bounded_reason(tmp_p
     rc, metrics_dir = _run(tmp_path, home)
     assert rc == 0
     user = frozenset({"user": metrics._user_name()}.items())
-    first, _ = parse(_prom_file(metrics_dir).read_text())
+    first, _types = parse(_prom_file(metrics_dir).read_text())
     success = first[("hermes_ops_last_success_timestamp_seconds", user)]
 
     broken = home / "profiles" / "broken"
@@ -187,7 +190,7 @@ def test_failed_run_keeps_the_last_success_time_and_names_a_bounded_reason(tmp_p
     assert rc == 1
     prom = _prom_file(metrics_dir)
     promtool_check(prom)
-    values, _ = parse(prom.read_text())
+    values, _types = parse(prom.read_text())
     assert values[("hermes_ops_last_success_timestamp_seconds", user)] == success
     assert values[("hermes_ops_last_run_timestamp_seconds", user)] > success
     assert values[("hermes_ops_last_run_failed_profiles", user)] == 1
@@ -201,7 +204,7 @@ def test_failed_run_keeps_the_last_success_time_and_names_a_bounded_reason(tmp_p
     shutil.rmtree(broken)
     rc, metrics_dir = _run(tmp_path, home)
     assert rc == 0
-    values, _ = parse(_prom_file(metrics_dir).read_text())
+    values, _types = parse(_prom_file(metrics_dir).read_text())
     assert values[("hermes_ops_last_success_timestamp_seconds", user)] > success
 
 
