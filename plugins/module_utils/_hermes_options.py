@@ -107,7 +107,8 @@ OPTIONS = (
         "WAL-reset bug) with another process holding C(state.db), a whole-file copy would block every commit of the "
         "gateway for as long as it takes. The backup is then an archive of the rows the prune deletes "
         "(C(hermes-ops-archive_<profile>_<time>.db) in the backup directory, quick_checked and fsynced before the "
-        "first delete); the whole-file copy is taken by a run with no holder (see RV(profiles[].backup_deferred)).",
+        "first delete); the whole-file copy is taken by a run with no holder (the result says so in "
+        "C(backup_deferred)).",
     )),
     Option("metrics_dir", "path", role=ROLE_HAND_WRITTEN, unset="no metrics", doc=(
         "After a real run (not in check mode), write Prometheus text-format metrics of every profile to "

@@ -44,7 +44,7 @@ options:
         WAL-reset bug) with another process holding C(state.db), a whole-file copy would block every commit of the
         gateway for as long as it takes. The backup is then an archive of the rows the prune deletes
         (C(hermes-ops-archive_<profile>_<time>.db) in the backup directory, quick_checked and fsynced before the first
-        delete); the whole-file copy is taken by a run with no holder (see RV(profiles[].backup_deferred)).
+        delete); the whole-file copy is taken by a run with no holder (the result says so in C(backup_deferred)).
     type: bool
     default: true
   metrics_dir:

@@ -197,6 +197,7 @@ def test_a_wal_gateway_whose_descriptors_cannot_be_read_is_found_by_its_shm_lock
     assert [(h["pid"], h["evidence"]) for h in readable] == [(gateway.pid, "descriptor")]
 
 
+@pytest.mark.skipif(not sqlite_wal_reset_affected(), reason="on this SQLite Hermes 0.22 runs WAL, not rollback mode")
 def test_an_idle_hermes_in_rollback_mode_that_cannot_be_seen_counts_as_a_possible_holder(shared_dir):
     need_root_tools()
     site = release_site_packages()

@@ -159,7 +159,8 @@ def test_vacuum_keeps_a_rollback_journal_file_as_hermes_made_it(layout, tmp_path
     specs, expected = standard_scenario(layout)
     db = str(build_home(home, layout, specs))
     identity, inode = file_identity(db), os.stat(db).st_ino
-    assert identity[0] == [("delete",)]
+    if identity[0] != [("delete",)]:  # a fixed SQLite: test_identity_guards.py covers the WAL file
+        pytest.skip("on SQLite %s %s runs %s, not a rollback journal" % (sqlite3.sqlite_version, layout, identity[0]))
 
     full = run_maintenance({"hermes_home": [home], "vacuum_mode": "full"})["profiles"][0]
     assert full["status"] == "ok", full["error"]
