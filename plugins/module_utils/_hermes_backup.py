@@ -33,25 +33,36 @@ RAW_WAL_LIMIT = 32 * 1024 * 1024
 _NAME = re.compile(r"^hermes-ops_(?P<profile>.+)_(?P<stamp>\d{8}T\d{6}Z)(?:-(?P<seq>\d+))?\.db(?P<gz>\.gz)?$")
 
 
-def backup_name(profile, when, seq=0):
+def stamped_name(prefix, profile, when, seq=0):
+    """``<prefix><profile>_<UTC stamp>[-<seq>].db``: the name backups and archives share."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
-    return "%s%s_%s%s.db" % (PREFIX, profile, stamp, "-%d" % seq if seq else "")
+    return "%s%s_%s%s.db" % (prefix, profile, stamp, "-%d" % seq if seq else "")
 
 
-def list_backups(backup_dir, profile):
-    """This profile's finished backups, newest first, as (path, unix time)."""
+def list_stamped(backup_dir, profile, pattern):
+    """This profile's finished files whose names match ``pattern`` (groups ``profile``,
+    ``stamp``, ``seq``), newest first, as (path, unix time)."""
     try:
         names = os.listdir(backup_dir)
     except OSError:
         return []
     found = []
     for name in names:
-        match = _NAME.match(name)
+        match = pattern.match(name)
         if match and match.group("profile") == profile:
             stamp = stamp_time(match.group("stamp"))
             found.append((os.path.join(backup_dir, name), stamp, int(match.group("seq") or 0)))
     found.sort(key=lambda item: (item[1], item[2]), reverse=True)
     return [(path, stamp) for path, stamp, _seq in found]
+
+
+def backup_name(profile, when, seq=0):
+    return stamped_name(PREFIX, profile, when, seq)
+
+
+def list_backups(backup_dir, profile):
+    """This profile's finished backups, newest first, as (path, unix time)."""
+    return list_stamped(backup_dir, profile, _NAME)
 
 
 def stamp_time(stamp):
