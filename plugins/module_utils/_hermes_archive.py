@@ -170,7 +170,7 @@ def take_archive(conn, db_path, backup_dir, profile, order, must_contain, schema
     ``backup`` dict (kind ``archive``).
     """
     remove_partials(backup_dir, profile)
-    _remove_archive_partials(backup_dir, profile)
+    remove_partials(backup_dir, profile, prefix=ARCHIVE_PREFIX, between="")
     now = time.time()
     seq = 0
     while os.path.exists(os.path.join(backup_dir, archive_name(profile, now, seq))):
@@ -235,22 +235,6 @@ def take_archive(conn, db_path, backup_dir, profile, order, must_contain, schema
     result["copied_by"] = "archive"
     result.update(counts)
     return result
-
-
-def _remove_archive_partials(backup_dir, profile):
-    partial = re.compile(
-        r"^\.%s%s_\d{8}T\d{6}Z(?:-\d+)?\.db\.partial" % (re.escape(ARCHIVE_PREFIX), re.escape(profile))
-    )
-    try:
-        names = os.listdir(backup_dir)
-    except OSError:
-        return
-    for name in names:
-        if partial.match(name):
-            try:
-                os.unlink(os.path.join(backup_dir, name))
-            except OSError:
-                pass
 
 
 def verify_archive(conn, path, must_contain):

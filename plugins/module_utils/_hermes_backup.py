@@ -102,9 +102,13 @@ def check_backup_dir(backup_dir, owner_uid, create):
         )
 
 
-def remove_partials(backup_dir, profile):
-    """Leftovers of an interrupted backup of this profile (we hold its lock)."""
-    partial = re.compile(r"^\.%s%s_\d{8}T\d{6}Z(?:-\d+)?\.db.*\.partial" % (re.escape(PREFIX), re.escape(profile)))
+def remove_partials(backup_dir, profile, prefix=PREFIX, between=".*"):
+    """Leftovers of an interrupted backup (or, with the archives' ``prefix``, archive) of this
+    profile (we hold its lock). ``between``: what may stand between ``.db`` and ``.partial``
+    (a backup's work files are ``.db.gz.partial`` and ``.db.gz.partial.db``)."""
+    partial = re.compile(
+        r"^\.%s%s_\d{8}T\d{6}Z(?:-\d+)?\.db%s\.partial" % (re.escape(prefix), re.escape(profile), between)
+    )
     try:
         names = os.listdir(backup_dir)
     except OSError:
