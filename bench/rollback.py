@@ -24,8 +24,6 @@ markers; the WAL report of bench/run.py keeps it.
 import json
 import os
 import shutil
-import sqlite3
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -83,35 +81,9 @@ def run_hermes(home):
 
 
 def whole_file_backup_vs_cp(workdir, base, reps=3):
-    """Our whole-file backup with no holder (the service-window path) against cp and cp + fsync; medians."""
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import take_backup
-
-    home = workdir / "rollback-backup-src"
-    shutil.rmtree(home, ignore_errors=True)
-    (home / "backups").mkdir(parents=True, mode=0o700)
-    db = str(home / "state.db")
-    shutil.copyfile(str(base), db)
-    conn = sqlite3.connect(db, isolation_level=None)
-    times = {"backup": [], "cp": [], "cp_fsync": []}
-    for _rep in range(reps):
-        cp_s, cp_sync_s = R.time_cp(db, workdir / "cp-target.db")
-        t0 = time.time()
-        result = take_backup(conn, db, str(home / "backups"), "bench", False, {})
-        times["backup"].append(time.time() - t0)
-        os.unlink(result["path"])
-        times["cp"].append(cp_s)
-        times["cp_fsync"].append(cp_sync_s)
-    conn.close()
-    shutil.rmtree(home, ignore_errors=True)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    return {
-        "bytes": os.path.getsize(str(base)),
-        "reps": reps,
-        "backup_s": med["backup"],
-        "cp_s": med["cp"],
-        "cp_fsync_s": med["cp_fsync"],
-        "all": times,
-    }
+    """Our whole-file backup with no holder (the service-window path), the file left in its
+    DELETE mode, against cp and cp + fsync; medians."""
+    return R.backup_vs_cp(workdir, base, reps, home_name="rollback-backup-src", wal=False)
 
 
 def bench_size(workdir, n, runs):

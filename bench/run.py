@@ -353,17 +353,19 @@ def combine(reps):
     return row
 
 
-def backup_vs_cp(workdir, base, reps=5):
-    """``take_backup`` of a WAL-mode copy of ``base`` against cp and cp + fsync, interleaved; medians."""
+def backup_vs_cp(workdir, base, reps=5, home_name="backup-src", wal=True):
+    """``take_backup`` of a copy of ``base`` (switched to WAL mode unless ``wal`` is false)
+    against cp and cp + fsync, interleaved; medians."""
     from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import take_backup
 
-    home = workdir / "backup-src"
+    home = workdir / home_name
     shutil.rmtree(home, ignore_errors=True)
     (home / "backups").mkdir(parents=True, mode=0o700)
     db = str(home / "state.db")
     shutil.copyfile(str(base), db)
     conn = sqlite3.connect(db, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
+    if wal:
+        conn.execute("PRAGMA journal_mode=WAL")
     times = {"backup": [], "cp": [], "cp_fsync": []}
     for _rep in range(reps):
         cp_s, cp_sync_s = time_cp(db, workdir / "cp-target.db")
