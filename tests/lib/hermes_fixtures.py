@@ -1054,6 +1054,36 @@ _WORDS = (
 ).split()
 
 
+def bulk_rows(rng, n_sessions, msgs_per_session, old_fraction, now, words=_WORDS):
+    """The rows of a bulk home, drawn from ``rng``: (sessions, messages).
+
+    sessions: (id, source, started_at, ended_at, end_reason, message_count);
+    messages: (session_id, role, content, timestamp). ``old_fraction`` of the sessions
+    ended 8..90 days before ``now``; the rest within the last 6 days, or (1 in 10) are open.
+    """
+    n_old = int(round(n_sessions * old_fraction))
+    sources = ("cli", "cli", "telegram", "cron")
+    sess_rows, msg_rows = [], []
+    for i in range(n_sessions):
+        sid = "big-%07d" % i
+        src = sources[rng.randrange(len(sources))]
+        if i < n_old:
+            end = now - rng.uniform(8, 90) * DAY
+        elif rng.random() < 0.1:
+            end = None
+        else:
+            end = now - rng.uniform(0.01, 6) * DAY
+        last = end if end is not None else now - rng.uniform(0.01, 0.5) * DAY
+        start = last - rng.uniform(0.01, 1.0) * DAY
+        sess_rows.append((sid, src, start, end, "user_exit" if end else None, msgs_per_session))
+        span = last - start
+        for j in range(msgs_per_session):
+            role = "tool" if j % 5 == 4 else ("user" if j % 2 == 0 else "assistant")
+            content = " ".join(rng.choice(words) for _word in range(rng.randint(8, 24)))
+            msg_rows.append((sid, role, content, start + span * (j + 1) / msgs_per_session))
+    return sess_rows, msg_rows
+
+
 def make_big_home(home, layout, n_sessions, msgs_per_session, old_fraction=0.5, seed=0, now=None, profile=None):
     """Fast bulk home for benchmarks; returns the state.db path.
 
@@ -1081,26 +1111,7 @@ def make_big_home(home, layout, n_sessions, msgs_per_session, old_fraction=0.5, 
         _create_sql_schema(conn, layout)
     try:
         conn.execute("PRAGMA synchronous=OFF")
-        n_old = int(round(n_sessions * old_fraction))
-        sources = ("cli", "cli", "telegram", "cron")
-        sess_rows, msg_rows = [], []
-        for i in range(n_sessions):
-            sid = "big-%07d" % i
-            src = sources[rng.randrange(len(sources))]
-            if i < n_old:
-                end = now - rng.uniform(8, 90) * DAY
-            elif rng.random() < 0.1:
-                end = None
-            else:
-                end = now - rng.uniform(0.01, 6) * DAY
-            last = end if end is not None else now - rng.uniform(0.01, 0.5) * DAY
-            start = last - rng.uniform(0.01, 1.0) * DAY
-            sess_rows.append((sid, src, start, end, "user_exit" if end else None, msgs_per_session))
-            span = last - start
-            for j in range(msgs_per_session):
-                role = "tool" if j % 5 == 4 else ("user" if j % 2 == 0 else "assistant")
-                words = " ".join(rng.choice(_WORDS) for _word in range(rng.randint(8, 24)))
-                msg_rows.append((sid, role, words, start + span * (j + 1) / max(msgs_per_session, 1)))
+        sess_rows, msg_rows = bulk_rows(rng, n_sessions, msgs_per_session, old_fraction, now)
         conn.execute("BEGIN")
         if LAYOUT_FEATURES[layout]["last_activity"]:
             conn.executemany(
@@ -1198,6 +1209,7 @@ __all__ = [
     "missing_venv_message",
     "build_home",
     "standard_scenario",
+    "bulk_rows",
     "make_big_home",
     "transcript_files",
     "open_with_release",
