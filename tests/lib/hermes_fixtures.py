@@ -1133,6 +1133,19 @@ def make_big_home(home, layout, n_sessions, msgs_per_session, old_fraction=0.5, 
     return db_path
 
 
+def add_index_with_missing_tokenizer(db):
+    """An index made with Hermes's CJK tokenizer, which this SQLite does not have."""
+    conn = sqlite3.connect(str(db))
+    conn.execute("PRAGMA writable_schema=ON")
+    conn.execute(
+        "INSERT INTO sqlite_master(type, name, tbl_name, rootpage, sql) VALUES ('table', 'messages_fts_cjk', "
+        "'messages_fts_cjk', 0, "
+        "'CREATE VIRTUAL TABLE messages_fts_cjk USING fts5(content, tokenize=''cjk_unicode61'')')"
+    )
+    conn.commit()
+    conn.close()
+
+
 # --------------------------------------------------------------------------- checks
 
 
@@ -1209,6 +1222,7 @@ __all__ = [
     "missing_venv_message",
     "build_home",
     "standard_scenario",
+    "add_index_with_missing_tokenizer",
     "bulk_rows",
     "make_big_home",
     "transcript_files",
