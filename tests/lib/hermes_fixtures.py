@@ -1133,6 +1133,29 @@ def make_big_home(home, layout, n_sessions, msgs_per_session, old_fraction=0.5, 
     return db_path
 
 
+def reopen_as_zombies(db, now, n_old, n_recent):
+    """Open again (``ended_at`` NULL) up to ``n_old`` cli sessions that ended more than 8 days
+    before ``now`` and up to ``n_recent`` that ended 2 to 5 days before: zombies, the old ones
+    to be closed and pruned in one run, the recent ones closed and kept. Returns (old, recent) ids."""
+    conn = sqlite3.connect(str(db))
+    try:
+        with conn:
+            old = [r[0] for r in conn.execute(
+                "SELECT id FROM sessions WHERE source = 'cli' AND ended_at < ? ORDER BY id LIMIT ?",
+                (now - 8 * DAY, n_old),
+            )]  # fmt: skip
+            recent = [r[0] for r in conn.execute(
+                "SELECT id FROM sessions WHERE source = 'cli' AND ended_at BETWEEN ? AND ? ORDER BY id LIMIT ?",
+                (now - 5 * DAY, now - 2 * DAY, n_recent),
+            )]  # fmt: skip
+            conn.executemany(
+                "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = ?", [(s,) for s in old + recent]
+            )
+    finally:
+        conn.close()
+    return old, recent
+
+
 def add_index_with_missing_tokenizer(db):
     """An index made with Hermes's CJK tokenizer, which this SQLite does not have."""
     conn = sqlite3.connect(str(db))
@@ -1224,6 +1247,7 @@ __all__ = [
     "standard_scenario",
     "add_index_with_missing_tokenizer",
     "bulk_rows",
+    "reopen_as_zombies",
     "make_big_home",
     "transcript_files",
     "open_with_release",
