@@ -1172,6 +1172,24 @@ def add_index_with_missing_tokenizer(db):
 # --------------------------------------------------------------------------- checks
 
 
+def run_release_code(python, code, db_path, *args, timeout=300):
+    """``python -c code db_path args...`` under a release's interpreter, beside ``db_path``:
+    HERMES_HOME and the working directory are its directory, and PYTHONPATH is dropped so the
+    release imports only its own packages. Returns the CompletedProcess (text, not checked)."""
+    home = str(Path(db_path).parent)
+    env = dict(os.environ, HERMES_HOME=home)
+    env.pop("PYTHONPATH", None)
+    return subprocess.run(
+        [python, "-c", code, str(db_path), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        cwd=home,
+        timeout=timeout,
+    )
+
+
 def open_with_release(layout, db_path, search_word="zebra"):
     """Open ``db_path`` with the real release of a hermes layout (or 0.19.0 for v2/v30
     callers that pass layout='hermes-0.19.0') and return what it sees:
@@ -1200,18 +1218,7 @@ finally:
 print(json.dumps({"sessions": [r["id"] for r in rows], "hits": len(hits),
                   "schema_version": ver}))
 """
-    env = dict(os.environ)
-    env["HERMES_HOME"] = str(Path(db_path).parent)
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run(
-        [py, "-c", code, str(db_path), search_word],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-        timeout=300,
-        cwd=str(Path(db_path).parent),
-    )
+    proc = run_release_code(py, code, db_path, search_word)
     if proc.returncode != 0:
         raise RuntimeError("release %s could not read %s:\n%s" % (layout, db_path, proc.stderr[-4000:]))
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -1248,6 +1255,7 @@ __all__ = [
     "add_index_with_missing_tokenizer",
     "bulk_rows",
     "reopen_as_zombies",
+    "run_release_code",
     "make_big_home",
     "transcript_files",
     "open_with_release",

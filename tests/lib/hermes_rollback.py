@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hermes_fixtures import bulk_rows, hermes_python
+from hermes_fixtures import bulk_rows, hermes_python, run_release_code
 
 HERE = Path(__file__).resolve().parent
 RELEASE = "0.22.2.post1"
@@ -110,17 +110,7 @@ finally:
 
 def release_view(db_path, session_id, query, release=RELEASE):
     """What the release's own SessionDB sees of one session: its messages, and search hits in it."""
-    env = dict(os.environ, HERMES_HOME=str(Path(db_path).parent))
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run(
-        [hermes_python(release), "-c", RELEASE_VIEW, str(db_path), session_id, query],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=str(Path(db_path).parent),
-        timeout=300,
-        check=False,
-    )
+    proc = run_release_code(hermes_python(release), RELEASE_VIEW, db_path, session_id, query)
     if proc.returncode != 0:
         raise RuntimeError("hermes %s could not read %s: %s" % (release, db_path, proc.stderr[-3000:]))
     return json.loads(proc.stdout.strip().splitlines()[-1])
