@@ -20,6 +20,8 @@ reqs=requirements/matrix-python.txt
 req_hash=$(sha256sum "$reqs" | cut -c1-16)
 logdir=build/matrix
 mkdir -p "$logdir" .cache/matrix
+# shellcheck source=scripts/matrix_legs.sh
+. scripts/matrix_legs.sh  # leg_pytest, matrix_summary
 pip_filter() { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
 declare -a rows=()
@@ -53,23 +55,12 @@ for ver in $versions; do
     full=$("$venv/bin/python" -c 'import sys; print(sys.version.split()[0])')
     sqlite=$("$venv/bin/python" -c 'import sqlite3; print(sqlite3.sqlite_version)')
     echo "+ pytest tests/unit/plugins/module_utils -m \"$markers\" $* (Python $full at $py, SQLite $sqlite)"
-    "$venv/bin/python" -m pytest tests/unit/plugins/module_utils -m "$markers" -p no:cacheprovider "$@" \
-        2>&1 | tee "$logdir/py$ver.log"
-    rc=${PIPESTATUS[0]}
-    status=ok
-    if [ "$rc" -ne 0 ]; then
-        status=FAILED
-        [ "$rc" -eq 5 ] && echo "error: pytest collected no tests on Python $ver" >&2
-        failed=$((failed + 1))
-    fi
-    counts=$(tail -n 1 "$logdir/py$ver.log" | sed -E 's/^=+ //; s/ in [0-9.]+s.*//')
-    rows+=("$(printf '%-6s %-10s %-8s %-8s %5ss  %s' "$ver" "$full" "$sqlite" "$status" $(($(date +%s) - start)) "$counts")")
+    leg_pytest "$logdir/py$ver.log" "Python $ver" "$venv/bin/python" \
+        tests/unit/plugins/module_utils -m "$markers" -p no:cacheprovider "$@"
+    rows+=("$(printf '%-6s %-10s %-8s %-8s %5ss  %s' "$ver" "$full" "$sqlite" "$leg_status" $(($(date +%s) - start)) "$leg_counts")")
 done
 
-echo
-echo "---------------------------------------------------------------- managed-node Python matrix"
-printf '%-6s %-10s %-8s %-8s %6s  %s\n' python version sqlite result time tests
-printf '%s\n' "${rows[@]}"
+matrix_summary "managed-node Python matrix" '%-6s %-10s %-8s %-8s %6s  %s' python version sqlite result time tests
 if [ "$failed" -ne 0 ]; then
     echo "matrix-python: $failed of $(wc -w <<<"$versions") Pythons FAILED (logs in $logdir/)"
     exit 1

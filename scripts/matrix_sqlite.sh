@@ -21,6 +21,8 @@ shift 3
 repo=$(cd "$(dirname "$0")/.." && pwd -P)
 cd "$repo" || exit 1
 logdir=build/matrix-sqlite
+# shellcheck source=scripts/matrix_legs.sh
+. scripts/matrix_legs.sh  # leg_pytest, matrix_summary
 mkdir -p "$logdir"
 hermes_py=""
 for candidate in .cache/venvs/hermes-0.22.*/bin/python; do
@@ -83,22 +85,12 @@ sys.exit(0 if {"ENABLE_FTS5", "ENABLE_FTS4"} <= options else 1)'; then
     fi
     echo "+ LD_LIBRARY_PATH=$libdir pytest tests/unit/plugins/module_utils -m \"$markers\" $* (SQLite $version; Hermes 0.22 picks journal_mode=$mode)"
     log=$logdir/$entry.log
-    "$python" -m pytest tests/unit/plugins/module_utils -m "$markers" -p no:cacheprovider "$@" 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
-    status=ok
-    if [ "$rc" -ne 0 ]; then
-        status=FAILED
-        [ "$rc" -eq 5 ] && echo "error: pytest collected no tests on SQLite $entry" >&2
-        failed=$((failed + 1))
-    fi
-    counts=$(tail -n 1 "$log" | sed -E 's/^=+ //; s/ in [0-9.]+s.*//')
-    rows+=("$(printf '%-8s %-8s %-7s %-8s %5ss  %s' "$entry" "$version" "$mode" "$status" $(($(date +%s) - start)) "$counts")")
+    leg_pytest "$log" "SQLite $entry" "$python" tests/unit/plugins/module_utils -m "$markers" -p no:cacheprovider "$@"
+    rows+=("$(printf '%-8s %-8s %-7s %-8s %5ss  %s' "$entry" "$version" "$mode" "$leg_status" $(($(date +%s) - start)) "$leg_counts")")
 done
 
-echo
-echo "---------------------------------------------------------------- SQLite matrix (Python $("$python" -c 'import sys; print(sys.version.split()[0])'))"
-printf '%-8s %-8s %-7s %-8s %6s  %s\n' sqlite version hermes result time tests
-printf '%s\n' "${rows[@]}"
+matrix_summary "SQLite matrix (Python $("$python" -c 'import sys; print(sys.version.split()[0])'))" \
+    '%-8s %-8s %-7s %-8s %6s  %s' sqlite version hermes result time tests
 if [ "$failed" -ne 0 ]; then
     echo "matrix-sqlite: $failed of $(wc -w <<<"$entries") SQLite builds FAILED (logs in $logdir/)"
     exit 1

@@ -26,7 +26,7 @@ import re
 import sqlite3
 import time
 
-from ._hermes_backup import remove_partials, stamp_time
+from ._hermes_backup import list_stamped, remove_partials, stamped_name
 from ._hermes_db import MaintenanceError, fsync_path, open_rw, read_snapshot, write_transaction
 
 ARCHIVE_PREFIX = "hermes-ops-archive_"
@@ -37,25 +37,12 @@ _NAME = re.compile(r"^hermes-ops-archive_(?P<profile>.+)_(?P<stamp>\d{8}T\d{6}Z)
 
 
 def archive_name(profile, when, seq=0):
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
-    return "%s%s_%s%s.db" % (ARCHIVE_PREFIX, profile, stamp, "-%d" % seq if seq else "")
+    return stamped_name(ARCHIVE_PREFIX, profile, when, seq)
 
 
 def list_archives(backup_dir, profile):
     """This profile's finished archives, newest first, as (path, unix time)."""
-    try:
-        names = os.listdir(backup_dir)
-    except OSError:
-        return []
-    found = []
-    for name in names:
-        match = _NAME.match(name)
-        if match and match.group("profile") == profile:
-            found.append(
-                (os.path.join(backup_dir, name), stamp_time(match.group("stamp")), int(match.group("seq") or 0))
-            )
-    found.sort(key=lambda item: (item[1], item[2]), reverse=True)
-    return [(path, stamp) for path, stamp, _seq in found]
+    return list_stamped(backup_dir, profile, _NAME)
 
 
 def _quote(name):
@@ -183,7 +170,7 @@ def take_archive(conn, db_path, backup_dir, profile, order, must_contain, schema
     ``backup`` dict (kind ``archive``).
     """
     remove_partials(backup_dir, profile)
-    _remove_archive_partials(backup_dir, profile)
+    remove_partials(backup_dir, profile, prefix=ARCHIVE_PREFIX, between="")
     now = time.time()
     seq = 0
     while os.path.exists(os.path.join(backup_dir, archive_name(profile, now, seq))):
@@ -248,22 +235,6 @@ def take_archive(conn, db_path, backup_dir, profile, order, must_contain, schema
     result["copied_by"] = "archive"
     result.update(counts)
     return result
-
-
-def _remove_archive_partials(backup_dir, profile):
-    partial = re.compile(
-        r"^\.%s%s_\d{8}T\d{6}Z(?:-\d+)?\.db\.partial" % (re.escape(ARCHIVE_PREFIX), re.escape(profile))
-    )
-    try:
-        names = os.listdir(backup_dir)
-    except OSError:
-        return
-    for name in names:
-        if partial.match(name):
-            try:
-                os.unlink(os.path.join(backup_dir, name))
-            except OSError:
-                pass
 
 
 def verify_archive(conn, path, must_contain):

@@ -33,25 +33,36 @@ RAW_WAL_LIMIT = 32 * 1024 * 1024
 _NAME = re.compile(r"^hermes-ops_(?P<profile>.+)_(?P<stamp>\d{8}T\d{6}Z)(?:-(?P<seq>\d+))?\.db(?P<gz>\.gz)?$")
 
 
-def backup_name(profile, when, seq=0):
+def stamped_name(prefix, profile, when, seq=0):
+    """``<prefix><profile>_<UTC stamp>[-<seq>].db``: the name backups and archives share."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
-    return "%s%s_%s%s.db" % (PREFIX, profile, stamp, "-%d" % seq if seq else "")
+    return "%s%s_%s%s.db" % (prefix, profile, stamp, "-%d" % seq if seq else "")
 
 
-def list_backups(backup_dir, profile):
-    """This profile's finished backups, newest first, as (path, unix time)."""
+def list_stamped(backup_dir, profile, pattern):
+    """This profile's finished files whose names match ``pattern`` (groups ``profile``,
+    ``stamp``, ``seq``), newest first, as (path, unix time)."""
     try:
         names = os.listdir(backup_dir)
     except OSError:
         return []
     found = []
     for name in names:
-        match = _NAME.match(name)
+        match = pattern.match(name)
         if match and match.group("profile") == profile:
             stamp = stamp_time(match.group("stamp"))
             found.append((os.path.join(backup_dir, name), stamp, int(match.group("seq") or 0)))
     found.sort(key=lambda item: (item[1], item[2]), reverse=True)
     return [(path, stamp) for path, stamp, _seq in found]
+
+
+def backup_name(profile, when, seq=0):
+    return stamped_name(PREFIX, profile, when, seq)
+
+
+def list_backups(backup_dir, profile):
+    """This profile's finished backups, newest first, as (path, unix time)."""
+    return list_stamped(backup_dir, profile, _NAME)
 
 
 def stamp_time(stamp):
@@ -91,9 +102,13 @@ def check_backup_dir(backup_dir, owner_uid, create):
         )
 
 
-def remove_partials(backup_dir, profile):
-    """Leftovers of an interrupted backup of this profile (we hold its lock)."""
-    partial = re.compile(r"^\.%s%s_\d{8}T\d{6}Z(?:-\d+)?\.db.*\.partial" % (re.escape(PREFIX), re.escape(profile)))
+def remove_partials(backup_dir, profile, prefix=PREFIX, between=".*"):
+    """Leftovers of an interrupted backup (or, with the archives' ``prefix``, archive) of this
+    profile (we hold its lock). ``between``: what may stand between ``.db`` and ``.partial``
+    (a backup's work files are ``.db.gz.partial`` and ``.db.gz.partial.db``)."""
+    partial = re.compile(
+        r"^\.%s%s_\d{8}T\d{6}Z(?:-\d+)?\.db%s\.partial" % (re.escape(prefix), re.escape(profile), between)
+    )
     try:
         names = os.listdir(backup_dir)
     except OSError:

@@ -81,14 +81,23 @@ def sqlite_uri(path, **params):
     return "file:%s?%s" % (quote(os.path.abspath(path)), query)
 
 
-def _wal_header(path):
-    """Whether the file's header says WAL (read/write versions 2), not a rollback journal (1)."""
+_WAL_VERSIONS = b"\x02\x02"  # header bytes 18-19 (read/write versions): 2 is WAL, 1 a rollback journal
+
+
+def _header_versions(path):
+    """The header's read/write versions (bytes 18-19), or None when unreadable or too short."""
     try:
         with open(path, "rb") as handle:
             header = handle.read(20)
     except OSError:
-        return True
-    return len(header) < 20 or header[18:20] == b"\x02\x02"
+        return None
+    return header[18:20] if len(header) == 20 else None
+
+
+def _wal_header(path):
+    """Whether the file's header says WAL, not a rollback journal; one it cannot tell counts as WAL."""
+    versions = _header_versions(path)
+    return versions is None or versions == _WAL_VERSIONS
 
 
 class ReadOnlyDB:
@@ -241,12 +250,7 @@ def wal_pending_bytes(db_path):
 
 def is_wal_file(path):
     """The header says WAL (bytes 18 and 19 are 2): SQLite opens it in WAL mode."""
-    try:
-        with open(path, "rb") as handle:
-            header = handle.read(20)
-    except OSError:
-        return False
-    return len(header) == 20 and header[18] == 2 and header[19] == 2
+    return _header_versions(path) == _WAL_VERSIONS
 
 
 # SQLite's unix VFS lock geometry (os_unix.c). Every connection to a WAL database holds a

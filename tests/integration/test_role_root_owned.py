@@ -166,6 +166,13 @@ def _markers(h):
     return sorted(os.listdir(str(h.markers)))
 
 
+def _run_wrapper(h, env, *args, **run_options):
+    """The installed wrapper, started from the user's home with ``env`` (the planted one)."""
+    return subprocess.run(
+        [str(WRAPPER), *args], cwd=str(h.home), env=env, capture_output=True, text=True, check=False, **run_options
+    )
+
+
 def test_engine_wrapper_and_config_are_roots_and_the_user_cannot_write_them(ansible_playbook, host):
     h = host
     _apply(ansible_playbook, h, hermes_maintenance_scheduler="hermes")
@@ -239,9 +246,7 @@ def test_root_never_imports_what_the_user_planted(ansible_playbook, host):
     for name in _markers(h):
         os.unlink(str(h.markers / name))
 
-    refused = subprocess.run(
-        [str(WRAPPER), "--dry-run"], cwd=str(h.home), env=env, capture_output=True, text=True, check=False
-    )
+    refused = _run_wrapper(h, env, "--dry-run")
     assert refused.returncode == 2, refused.stderr
     assert "refusing to run as root" in refused.stderr and f"sudo -u {USER}" in refused.stderr
     # A symlink the user leaves as its log must not make root's run rewrite another file.
@@ -252,14 +257,7 @@ def test_root_never_imports_what_the_user_planted(ansible_playbook, host):
         log.unlink()
     os.symlink(str(victim), str(log))
     os.lchown(str(log), h.uid, h.gid)
-    allowed = subprocess.run(
-        [str(WRAPPER), "--allow-root", "--dry-run", "--json"],
-        cwd=str(h.home),
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    allowed = _run_wrapper(h, env, "--allow-root", "--dry-run", "--json")
     assert allowed.returncode == 0, allowed.stderr
     assert [p["status"] for p in json.loads(allowed.stdout)["profiles"]] == ["ok", "ok"]
     assert _markers(h) == []
@@ -267,28 +265,13 @@ def test_root_never_imports_what_the_user_planted(ansible_playbook, host):
     assert f"cannot write log file {log}" in allowed.stderr, allowed.stderr
     # Without the symlink, root's run appends to the log as the user.
     log.unlink()
-    again = subprocess.run(
-        [str(WRAPPER), "--allow-root", "--dry-run"],
-        cwd=str(h.home),
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    again = _run_wrapper(h, env, "--allow-root", "--dry-run")
     assert again.returncode == 0, again.stderr
     assert _ls(log)[1] == USER and "=== Session Maintenance Done ===" in log.read_text()
     assert _markers(h) == []
 
     # The same as the user: nothing planted is imported either (the user's own runs are isolated too).
-    as_user = subprocess.run(
-        [str(WRAPPER), "--dry-run"],
-        cwd=str(h.home),
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        **h.as_user(),
-    )
+    as_user = _run_wrapper(h, env, "--dry-run", **h.as_user())
     assert as_user.returncode == 0, as_user.stderr
     assert _markers(h) == []
 

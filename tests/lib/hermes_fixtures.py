@@ -1054,6 +1054,36 @@ _WORDS = (
 ).split()
 
 
+def bulk_rows(rng, n_sessions, msgs_per_session, old_fraction, now, words=_WORDS):
+    """The rows of a bulk home, drawn from ``rng``: (sessions, messages).
+
+    sessions: (id, source, started_at, ended_at, end_reason, message_count);
+    messages: (session_id, role, content, timestamp). ``old_fraction`` of the sessions
+    ended 8..90 days before ``now``; the rest within the last 6 days, or (1 in 10) are open.
+    """
+    n_old = int(round(n_sessions * old_fraction))
+    sources = ("cli", "cli", "telegram", "cron")
+    sess_rows, msg_rows = [], []
+    for i in range(n_sessions):
+        sid = "big-%07d" % i
+        src = sources[rng.randrange(len(sources))]
+        if i < n_old:
+            end = now - rng.uniform(8, 90) * DAY
+        elif rng.random() < 0.1:
+            end = None
+        else:
+            end = now - rng.uniform(0.01, 6) * DAY
+        last = end if end is not None else now - rng.uniform(0.01, 0.5) * DAY
+        start = last - rng.uniform(0.01, 1.0) * DAY
+        sess_rows.append((sid, src, start, end, "user_exit" if end else None, msgs_per_session))
+        span = last - start
+        for j in range(msgs_per_session):
+            role = "tool" if j % 5 == 4 else ("user" if j % 2 == 0 else "assistant")
+            content = " ".join(rng.choice(words) for _word in range(rng.randint(8, 24)))
+            msg_rows.append((sid, role, content, start + span * (j + 1) / msgs_per_session))
+    return sess_rows, msg_rows
+
+
 def make_big_home(home, layout, n_sessions, msgs_per_session, old_fraction=0.5, seed=0, now=None, profile=None):
     """Fast bulk home for benchmarks; returns the state.db path.
 
@@ -1081,26 +1111,7 @@ def make_big_home(home, layout, n_sessions, msgs_per_session, old_fraction=0.5, 
         _create_sql_schema(conn, layout)
     try:
         conn.execute("PRAGMA synchronous=OFF")
-        n_old = int(round(n_sessions * old_fraction))
-        sources = ("cli", "cli", "telegram", "cron")
-        sess_rows, msg_rows = [], []
-        for i in range(n_sessions):
-            sid = "big-%07d" % i
-            src = sources[rng.randrange(len(sources))]
-            if i < n_old:
-                end = now - rng.uniform(8, 90) * DAY
-            elif rng.random() < 0.1:
-                end = None
-            else:
-                end = now - rng.uniform(0.01, 6) * DAY
-            last = end if end is not None else now - rng.uniform(0.01, 0.5) * DAY
-            start = last - rng.uniform(0.01, 1.0) * DAY
-            sess_rows.append((sid, src, start, end, "user_exit" if end else None, msgs_per_session))
-            span = last - start
-            for j in range(msgs_per_session):
-                role = "tool" if j % 5 == 4 else ("user" if j % 2 == 0 else "assistant")
-                words = " ".join(rng.choice(_WORDS) for _word in range(rng.randint(8, 24)))
-                msg_rows.append((sid, role, words, start + span * (j + 1) / max(msgs_per_session, 1)))
+        sess_rows, msg_rows = bulk_rows(rng, n_sessions, msgs_per_session, old_fraction, now)
         conn.execute("BEGIN")
         if LAYOUT_FEATURES[layout]["last_activity"]:
             conn.executemany(
@@ -1122,7 +1133,61 @@ def make_big_home(home, layout, n_sessions, msgs_per_session, old_fraction=0.5, 
     return db_path
 
 
+def reopen_as_zombies(db, now, n_old, n_recent):
+    """Open again (``ended_at`` NULL) up to ``n_old`` cli sessions that ended more than 8 days
+    before ``now`` and up to ``n_recent`` that ended 2 to 5 days before: zombies, the old ones
+    to be closed and pruned in one run, the recent ones closed and kept. Returns (old, recent) ids."""
+    conn = sqlite3.connect(str(db))
+    try:
+        with conn:
+            old = [r[0] for r in conn.execute(
+                "SELECT id FROM sessions WHERE source = 'cli' AND ended_at < ? ORDER BY id LIMIT ?",
+                (now - 8 * DAY, n_old),
+            )]  # fmt: skip
+            recent = [r[0] for r in conn.execute(
+                "SELECT id FROM sessions WHERE source = 'cli' AND ended_at BETWEEN ? AND ? ORDER BY id LIMIT ?",
+                (now - 5 * DAY, now - 2 * DAY, n_recent),
+            )]  # fmt: skip
+            conn.executemany(
+                "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = ?", [(s,) for s in old + recent]
+            )
+    finally:
+        conn.close()
+    return old, recent
+
+
+def add_index_with_missing_tokenizer(db):
+    """An index made with Hermes's CJK tokenizer, which this SQLite does not have."""
+    conn = sqlite3.connect(str(db))
+    conn.execute("PRAGMA writable_schema=ON")
+    conn.execute(
+        "INSERT INTO sqlite_master(type, name, tbl_name, rootpage, sql) VALUES ('table', 'messages_fts_cjk', "
+        "'messages_fts_cjk', 0, "
+        "'CREATE VIRTUAL TABLE messages_fts_cjk USING fts5(content, tokenize=''cjk_unicode61'')')"
+    )
+    conn.commit()
+    conn.close()
+
+
 # --------------------------------------------------------------------------- checks
+
+
+def run_release_code(python, code, db_path, *args, timeout=300):
+    """``python -c code db_path args...`` under a release's interpreter, beside ``db_path``:
+    HERMES_HOME and the working directory are its directory, and PYTHONPATH is dropped so the
+    release imports only its own packages. Returns the CompletedProcess (text, not checked)."""
+    home = str(Path(db_path).parent)
+    env = dict(os.environ, HERMES_HOME=home)
+    env.pop("PYTHONPATH", None)
+    return subprocess.run(
+        [python, "-c", code, str(db_path), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        cwd=home,
+        timeout=timeout,
+    )
 
 
 def open_with_release(layout, db_path, search_word="zebra"):
@@ -1153,18 +1218,7 @@ finally:
 print(json.dumps({"sessions": [r["id"] for r in rows], "hits": len(hits),
                   "schema_version": ver}))
 """
-    env = dict(os.environ)
-    env["HERMES_HOME"] = str(Path(db_path).parent)
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run(
-        [py, "-c", code, str(db_path), search_word],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-        timeout=300,
-        cwd=str(Path(db_path).parent),
-    )
+    proc = run_release_code(py, code, db_path, search_word)
     if proc.returncode != 0:
         raise RuntimeError("release %s could not read %s:\n%s" % (layout, db_path, proc.stderr[-4000:]))
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -1198,6 +1252,10 @@ __all__ = [
     "missing_venv_message",
     "build_home",
     "standard_scenario",
+    "add_index_with_missing_tokenizer",
+    "bulk_rows",
+    "reopen_as_zombies",
+    "run_release_code",
     "make_big_home",
     "transcript_files",
     "open_with_release",

@@ -10,13 +10,16 @@ orphan sweep closed. ``release_prune`` runs the release's own ``prune_sessions``
 """
 
 import json
-import os
 import random
 import sqlite3
-import subprocess
-from pathlib import Path
 
-from hermes_fixtures import DEFAULT_ZOMBIE_SOURCES, LAYOUT_FEATURES, hermes_python, missing_venv_message
+from hermes_fixtures import (
+    DEFAULT_ZOMBIE_SOURCES,
+    LAYOUT_FEATURES,
+    hermes_python,
+    missing_venv_message,
+    run_release_code,
+)
 
 #: Releases whose own prune the engine is checked against.
 RULE_RELEASES = ("hermes-0.19.0", "hermes-0.20.1.2", "hermes-0.22.2.post1")
@@ -135,17 +138,7 @@ def release_prune(layout, db_path, days=PRUNE_DAYS):
     if py is None:
         raise RuntimeError(missing_venv_message(layout))
     before = session_ids(db_path)
-    env = dict(os.environ, HERMES_HOME=str(Path(db_path).parent))
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run(
-        [py, "-c", RELEASE_PRUNE, str(db_path), str(days)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-        cwd=str(Path(db_path).parent),
-        timeout=300,
-    )
+    proc = run_release_code(py, RELEASE_PRUNE, db_path, str(days))
     if proc.returncode != 0:
         raise RuntimeError("%s prune_sessions failed:\n%s" % (layout, proc.stderr[-4000:]))
     out = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -19,11 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from hermes_fixtures import hermes_python
+from hermes_fixtures import bulk_rows, hermes_python, run_release_code
 
 HERE = Path(__file__).resolve().parent
 RELEASE = "0.22.2.post1"
-DAY = 86400.0
 WORDS = (
     "deploy backup kubernetes zebra widget nightly cron schedule database vacuum index search message "
     "telegram agent session compress summary tool result python ansible install verify restore profile "
@@ -68,7 +67,6 @@ def journal_mode(db_path):
 
 def make_big_rollback_home(home, n_sessions, msgs_per_session, old_fraction=0.5, seed=0, now=None, release=RELEASE):
     """HOME/state.db written with ``release``'s schema, in the journal mode that release chose."""
-    rng = random.Random(seed)
     now = time.time() if now is None else float(now)
     home = Path(home)
     (home / "sessions").mkdir(parents=True, exist_ok=True)
@@ -78,26 +76,7 @@ def make_big_rollback_home(home, n_sessions, msgs_per_session, old_fraction=0.5,
     try:
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA synchronous=OFF")
-        n_old = int(round(n_sessions * old_fraction))
-        sources = ("cli", "cli", "telegram", "cron")
-        sessions, messages = [], []
-        for i in range(n_sessions):
-            sid = "big-%07d" % i
-            if i < n_old:
-                end = now - rng.uniform(8, 90) * DAY
-            elif rng.random() < 0.1:
-                end = None
-            else:
-                end = now - rng.uniform(0.01, 6) * DAY
-            last = end if end is not None else now - rng.uniform(0.01, 0.5) * DAY
-            start = last - rng.uniform(0.01, 1.0) * DAY
-            sessions.append(
-                (sid, sources[rng.randrange(len(sources))], start, end, "user_exit" if end else None, msgs_per_session)
-            )
-            for j in range(msgs_per_session):
-                role = "tool" if j % 5 == 4 else ("user" if j % 2 == 0 else "assistant")
-                words = " ".join(rng.choice(WORDS) for _word in range(rng.randint(8, 24)))
-                messages.append((sid, role, words, start + (last - start) * (j + 1) / msgs_per_session))
+        sessions, messages = bulk_rows(random.Random(seed), n_sessions, msgs_per_session, old_fraction, now, WORDS)
         with conn:
             conn.executemany(
                 "INSERT INTO sessions (id, source, started_at, ended_at, end_reason, message_count) "
@@ -131,17 +110,7 @@ finally:
 
 def release_view(db_path, session_id, query, release=RELEASE):
     """What the release's own SessionDB sees of one session: its messages, and search hits in it."""
-    env = dict(os.environ, HERMES_HOME=str(Path(db_path).parent))
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run(
-        [hermes_python(release), "-c", RELEASE_VIEW, str(db_path), session_id, query],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=str(Path(db_path).parent),
-        timeout=300,
-        check=False,
-    )
+    proc = run_release_code(hermes_python(release), RELEASE_VIEW, db_path, session_id, query)
     if proc.returncode != 0:
         raise RuntimeError("hermes %s could not read %s: %s" % (release, db_path, proc.stderr[-3000:]))
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -15,7 +15,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine im
     normalize_options,
     run_maintenance,
 )
-from hermes_fixtures import build_home, layout_available, missing_venv_message
+from hermes_fixtures import add_index_with_missing_tokenizer, build_home, layout_available, missing_venv_message
 
 OLD = [
     {"id": "old", "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3},
@@ -224,19 +224,6 @@ def test_schema_31_of_hermes_0_22_is_known_and_32_is_refused(tmp_path):
     assert digest(db) == before
     allowed = run_maintenance({"hermes_home": [str(tmp_path / "newer")], "allow_unknown_schema": True})
     assert allowed["profiles"][0]["status"] == "ok" and allowed["profiles"][0]["sessions_pruned"] == 1
-
-
-def add_index_with_missing_tokenizer(db):
-    """An index made with Hermes's CJK tokenizer, which this SQLite does not have."""
-    conn = sqlite3.connect(str(db))
-    conn.execute("PRAGMA writable_schema=ON")
-    conn.execute(
-        "INSERT INTO sqlite_master(type, name, tbl_name, rootpage, sql) VALUES ('table', 'messages_fts_cjk', "
-        "'messages_fts_cjk', 0, "
-        "'CREATE VIRTUAL TABLE messages_fts_cjk USING fts5(content, tokenize=''cjk_unicode61'')')"
-    )
-    conn.commit()
-    conn.close()
 
 
 def test_missing_tokenizer_refuses_deletes_but_closes_zombies(tmp_path):

@@ -164,6 +164,18 @@ def assert_writer_unharmed(writer, summary, db):
         conn.close()
 
 
+def restart_gateway(db, tmp_path):
+    """The gateway starts again on ``db`` and writes for a moment, unharmed; its summary."""
+    restarted = start_writer(db, tmp_path, "restarted")
+    try:
+        time.sleep(0.5)
+        summary = restarted.stop()
+    finally:
+        restarted.kill()
+    assert_writer_unharmed(restarted, summary, db)
+    return summary
+
+
 def test_hermes_runs_wal_on_this_sqlite_and_delete_on_the_systems(tmp_path):
     """The control: the same release on the system's libsqlite3 refuses WAL and says why."""
     for name, env in (("swapped", {}), ("system", {"LD_LIBRARY_PATH": ""})):
@@ -263,13 +275,7 @@ def test_full_vacuum_waits_for_the_service_window(home_022, tmp_path):
     assert (vacuumed["application_id"], vacuumed["generation"]) == (before["application_id"], before["generation"])
     assert header_application_id(db) == before["application_id"]
     # The gateway starts again on the vacuumed file and writes.
-    restarted = start_writer(db, tmp_path, "restarted")
-    try:
-        time.sleep(0.5)
-        summary = restarted.stop()
-    finally:
-        restarted.kill()
-    assert_writer_unharmed(restarted, summary, db)
+    restart_gateway(db, tmp_path)
     assert file_identity(db)["generation"] == before["generation"]  # Hermes kept the stamp: same file
 
 
@@ -315,13 +321,7 @@ def test_restored_file_keeps_its_stamp_and_a_restarted_gateway_writes(home_022, 
     # A byte copy of the same file: the same stamp, under a new inode.
     assert restored["inodes"][""] != original["inodes"][""]
     assert (restored["application_id"], restored["generation"]) == (original["application_id"], original["generation"])
-    restarted = start_writer(db, tmp_path, "restarted")
-    try:
-        time.sleep(0.5)
-        summary = restarted.stop()
-    finally:
-        restarted.kill()
-    assert_writer_unharmed(restarted, summary, db)
+    summary = restart_gateway(db, tmp_path)
     assert summary["guards"]["application_id"] == original["application_id"]
     assert file_identity(db)["generation"] == original["generation"]
 

@@ -31,9 +31,8 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_archive i
     restore_sessions,
 )
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from hermes_fixtures import hermes_python
+from hermes_fixtures import hermes_python, reopen_as_zombies
 
-DAY = 86400.0
 FULL = os.environ.get("HERMES_LIVE_SIZE", "reduced") == "full"
 SIZE = (1200, 100) if FULL else (400, 100)  # (sessions, messages each); half of them are pruned
 OLD_ZOMBIES = 20
@@ -55,20 +54,7 @@ def base_db(tmp_path_factory):
     now = time.time()
     db = str(make_big_rollback_home(home, SIZE[0], SIZE[1], seed=13, now=now))
     assert journal_mode(db) == "delete", "the release chose WAL here: this test is about rollback-journal mode"
-    conn = sqlite3.connect(db)
-    with conn:
-        old = [r[0] for r in conn.execute(
-            "SELECT id FROM sessions WHERE source = 'cli' AND ended_at < ? ORDER BY id LIMIT ?",
-            (now - 8 * DAY, OLD_ZOMBIES),
-        )]  # fmt: skip
-        recent = [r[0] for r in conn.execute(
-            "SELECT id FROM sessions WHERE source = 'cli' AND ended_at BETWEEN ? AND ? ORDER BY id LIMIT ?",
-            (now - 5 * DAY, now - 2 * DAY, RECENT_ZOMBIES),
-        )]  # fmt: skip
-        conn.executemany(
-            "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = ?", [(s,) for s in old + recent]
-        )
-    conn.close()
+    old, recent = reopen_as_zombies(db, now, OLD_ZOMBIES, RECENT_ZOMBIES)
     assert len(old) == OLD_ZOMBIES and len(recent) == RECENT_ZOMBIES
     return {"db": db, "old_zombies": set(old), "recent_zombies": set(recent)}
 

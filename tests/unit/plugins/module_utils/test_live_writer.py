@@ -24,10 +24,9 @@ from hermes_reliability import query as q
 from hermes_writer import MARK, WriterProcess, latency_stats
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from hermes_fixtures import hermes_python, make_big_home
+from hermes_fixtures import hermes_python, make_big_home, reopen_as_zombies
 
 RELEASE = "0.19.0"
-DAY = 86400.0
 FULL = os.environ.get("HERMES_LIVE_SIZE", "reduced") == "full"
 # (sessions, messages per session): half the sessions are old -> pruned.
 SIZE = (2200, 100) if FULL else (400, 100)
@@ -52,25 +51,8 @@ def base_db(tmp_path_factory):
     home = tmp_path_factory.mktemp("live-base")
     now = time.time()
     db = str(make_big_home(str(home), "hermes-" + RELEASE, SIZE[0], SIZE[1], old_fraction=0.5, seed=11, now=now))
+    old, recent = reopen_as_zombies(db, now, OLD_ZOMBIES, RECENT_ZOMBIES)
     conn = sqlite3.connect(db)
-    with conn:
-        old = [
-            r[0]
-            for r in conn.execute(
-                "SELECT id FROM sessions WHERE source = 'cli' AND ended_at < ? ORDER BY id LIMIT ?",
-                (now - 8 * DAY, OLD_ZOMBIES),
-            )
-        ]
-        recent = [
-            r[0]
-            for r in conn.execute(
-                "SELECT id FROM sessions WHERE source = 'cli' AND ended_at BETWEEN ? AND ? ORDER BY id LIMIT ?",
-                (now - 5 * DAY, now - 2 * DAY, RECENT_ZOMBIES),
-            )
-        ]
-        conn.executemany(
-            "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = ?", [(s,) for s in old + recent]
-        )
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
     assert len(old) == OLD_ZOMBIES and len(recent) == RECENT_ZOMBIES

@@ -8,10 +8,7 @@ v2 and v30 layouts are resumed by 0.19.0 on a copy (it migrates older files on o
 """
 
 import json
-import os
 import sqlite3
-import subprocess
-from pathlib import Path
 
 import pytest
 from hermes_reliability import db_problems
@@ -27,6 +24,7 @@ from hermes_fixtures import (
     missing_venv_message,
     open_with_release,
     release_for,
+    run_release_code,
     standard_scenario,
 )
 
@@ -90,17 +88,7 @@ print(json.dumps(out))
 
 
 def run_release(release, db, plan):
-    env = dict(os.environ, HERMES_HOME=str(Path(db).parent))
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run(
-        [hermes_python(release), "-c", RELEASE_CODE, str(db), json.dumps(plan)],
-        capture_output=True,
-        check=False,
-        text=True,
-        env=env,
-        cwd=str(Path(db).parent),
-        timeout=300,
-    )
+    proc = run_release_code(hermes_python(release), RELEASE_CODE, db, json.dumps(plan))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -19,7 +19,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_re
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_restore import plan_restore, restore
-from hermes_fixtures import build_home, make_big_home
+from hermes_fixtures import add_index_with_missing_tokenizer, build_home, make_big_home
 
 SPECS = [
     {"id": "old", "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3},
@@ -59,15 +59,7 @@ def test_backup_with_an_index_this_sqlite_cannot_open_is_restored(home):
     # SQLite 3.44+ aborts quick_check at a virtual table whose tokenizer it lacks (Hermes's
     # CJK index without its extension): that is no reason to call the backup damaged.
     (backup,) = [p for p in (home / "backups").iterdir() if p.name.endswith(".db")]
-    conn = sqlite3.connect(str(backup))
-    conn.execute("PRAGMA writable_schema=ON")
-    conn.execute(
-        "INSERT INTO sqlite_master(type, name, tbl_name, rootpage, sql) VALUES ('table', 'messages_fts_cjk', "
-        "'messages_fts_cjk', 0, "
-        "'CREATE VIRTUAL TABLE messages_fts_cjk USING fts5(content, tokenize=''cjk_unicode61'')')"
-    )
-    conn.commit()
-    conn.close()
+    add_index_with_missing_tokenizer(backup)
     done = restore(plan_restore(str(home), "default"))
     assert done["restored"]["sessions"] == 2 and ids(home / "state.db") == {"old", "new"}
 

@@ -1,0 +1,36 @@
+# shellcheck shell=bash disable=SC2034,SC2154
+# (SC2034, SC2154: $leg_status and $leg_counts are read, $rows is set, by the sourcing script.)
+# Sourced by scripts/matrix_python.sh and scripts/matrix_sqlite.sh: the pytest run of one leg
+# of a matrix and the summary table, so both matrices count and report a leg alike.
+#   . "$(dirname "$0")/matrix_legs.sh"
+# The sourcing script keeps its table in the array $rows and its failure count in $failed.
+
+# leg_pytest LOG WHAT PYTHON [pytest arguments...]
+# Runs PYTHON -m pytest, its output also into LOG. Sets $leg_status (ok or FAILED) and
+# $leg_counts (pytest's summary line without its time, e.g. "40 passed, 2 skipped"); a
+# failed leg adds one to $failed. WHAT names the leg in the error for "no tests collected".
+leg_pytest() {
+    local log=$1 what=$2 python=$3 rc
+    shift 3
+    "$python" -m pytest "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    leg_status=ok
+    if [ "$rc" -ne 0 ]; then
+        leg_status=FAILED
+        [ "$rc" -eq 5 ] && echo "error: pytest collected no tests on $what" >&2
+        failed=$((failed + 1))
+    fi
+    leg_counts=$(tail -n 1 "$log" | sed -E 's/^=+ //; s/ in [0-9.]+s.*//')
+}
+
+# matrix_summary TITLE FORMAT HEADING... : a rule line with TITLE, the column headings printed
+# with FORMAT (printf, without the newline), then the rows of $rows.
+matrix_summary() {
+    local title=$1 format=$2
+    shift 2
+    echo
+    echo "---------------------------------------------------------------- $title"
+    # shellcheck disable=SC2059  # the format is the caller's column layout
+    printf "$format\n" "$@"
+    printf '%s\n' "${rows[@]}"
+}
