@@ -20,8 +20,9 @@ $(METRICS_VENV)/.stamp: requirements/metrics.txt
 
 $(CURDIR)/.cache/prometheus/usr/bin/promtool:
 	mkdir -p .cache/debs
-	cd .cache/debs && apt-get download prometheus
-	dpkg-deb -x "$$(ls -1 .cache/debs/prometheus_*.deb | tail -1)" .cache/prometheus
+	# Debian 13 ships promtool as a package of its own, Debian 12 inside prometheus.
+	cd .cache/debs && { apt-get download promtool 2>/dev/null || apt-get download prometheus; }
+	for deb in .cache/debs/*.deb; do dpkg-deb -x "$$deb" .cache/prometheus; done
 	test -x $@
 
 alert-rules: $(PROMTOOL) ## promtool check rules + test rules on the shipped alerting rules

@@ -19,7 +19,8 @@ version="$(basename "$artifact" .tar.gz)"; version="${version#hermes_agent-ops-}
 grep -q "collections/hermes_agent-ops-$version.tar.gz" extras/execution-environment/requirements.yml \
     || { echo "ee: extras/execution-environment/requirements.yml does not name version $version" >&2; exit 1; }
 cp extras/execution-environment/execution-environment.yml extras/execution-environment/requirements.yml "$work/"
-(cd "$work" && "$builder" create -f execution-environment.yml -c context)
+# The file name would follow the container runtime found on the machine (Dockerfile without podman).
+(cd "$work" && "$builder" create -f execution-environment.yml -c context --output-filename Containerfile)
 test -f "$work/context/Containerfile"
 test -f "$work/context/_build/collections/$(basename "$artifact")"
 grep -q 'ansible-galaxy collection install .*-r requirements.yml' "$work/context/Containerfile"
