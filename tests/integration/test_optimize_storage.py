@@ -12,6 +12,7 @@ service window (a test init script as the gateway) stops it, backs up, runs the 
 the user, reports the sizes and starts it again.
 """
 
+import atexit
 import hashlib
 import json
 import os
@@ -49,9 +50,36 @@ def _site_packages(release):
     return found[0] if found else None
 
 
+_COPIES = {}
+
+
+def _readable_by_user(path):
+    if os.geteuid() != 0:
+        return True
+    return subprocess.run(["runuser", "-u", USER, "--", "test", "-r", str(path)], check=False).returncode == 0
+
+
+def _user_readable(path):
+    """``path``, or a copy the unprivileged user can read: a checkout in a 0700 directory (as CI
+    clones it) is closed to that user. Made once per test run."""
+    path = Path(path)
+    if _readable_by_user(path):
+        return path
+    if path not in _COPIES:
+        base = Path(tempfile.mkdtemp(prefix="hermes-ops-optimize-copy-", dir="/tmp"))
+        base.chmod(0o755)
+        atexit.register(shutil.rmtree, str(base), True)
+        if path.is_dir():
+            shutil.copytree(str(path), str(base / path.name), symlinks=True)
+        else:
+            shutil.copy2(str(path), str(base / path.name))
+        _COPIES[path] = base / path.name
+    return _COPIES[path]
+
+
 def _cli_wrapper(path, release):
     """A `hermes` the unprivileged user can run: the release's code on the system Python."""
-    site = _site_packages(release)
+    site = _user_readable(_site_packages(release))
     path.write_text(
         "#!/bin/sh\nPYTHONPATH=%s exec %s -c 'import sys; from hermes_cli.main import main; "
         'sys.argv[0] = "hermes"; sys.exit(main())\' "$@"\n' % (site, SYSTEM_PYTHON)
@@ -122,7 +150,7 @@ def world():
 
 
 def _run_worker(world, cli, *profile_homes):
-    argv = [SYSTEM_PYTHON, str(WORKER), "--hermes-cli", str(cli)]
+    argv = [SYSTEM_PYTHON, str(_user_readable(WORKER)), "--hermes-cli", str(cli)]
     for phome in profile_homes:
         argv += ["--profile-home", str(phome)]
     proc = _as_user(argv, world["base"])
