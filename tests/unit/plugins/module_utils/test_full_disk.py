@@ -131,6 +131,9 @@ def _vacuum_home(mnt, home):
     for name in os.listdir(str(home / "sessions")):
         (target / "sessions" / name).write_bytes((home / "sessions" / name).read_bytes())
     (target / "state.db").write_bytes((home / "state.db").read_bytes())
+    # 0600 as Hermes keeps it: a readable file would make any process of another uid whose
+    # descriptors cannot be read a possible holder, and this run would then not checkpoint.
+    os.chmod(str(target / "state.db"), 0o600)
     return target
 
 
