@@ -45,18 +45,23 @@ def db_bytes(db):
     return sum(os.path.getsize(db + side) for side in ("", "-wal") if os.path.exists(db + side))
 
 
+def run_sessions_command(cli, args, env, timeout):
+    """``cli sessions args...`` with no terminal input; its output captured, its exit code not checked."""
+    return subprocess.run(
+        [cli, "sessions", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
 def cli_supports(cli, env):
     """True when ``cli sessions optimize-storage --help`` exists (Hermes >= 0.20)."""
     try:
-        proc = subprocess.run(
-            [cli, "sessions", "optimize-storage", "--help"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
+        proc = run_sessions_command(cli, ["optimize-storage", "--help"], env, 120)
     except FileNotFoundError:
         return False, "Hermes CLI %s not found: set hermes_maintenance_hermes_cli to the user's `hermes`" % cli
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -87,15 +92,7 @@ def optimize(phome, cli, timeout):
         result.update(action="unsupported", message=why + "; left alone")
         return result
     try:
-        proc = subprocess.run(
-            [cli, "sessions", "optimize-storage", "--yes"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
+        proc = run_sessions_command(cli, ["optimize-storage", "--yes"], env, timeout)
         lines = proc.stdout.replace("\r", "\n").splitlines()
         output = "\n".join(line for line in lines if line.strip() and "Rebuilding index" not in line)
         rc = proc.returncode

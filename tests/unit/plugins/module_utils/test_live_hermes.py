@@ -14,6 +14,7 @@
 """
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -124,16 +125,32 @@ def wait_ready(proc, path, timeout=60):
 
 # ----------------------------------------------------------------- holders /proc cannot show
 
-WAL_GATEWAY = textwrap.dedent(
-    """
-    import os, sqlite3, sys, time
-    conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA wal_autocheckpoint=0")
-    conn.execute("SELECT COUNT(*) FROM sessions").fetchone()
-    open(sys.argv[2], "w").close()
-    sys.stdin.read()
-    """
+
+def connection_holder(*statements):
+    """The code of a process that runs ``statements`` on one connection to argv[1], then
+    touches argv[2] (ready) and keeps that connection as it is until its stdin closes."""
+    lines = ["import sqlite3, sys", "conn = sqlite3.connect(sys.argv[1], isolation_level=None)"]
+    lines += ["conn.execute(%r).fetchall()" % statement for statement in statements]
+    lines += ['open(sys.argv[2], "w").close()', "sys.stdin.read()"]
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def holding(code, db, ready):
+    """``code`` (see :func:`connection_holder`) running on ``db``, ready; ended when the block ends."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(db), str(ready)], stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_ready(proc, str(ready))
+        yield proc
+    finally:
+        proc.communicate("", timeout=30)
+
+
+# A gateway's idle WAL connection, with Hermes's own checkpoints off.
+WAL_GATEWAY = connection_holder(
+    "PRAGMA journal_mode=WAL", "PRAGMA wal_autocheckpoint=0", "SELECT COUNT(*) FROM sessions"
 )
 
 # A real Hermes 0.22.2 SessionDB, idle: on this SQLite (3.40.1, affected) Hermes itself
@@ -301,16 +318,10 @@ def wal_home(tmp_path, name="home"):
 def test_an_affected_sqlite_never_checkpoints_a_wal_file_another_process_holds(tmp_path):
     home = wal_home(tmp_path)
     db = home / "state.db"
-    gateway = subprocess.Popen(
-        [sys.executable, "-c", WAL_GATEWAY, str(db), str(tmp_path / "ready")], stdin=subprocess.PIPE, text=True
-    )
-    try:
-        wait_ready(gateway, str(tmp_path / "ready"))
+    with holding(WAL_GATEWAY, db, tmp_path / "ready"):
         result = run_maintenance({"hermes_home": [str(home)], "backup": False, "vacuum_mode": "full"})
         frames, backfilled = shm_counts(db)  # after our connection closed, the gateway still open
         wal_bytes = os.path.getsize(str(db) + "-wal")
-    finally:
-        gateway.communicate("", timeout=30)
     profile = result["profiles"][0]
     assert profile["status"] == "ok" and profile["sessions_pruned"] == 30
     assert result["sqlite"]["wal_reset_affected"] is True and profile["sqlite"]["version"] == sqlite3.sqlite_version
@@ -328,17 +339,11 @@ def test_without_checkpoints_the_work_stops_at_the_wal_budget_and_the_next_run_g
     monkeypatch.setattr(_hermes_reclaim, "WAL_BUDGET", budget)
     home = wal_home(tmp_path)
     db = home / "state.db"
-    gateway = subprocess.Popen(
-        [sys.executable, "-c", WAL_GATEWAY, str(db), str(tmp_path / "ready")], stdin=subprocess.PIPE, text=True
-    )
-    try:
-        wait_ready(gateway, str(tmp_path / "ready"))
-        opts = {"hermes_home": [str(home)], "backup": False, "batch_size": 40}
+    opts = {"hermes_home": [str(home)], "backup": False, "batch_size": 40}
+    with holding(WAL_GATEWAY, db, tmp_path / "ready"):
         first = run_maintenance(opts)["profiles"][0]
         frames, backfilled = shm_counts(db)
         page = sqlite3.connect(str(db)).execute("PRAGMA page_size").fetchone()[0]
-    finally:
-        gateway.communicate("", timeout=30)
     assert first["status"] == "ok" and 0 < first["sessions_pruned"] < 30
     assert "stopped at" in first["stopped_early"] and "the next run goes on" in first["stopped_early"]
     assert backfilled == 0
@@ -466,33 +471,16 @@ def replica_home(tmp_path, incremental=False):
 
 # What a running Litestream keeps on the file (db.go acquireReadLock): a read transaction on
 # its own connection, so that nobody else's checkpoint can get past its position.
-LITESTREAM_RUNNING = textwrap.dedent(
-    """
-    import sqlite3, sys
-    conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-    conn.execute("PRAGMA wal_autocheckpoint = 0")
-    conn.execute("BEGIN")
-    conn.execute("SELECT COUNT(1) FROM _litestream_seq").fetchone()
-    open(sys.argv[2], "w").close()
-    sys.stdin.read()
-    conn.execute("ROLLBACK")
-    """
-)
+LITESTREAM_RUNNING = connection_holder("PRAGMA wal_autocheckpoint = 0", "BEGIN", "SELECT COUNT(1) FROM _litestream_seq")
 
 
 def test_a_litestream_replica_gets_row_work_only(tmp_path):
     home = replica_home(tmp_path)
     db = home / "state.db"
     inode = os.stat(str(db)).st_ino
-    litestream = subprocess.Popen(
-        [sys.executable, "-c", LITESTREAM_RUNNING, str(db), str(tmp_path / "ready")], stdin=subprocess.PIPE, text=True
-    )
-    try:
-        wait_ready(litestream, str(tmp_path / "ready"))
+    with holding(LITESTREAM_RUNNING, db, tmp_path / "ready"):
         result = run_maintenance({"hermes_home": [str(home)], "backup": False, "vacuum_mode": "full"})
         frames, backfilled = shm_counts(db)
-    finally:
-        litestream.communicate("", timeout=30)
     profile = result["profiles"][0]
     assert profile["status"] == "ok" and profile["sessions_pruned"] == 30
     assert profile["litestream"] == ["_litestream_lock", "_litestream_seq"]
