@@ -20,6 +20,7 @@ appending every 20 ms; its summary carries the guard flags and the result of the
 live probe (``_halt_if_db_generation_changed``) just before it closes.
 """
 
+import contextlib
 import json
 import os
 import random
@@ -136,6 +137,28 @@ def start_writer(db, tmp_path, name):
     return WriterProcess(hermes_python(RELEASE), db, str(tmp_path / ("%s.jsonl" % name)), prefix=name).start()
 
 
+@contextlib.contextmanager
+def live_gateway(db, tmp_path):
+    """A 0.22.2 gateway appending to ``db`` through the block; killed however the block ends."""
+    writer = start_writer(db, tmp_path, "gateway")
+    try:
+        yield writer
+    finally:
+        writer.kill()
+
+
+def identity_while_writing(db):
+    """The file's identity once the gateway's first appends are in."""
+    time.sleep(0.3)
+    return file_identity(db)
+
+
+def identity_after_more_writes(db):
+    """The file's identity after the gateway went on appending for a second."""
+    time.sleep(1.0)
+    return file_identity(db)
+
+
 def assert_writer_unharmed(writer, summary, db):
     """No failed write, no guard tripped (flags and the guard's own probe), WAL all along,
     every message it appended is in the file and found by FTS."""
@@ -196,16 +219,11 @@ def test_hermes_runs_wal_on_this_sqlite_and_delete_on_the_systems(tmp_path):
 def test_full_run_beside_a_live_wal_writer_keeps_its_identity(home_022, tmp_path):
     home, db = home_022
     before = file_identity(db)
-    writer = start_writer(db, tmp_path, "gateway")
-    try:
-        time.sleep(0.3)
-        with_writer = file_identity(db)
+    with live_gateway(db, tmp_path) as writer:
+        with_writer = identity_while_writing(db)
         result = run_maintenance({"hermes_home": [home], "allow_unknown_schema": True})
-        time.sleep(1.0)  # it keeps writing after the run, through the same handle
-        after = file_identity(db)
+        after = identity_after_more_writes(db)  # it keeps writing after the run, through the same handle
         summary = writer.stop()
-    finally:
-        writer.kill()
     profile = result["profiles"][0]
     assert profile["status"] == "ok", profile["error"]
     assert profile["zombies_closed"] == ZOMBIES
@@ -228,10 +246,8 @@ def test_zombies_incremental_vacuum_and_checkpoints_beside_a_live_wal_writer(hom
     conn.execute("VACUUM")
     conn.close()
     before = file_identity(db)
-    writer = start_writer(db, tmp_path, "gateway")
-    try:
-        time.sleep(0.3)
-        with_writer = file_identity(db)
+    with live_gateway(db, tmp_path) as writer:
+        with_writer = identity_while_writing(db)
         result = run_maintenance({"hermes_home": [home], "allow_unknown_schema": True, "zombie_days": 0.001})
         profile = result["profiles"][0]
         # Every kind of checkpoint from another connection, the writer still appending.
@@ -239,11 +255,8 @@ def test_zombies_incremental_vacuum_and_checkpoints_beside_a_live_wal_writer(hom
         checkpoints = [conn.execute("PRAGMA wal_checkpoint(%s)" % kind).fetchone() for kind in ("PASSIVE", "FULL")]
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         conn.close()
-        time.sleep(1.0)
-        after = file_identity(db)
+        after = identity_after_more_writes(db)
         summary = writer.stop()
-    finally:
-        writer.kill()
     assert profile["status"] == "ok", profile["error"]
     assert profile["zombies_closed"] >= ZOMBIES and profile["sessions_pruned"] > 0
     assert profile["reclaim"]["action"] == "incremental"
@@ -257,12 +270,9 @@ def test_full_vacuum_waits_for_the_service_window(home_022, tmp_path):
     home, db = home_022
     opts = {"hermes_home": [home], "allow_unknown_schema": True, "vacuum_mode": "full"}
     before = file_identity(db)
-    writer = start_writer(db, tmp_path, "gateway")
-    try:
+    with live_gateway(db, tmp_path) as writer:
         held = run_maintenance(opts)["profiles"][0]
         summary = writer.stop()
-    finally:
-        writer.kill()
     assert held["status"] == "ok" and held["reclaim"]["action"] is None
     assert "held open by" in held["reclaim"]["skipped_reason"]
     assert_writer_unharmed(writer, summary, db)
@@ -284,20 +294,15 @@ def test_in_place_vacuum_under_an_open_handle_keeps_its_identity(home_022, tmp_p
     VACUUM still keeps every identity the guards check: it stalls the writer, never stops it."""
     home, db = home_022
     before = file_identity(db)
-    writer = start_writer(db, tmp_path, "gateway")
-    try:
-        time.sleep(0.3)
-        with_writer = file_identity(db)
+    with live_gateway(db, tmp_path) as writer:
+        with_writer = identity_while_writing(db)
         conn = sqlite3.connect(db, timeout=30, isolation_level=None)
         conn.execute("DELETE FROM messages WHERE session_id IN ('guard-00100', 'guard-00101')")
         _hermes_reclaim.full_vacuum(conn, True)
         conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         conn.close()
-        time.sleep(1.0)
-        after = file_identity(db)
+        after = identity_after_more_writes(db)
         summary = writer.stop()
-    finally:
-        writer.kill()
     assert_writer_unharmed(writer, summary, db)
     assert after["inodes"] == with_writer["inodes"]
     assert (after["application_id"], after["generation"]) == (before["application_id"], before["generation"])
@@ -307,12 +312,9 @@ def test_in_place_vacuum_under_an_open_handle_keeps_its_identity(home_022, tmp_p
 def test_restored_file_keeps_its_stamp_and_a_restarted_gateway_writes(home_022, tmp_path):
     home, db = home_022
     original = file_identity(db)
-    writer = start_writer(db, tmp_path, "gateway")
-    try:
+    with live_gateway(db, tmp_path) as writer:
         run = run_maintenance({"hermes_home": [home], "allow_unknown_schema": True})["profiles"][0]
         summary = writer.stop()  # the gateway stopped for the restore
-    finally:
-        writer.kill()
     assert run["status"] == "ok" and run["backup"]["path"]
     assert_writer_unharmed(writer, summary, db)
     plan = restore(plan_restore(home, "default"))
@@ -332,14 +334,11 @@ def test_forced_restore_under_a_running_gateway_stops_its_writes(home_022, tmp_p
     home, db = home_022
     run = run_maintenance({"hermes_home": [home], "allow_unknown_schema": True})["profiles"][0]
     assert run["status"] == "ok" and run["backup"]["path"]
-    writer = start_writer(db, tmp_path, "gateway")
-    try:
+    with live_gateway(db, tmp_path) as writer:
         time.sleep(0.3)
         plan = restore(plan_restore(home, "default"), force=True)
         time.sleep(0.5)
         summary = writer.stop()
-    finally:
-        writer.kill()
     swapped_at = plan["restored"]
     assert swapped_at["messages"] == plan["backup"]["messages"]
     errors = [r["err"] for r in writer.records() if r["err"]]
