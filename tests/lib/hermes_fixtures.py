@@ -882,6 +882,15 @@ def reopen_as_zombies(db, now, n_old, n_recent):
     return old, recent
 
 
+def zombie_base(db, now, n_old, n_recent):
+    """``db`` with exactly ``n_old`` old and ``n_recent`` recent zombies (see
+    :func:`reopen_as_zombies`), as the module fixtures of the live tests hand it on."""
+    old, recent = reopen_as_zombies(db, now, n_old, n_recent)
+    if (len(old), len(recent)) != (n_old, n_recent):
+        raise AssertionError("%s has %d old and %d recent candidates for zombies" % (db, len(old), len(recent)))
+    return {"db": str(db), "old_zombies": set(old), "recent_zombies": set(recent)}
+
+
 def add_index_with_missing_tokenizer(db):
     """An index made with Hermes's CJK tokenizer, which this SQLite does not have."""
     conn = sqlite3.connect(str(db))

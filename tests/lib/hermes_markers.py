@@ -39,3 +39,15 @@ def mark_heavy(items):
             item.add_marker(pytest.mark.releases)
         if any(item.get_closest_marker(name) for name in HEAVY):
             item.add_marker(pytest.mark.heavy)
+
+
+def release_module_marks(version):
+    """``pytestmark`` of a module that runs the real Hermes ``version`` throughout: slow,
+    releases, and skipped where that release's venv is missing."""
+    import pytest
+
+    from hermes_fixtures import hermes_python
+
+    missing = hermes_python(version) is None
+    reason = "no hermes-%s venv (tests/setup_hermes_venvs.sh)" % version
+    return [pytest.mark.slow, pytest.mark.releases, pytest.mark.skipif(missing, reason=reason)]

@@ -20,6 +20,7 @@ import sqlite3
 import time
 
 import pytest
+from hermes_markers import release_module_marks
 from hermes_reliability import db_problems
 from hermes_reliability import query as q
 from hermes_rollback import RELEASE, journal_mode, make_big_rollback_home, release_view
@@ -31,7 +32,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_archive i
     restore_sessions,
 )
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from hermes_fixtures import hermes_python, reopen_as_zombies
+from hermes_fixtures import hermes_python, zombie_base
 
 FULL = os.environ.get("HERMES_LIVE_SIZE", "reduced") == "full"
 SIZE = (1200, 100) if FULL else (400, 100)  # (sessions, messages each); half of them are pruned
@@ -40,12 +41,7 @@ RECENT_ZOMBIES = 10
 STALL_LIMIT = 3.0  # a safety net only: the 250 ms target is measured by bench/run.py
 OPTIONS = {"allow_unknown_schema": True}  # schema 31 is newer than what some branches know
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        hermes_python(RELEASE) is None, reason="no hermes-%s venv (tests/setup_hermes_venvs.sh)" % RELEASE
-    ),
-]
+pytestmark = release_module_marks(RELEASE)
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +50,7 @@ def base_db(tmp_path_factory):
     now = time.time()
     db = str(make_big_rollback_home(home, SIZE[0], SIZE[1], seed=13, now=now))
     assert journal_mode(db) == "delete", "the release chose WAL here: this test is about rollback-journal mode"
-    old, recent = reopen_as_zombies(db, now, OLD_ZOMBIES, RECENT_ZOMBIES)
-    assert len(old) == OLD_ZOMBIES and len(recent) == RECENT_ZOMBIES
-    return {"db": db, "old_zombies": set(old), "recent_zombies": set(recent)}
+    return zombie_base(db, now, OLD_ZOMBIES, RECENT_ZOMBIES)
 
 
 def fresh_home(base, tmp_path):

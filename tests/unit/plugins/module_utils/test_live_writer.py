@@ -19,12 +19,13 @@ import sqlite3
 import time
 
 import pytest
+from hermes_markers import release_module_marks
 from hermes_reliability import db_problems
 from hermes_reliability import query as q
 from hermes_writer import MARK, WriterProcess, latency_stats
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from hermes_fixtures import hermes_python, make_big_home, reopen_as_zombies
+from hermes_fixtures import hermes_python, make_big_home, zombie_base
 
 RELEASE = "0.19.0"
 FULL = os.environ.get("HERMES_LIVE_SIZE", "reduced") == "full"
@@ -36,13 +37,7 @@ RECENT_ZOMBIES = 10  # open cli sessions idle 2-5 days: closed, kept
 # bench/run.py with a control writer beside it; CI machines are shared and their load varies.
 STALL_LIMIT = 3.0
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.releases,
-    pytest.mark.skipif(
-        hermes_python(RELEASE) is None, reason="no hermes-%s venv (tests/setup_hermes_venvs.sh)" % RELEASE
-    ),
-]
+pytestmark = release_module_marks(RELEASE)
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +46,11 @@ def base_db(tmp_path_factory):
     home = tmp_path_factory.mktemp("live-base")
     now = time.time()
     db = str(make_big_home(str(home), "hermes-" + RELEASE, SIZE[0], SIZE[1], old_fraction=0.5, seed=11, now=now))
-    old, recent = reopen_as_zombies(db, now, OLD_ZOMBIES, RECENT_ZOMBIES)
+    base = zombie_base(db, now, OLD_ZOMBIES, RECENT_ZOMBIES)
     conn = sqlite3.connect(db)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
-    assert len(old) == OLD_ZOMBIES and len(recent) == RECENT_ZOMBIES
-    return {"db": db, "old_zombies": set(old), "recent_zombies": set(recent)}
+    return base
 
 
 def fresh_home(base, tmp_path, incremental):
