@@ -51,16 +51,20 @@ def common_vars(home):
     return {"hermes_maintenance_homes": [str(home)], "hermes_maintenance_become": False}
 
 
-def role_vars(home, install, scheduler, **more):
-    """The role applied for the user running the tests, installed under ``install``."""
-    return dict(
-        common_vars(home),
+def role_home(tmp_path, scheduler, sessions, **options):
+    """A demo home under ``tmp_path`` and the variables that apply the role to it for the user
+    running the tests, installed under ``tmp_path/install``; each of ``options`` becomes
+    ``hermes_maintenance_<name>``."""
+    home = make_home(tmp_path / "hermes", sessions=sessions)
+    install = tmp_path / "install"
+    extra = dict(common_vars(home), **{"hermes_maintenance_" + name: value for name, value in options.items()})
+    extra.update(
         hermes_maintenance_user=getpass.getuser(),
         hermes_maintenance_install_dir=str(install),
         hermes_maintenance_scheduler=scheduler,
         hermes_maintenance_syslog=False,
-        **more,
     )
+    return home, install, extra
 
 
 def test_demo(ansible_playbook, tmp_path):
@@ -140,15 +144,8 @@ def test_report(ansible_playbook, tmp_path):
 
 
 def test_schedule_with_hermes_cron_then_none_then_absent(ansible_playbook, tmp_path):
-    home = make_home(tmp_path / "hermes", sessions=20)
-    install = tmp_path / "install"
-    extra = role_vars(
-        home,
-        install,
-        "hermes",
-        hermes_maintenance_prune_days=90,
-        hermes_maintenance_metrics_dir=str(tmp_path / "textfile"),
-    )
+    textfile = str(tmp_path / "textfile")
+    home, install, extra = role_home(tmp_path, "hermes", 20, prune_days=90, metrics_dir=textfile)
     # An existing job of the user's must survive every step.
     (home / "cron").mkdir()
     theirs = {"id": "abc123def456", "name": "their job", "schedule": {"kind": "interval", "minutes": 60}}
@@ -237,17 +234,8 @@ def test_maintain_passes_vacuum_switch_incremental(ansible_playbook, tmp_path):
 
 
 def test_schedule_writes_every_engine_option_into_the_config(ansible_playbook, tmp_path):
-    home = make_home(tmp_path / "hermes", sessions=5)
-    install = tmp_path / "install"
-    extra = role_vars(
-        home,
-        install,
-        "none",
-        hermes_maintenance_vacuum_switch_incremental=False,
-        hermes_maintenance_batch_size=500,
-        hermes_maintenance_prune_days=30,
-        hermes_maintenance_zombie_sources=["cli"],
-    )
+    options = {"vacuum_switch_incremental": False, "batch_size": 500, "prune_days": 30, "zombie_sources": ["cli"]}
+    home, install, extra = role_home(tmp_path, "none", 5, **options)
     rc, out = ansible_playbook("playbooks/schedule.yml", extra_vars=extra)
     assert rc == 0, getattr(out, "text", out)
     config = json.loads((install / "maintenance.json").read_text())
