@@ -28,8 +28,9 @@ these runner keys:
 ``log_file``    (str)  append each run's output to this file...
 ``log_keep``    (int)  ...keeping only the last N runs in it (default 12).
 ``syslog``      (bool) log one line per profile to syslog (default true).
-``metrics_dir`` (str)  after each real run (not a dry run), write Prometheus metrics to
-                       METRICS_DIR/hermes_ops_<user>.prom for node_exporter's textfile collector.
+
+The option ``metrics_dir`` is the runner's to act on, as it is the module's: after each real
+run (not a dry run) it writes Prometheus metrics to METRICS_DIR/hermes_ops_<user>.prom.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -69,8 +70,9 @@ RUNNER_KEYS = {
     "log_file": (None, str),
     "log_keep": (12, int),
     "syslog": (True, bool),
-    "metrics_dir": (None, str),
 }
+# Options of the table that the runner acts on itself after the run, not the engine.
+AFTER_RUN_OPTIONS = ("metrics_dir",)
 
 # The Python type a JSON value must have for each of the option table's types.
 _JSON_TYPES = {"bool": bool, "int": int, "float": float, "str": str, "path": str, "list": list}
@@ -157,6 +159,8 @@ def load_config(path):
     options["hermes_home"] = [os.path.expanduser(h) for h in homes]
     if options.get("backup_dir"):
         options["backup_dir"] = os.path.expanduser(options["backup_dir"])
+    for key in AFTER_RUN_OPTIONS:
+        runner[key] = options.pop(key)
     for key in ("log_file", "metrics_dir"):
         if runner.get(key):
             runner[key] = os.path.expanduser(runner[key])
