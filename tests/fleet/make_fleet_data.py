@@ -77,23 +77,11 @@ def build_profile(hermes_home, prof, now):
     zombies = sorted(expected["zombies"])
     pruned = sorted(expected["pruned"])
     kept = sorted(expected["kept"])
-    entry.update(
-        layout=layout,
-        sessions_before=sessions,
-        messages_before=messages,
-        open_before=open_sessions,
-        zombies=zombies,
-        pruned=pruned,
-        kept=kept,
-        orphaned=sorted(expected["orphaned"]),
-        zombies_closed=len(zombies),
-        sessions_pruned=len(pruned),
-        messages_pruned=expected["messages_pruned"],
-        transcripts_removed=expected["transcripts_removed"],
-        bad_time_rows=expected["bad_time_rows"],
-        sessions_after=sessions - len(pruned),
-        messages_after=messages - expected["messages_pruned"],
-    )
+    entry.update(layout=layout, sessions_before=sessions, messages_before=messages, open_before=open_sessions)
+    entry.update(zombies=zombies, pruned=pruned, kept=kept, orphaned=sorted(expected["orphaned"]))
+    entry.update({count: expected[count] for count in ("messages_pruned", "transcripts_removed", "bad_time_rows")})
+    entry.update(zombies_closed=len(zombies), sessions_pruned=len(pruned), sessions_after=sessions - len(pruned))
+    entry["messages_after"] = messages - expected["messages_pruned"]
     if entry["sessions_after"] != len(kept):
         raise SystemExit(
             "make_fleet_data: %s/%s: %d sessions built, %d expected kept + %d pruned"

@@ -255,12 +255,83 @@ def missing_venv_message(layout):
 SCHEMAS_DIR = Path(__file__).resolve().with_name("schemas")
 
 
+# Upstream's FTS parameters (hermes_state_common.py: FTS_TOOL_CONTENT_PREFIX_CHARS,
+# FTS_TRIGRAM_EXCLUDED_SOURCES) and the clauses its triggers build from them.
+FTS_TOOL_CONTENT_PREFIX_CHARS = 8192
+FTS_TRIGRAM_EXCLUDED_SOURCES = ("cron", "subagent")
+
+
+def _fts_rebuild_guard(row):
+    """True for a row an FTS rebuild in progress has not taken over (upstream's high-water marks)."""
+    return (
+        f"({row}.id > COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta\n"
+        "                         WHERE key = 'fts_rebuild_high_water'), -1)\n"
+        f"   OR {row}.id <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta\n"
+        "                          WHERE key = 'fts_rebuild_progress'), -1))"
+    )
+
+
+def _fts_indexed_content(row):
+    """What messages_fts indexes of a row: a tool row's content cut to the prefix."""
+    return (
+        f"CASE WHEN {row}.role = 'tool'\n"
+        f"         THEN substr(COALESCE({row}.content, ''), 1, {FTS_TOOL_CONTENT_PREFIX_CHARS})\n"
+        f"         ELSE {row}.content END"
+    )
+
+
+def _fts_trigram_session(prefix=""):
+    """True for a session the trigram index covers: not an excluded source, not a delegate."""
+    excluded = ", ".join("'%s'" % source for source in FTS_TRIGRAM_EXCLUDED_SOURCES)
+    return (
+        f"{prefix}source NOT IN ({excluded}) AND json_extract((CASE WHEN json_valid({prefix}model_config) "
+        f"THEN {prefix}model_config ELSE json_object() END), '$._delegate_from') IS NULL"
+    )
+
+
+def _fts_index_statement(row):
+    """The statement that adds a row to messages_fts ('new') or takes it out ('old')."""
+    command = "" if row == "new" else "messages_fts, "
+    values = "" if row == "new" else "\n        'delete',"
+    return (
+        f"    INSERT INTO messages_fts({command}rowid, content, tool_name, tool_calls)\n"
+        f"    VALUES ({values}\n"
+        f"        {row}.id,\n"
+        f"        {_fts_indexed_content(row)},\n"
+        f"        {row}.tool_name,\n"
+        f"        {row}.tool_calls\n"
+        "    );"
+    )
+
+
+def _fts_trigram_row(row, indent=""):
+    """True for a row the trigram index covers (not a tool row, its session covered);
+    ``indent`` shifts its continuation lines to where the clause stands."""
+    return (
+        f"{row}.role <> 'tool'\n{indent}   AND EXISTS (SELECT 1 FROM sessions\n"
+        f"{indent}               WHERE id = {row}.session_id AND {_fts_trigram_session()})"
+    )
+
+
+FTS_CLAUSES = {
+    "new_guard": _fts_rebuild_guard("new"),
+    "old_guard": _fts_rebuild_guard("old"),
+    "fts_index_new": _fts_index_statement("new"),
+    "fts_unindex_old": _fts_index_statement("old"),
+    "trigram_new": _fts_trigram_row("new"),
+    "trigram_old": _fts_trigram_row("old"),
+    "trigram_new_in_update": _fts_trigram_row("new", "   "),
+    "trigram_old_in_update": _fts_trigram_row("old", "   "),
+    "trigram_view_session": _fts_trigram_session("s."),
+}
+
+
 def schema_sql(layout):
     """The DDL of a fixture layout (``v2``, ``v30``), as executescript takes it."""
     path = SCHEMAS_DIR / ("%s.sql" % layout)
     if not path.is_file():
         raise ValueError("no SQL schema for layout %r (no %s)" % (layout, path))
-    return path.read_text()
+    return path.read_text().format(**FTS_CLAUSES)
 
 
 def _create_sql_schema(conn, layout):

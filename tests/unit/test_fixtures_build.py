@@ -1,5 +1,6 @@
 """Checks of the test-data builders in tests/lib/hermes_fixtures.py (not of the engine)."""
 
+import hashlib
 import json
 import sqlite3
 import sys
@@ -261,3 +262,25 @@ def test_make_big_home_small(layout, tmp_path):
         )
     finally:
         conn.close()
+
+
+# sha256 of the catalogue (type, name, tbl_name, sql, in creation order) the fixture DDL
+# creates: v30's is upstream's SCHEMA_SQL / FTS_SQL / FTS_TRIGRAM_SQL at the commit v30.sql
+# names, expanded; the DDL is composed from shared clauses, and this pins that the result
+# stays the same to the byte.
+SCHEMA_CATALOGUE_SHA256 = {
+    "v2": "af958788632fbd03539042e6611d8d3fe9fc863744c6aac2810da95f28571a8f",
+    "v30": "cd94c04f7fbbe33d07dec174bf66252bb65253f599e95f7f488e065b5fc86d7e",
+}
+
+
+@pytest.mark.parametrize("layout", sorted(SCHEMA_CATALOGUE_SHA256))
+def test_composed_schema_is_the_pinned_catalogue(layout):
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.executescript(hf.schema_sql(layout))
+        rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY rowid").fetchall()
+    finally:
+        conn.close()
+    assert "{" not in hf.schema_sql(layout), "a clause of the template was left unfilled"
+    assert hashlib.sha256(json.dumps(rows).encode()).hexdigest() == SCHEMA_CATALOGUE_SHA256[layout]

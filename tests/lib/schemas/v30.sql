@@ -10,6 +10,9 @@
 -- SessionDB._init_schema adds. Upstream code comments are trimmed.
 -- Loaded by hermes_fixtures._create_sql_schema (layout v30); schema_version, state_meta
 -- and application_id are stamped there.
+-- The clauses the FTS triggers repeat (the rebuild guard, the indexed content of a tool row,
+-- the sessions the trigram index leaves out) stand here once each as a named field, filled by
+-- hermes_fixtures.schema_sql the way upstream's f-strings fill them from its helpers.
 
 -- ---- SCHEMA_SQL
 CREATE TABLE IF NOT EXISTS schema_version (
@@ -337,38 +340,15 @@ CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(
 );
 
 CREATE TRIGGER IF NOT EXISTS messages_fts_insert AFTER INSERT ON messages
-WHEN (new.id > COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta
-                         WHERE key = 'fts_rebuild_high_water'), -1)
-   OR new.id <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta
-                          WHERE key = 'fts_rebuild_progress'), -1))
+WHEN {new_guard}
 BEGIN
-    INSERT INTO messages_fts(rowid, content, tool_name, tool_calls)
-    VALUES (
-        new.id,
-        CASE WHEN new.role = 'tool'
-         THEN substr(COALESCE(new.content, ''), 1, 8192)
-         ELSE new.content END,
-        new.tool_name,
-        new.tool_calls
-    );
+{fts_index_new}
 END;
 
 CREATE TRIGGER IF NOT EXISTS messages_fts_delete AFTER DELETE ON messages
-WHEN (old.id > COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta
-                         WHERE key = 'fts_rebuild_high_water'), -1)
-   OR old.id <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta
-                          WHERE key = 'fts_rebuild_progress'), -1))
+WHEN {old_guard}
 BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, content, tool_name, tool_calls)
-    VALUES (
-        'delete',
-        old.id,
-        CASE WHEN old.role = 'tool'
-         THEN substr(COALESCE(old.content, ''), 1, 8192)
-         ELSE old.content END,
-        old.tool_name,
-        old.tool_calls
-    );
+{fts_unindex_old}
 END;
 
 CREATE TRIGGER IF NOT EXISTS messages_fts_update
@@ -377,30 +357,10 @@ WHEN (old.content IS NOT new.content
     OR old.tool_name IS NOT new.tool_name
     OR old.tool_calls IS NOT new.tool_calls
     OR old.role IS NOT new.role)
-   AND (old.id > COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta
-                         WHERE key = 'fts_rebuild_high_water'), -1)
-   OR old.id <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta
-                          WHERE key = 'fts_rebuild_progress'), -1))
+   AND {old_guard}
 BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, content, tool_name, tool_calls)
-    VALUES (
-        'delete',
-        old.id,
-        CASE WHEN old.role = 'tool'
-         THEN substr(COALESCE(old.content, ''), 1, 8192)
-         ELSE old.content END,
-        old.tool_name,
-        old.tool_calls
-    );
-    INSERT INTO messages_fts(rowid, content, tool_name, tool_calls)
-    VALUES (
-        new.id,
-        CASE WHEN new.role = 'tool'
-         THEN substr(COALESCE(new.content, ''), 1, 8192)
-         ELSE new.content END,
-        new.tool_name,
-        new.tool_calls
-    );
+{fts_unindex_old}
+{fts_index_new}
 END;
 
 -- ---- FTS_TRIGRAM_SQL (FTS_TRIGRAM_EXCLUDED_SOURCES = ('cron', 'subagent'))
@@ -408,7 +368,7 @@ CREATE VIEW IF NOT EXISTS messages_fts_trigram_src AS
     SELECT m.id, m.role, m.content, m.tool_name
     FROM messages AS m
     JOIN sessions AS s ON s.id = m.session_id
-    WHERE m.role <> 'tool' AND s.source NOT IN ('cron', 'subagent') AND json_extract((CASE WHEN json_valid(s.model_config) THEN s.model_config ELSE json_object() END), '$._delegate_from') IS NULL;
+    WHERE m.role <> 'tool' AND {trigram_view_session};
 
 CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts_trigram USING fts5(
     content,
@@ -419,26 +379,16 @@ CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts_trigram USING fts5(
 );
 
 CREATE TRIGGER IF NOT EXISTS messages_fts_trigram_insert AFTER INSERT ON messages
-WHEN new.role <> 'tool'
-   AND EXISTS (SELECT 1 FROM sessions
-               WHERE id = new.session_id AND source NOT IN ('cron', 'subagent') AND json_extract((CASE WHEN json_valid(model_config) THEN model_config ELSE json_object() END), '$._delegate_from') IS NULL)
-   AND (new.id > COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta
-                         WHERE key = 'fts_rebuild_high_water'), -1)
-   OR new.id <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta
-                          WHERE key = 'fts_rebuild_progress'), -1))
+WHEN {trigram_new}
+   AND {new_guard}
 BEGIN
     INSERT INTO messages_fts_trigram(rowid, content, tool_name)
     VALUES (new.id, new.content, new.tool_name);
 END;
 
 CREATE TRIGGER IF NOT EXISTS messages_fts_trigram_delete AFTER DELETE ON messages
-WHEN old.role <> 'tool'
-   AND EXISTS (SELECT 1 FROM sessions
-               WHERE id = old.session_id AND source NOT IN ('cron', 'subagent') AND json_extract((CASE WHEN json_valid(model_config) THEN model_config ELSE json_object() END), '$._delegate_from') IS NULL)
-   AND (old.id > COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta
-                         WHERE key = 'fts_rebuild_high_water'), -1)
-   OR old.id <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta
-                          WHERE key = 'fts_rebuild_progress'), -1))
+WHEN {trigram_old}
+   AND {old_guard}
 BEGIN
     INSERT INTO messages_fts_trigram(messages_fts_trigram, rowid, content, tool_name)
     VALUES ('delete', old.id, old.content, old.tool_name);
@@ -449,21 +399,14 @@ AFTER UPDATE OF content, tool_name, role ON messages
 WHEN (old.content IS NOT new.content
     OR old.tool_name IS NOT new.tool_name
     OR old.role IS NOT new.role)
-   AND (old.id > COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta
-                         WHERE key = 'fts_rebuild_high_water'), -1)
-   OR old.id <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta
-                          WHERE key = 'fts_rebuild_progress'), -1))
+   AND {old_guard}
 BEGIN
     INSERT INTO messages_fts_trigram(messages_fts_trigram, rowid, content, tool_name)
     SELECT 'delete', old.id, old.content, old.tool_name
-    WHERE old.role <> 'tool'
-      AND EXISTS (SELECT 1 FROM sessions
-                  WHERE id = old.session_id AND source NOT IN ('cron', 'subagent') AND json_extract((CASE WHEN json_valid(model_config) THEN model_config ELSE json_object() END), '$._delegate_from') IS NULL);
+    WHERE {trigram_old_in_update};
     INSERT INTO messages_fts_trigram(rowid, content, tool_name)
     SELECT new.id, new.content, new.tool_name
-    WHERE new.role <> 'tool'
-      AND EXISTS (SELECT 1 FROM sessions
-                  WHERE id = new.session_id AND source NOT IN ('cron', 'subagent') AND json_extract((CASE WHEN json_valid(model_config) THEN model_config ELSE json_object() END), '$._delegate_from') IS NULL);
+    WHERE {trigram_new_in_update};
 END;
 
 -- ---- hermes_state_telegram.py: the telegram_dm_topic_* tables
