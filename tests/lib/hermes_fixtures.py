@@ -66,6 +66,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import sqlite3
 import subprocess
 import tempfile
@@ -326,12 +327,59 @@ FTS_CLAUSES = {
 }
 
 
-def schema_sql(layout):
-    """The DDL of a fixture layout (``v2``, ``v30``), as executescript takes it."""
+#: v2's tables and indexes are v30's of that era: later schema versions only added
+#: columns, tables and indexes, so every v2 column still stands in v30, in the same order.
+#: A ``FOREIGN KEY (<column>)`` line is named by that text.
+V2_COLUMNS = {
+    "schema_version": ("version",),
+    "sessions": (
+        "id", "source", "user_id", "model", "model_config", "system_prompt", "parent_session_id", "started_at",
+        "ended_at", "end_reason", "message_count", "tool_call_count", "input_tokens", "output_tokens",
+        "FOREIGN KEY (parent_session_id)",
+    ),
+    "messages": (
+        "id", "session_id", "role", "content", "tool_call_id", "tool_calls", "tool_name", "timestamp", "token_count",
+        "finish_reason",
+    ),
+}  # fmt: skip
+V2_INDEXES = ("idx_sessions_source", "idx_sessions_parent", "idx_sessions_started", "idx_messages_session")
+
+
+def _column_of(line):
+    line = line.strip()
+    if line.startswith("FOREIGN KEY ("):
+        return line[: line.index(")") + 1]
+    return line.split()[0]
+
+
+def _tables_of_an_older_layout(newer_sql, columns, indexes):
+    """``newer_sql``'s CREATE TABLE statements of ``columns``' tables with only those
+    columns, then its CREATE INDEX statements named in ``indexes``."""
+    statements = []
+    for table, keep in columns.items():
+        found = re.search(r"^CREATE TABLE IF NOT EXISTS %s \(\n(.*?)\n\);$" % table, newer_sql, re.M | re.S)
+        lines = [line.rstrip(",") for line in found.group(1).split("\n") if _column_of(line) in keep]
+        if [_column_of(line) for line in lines] != list(keep):
+            raise ValueError("%s: the newer schema lacks or reorders columns of %s" % (table, ", ".join(keep)))
+        statements.append("CREATE TABLE IF NOT EXISTS %s (\n%s\n);" % (table, ",\n".join(lines)))
+    for index in indexes:
+        statements.append(re.search(r"^CREATE INDEX IF NOT EXISTS %s ON .*;$" % index, newer_sql, re.M).group(0))
+    return "\n\n".join(statements)
+
+
+def _schema_template(layout):
     path = SCHEMAS_DIR / ("%s.sql" % layout)
     if not path.is_file():
         raise ValueError("no SQL schema for layout %r (no %s)" % (layout, path))
-    return path.read_text().format(**FTS_CLAUSES)
+    return path.read_text()
+
+
+def schema_sql(layout):
+    """The DDL of a fixture layout (``v2``, ``v30``), as executescript takes it."""
+    fields = dict(FTS_CLAUSES)
+    if layout == "v2":
+        fields["v2_tables"] = _tables_of_an_older_layout(_schema_template("v30"), V2_COLUMNS, V2_INDEXES)
+    return _schema_template(layout).format(**fields)
 
 
 def _create_sql_schema(conn, layout):
