@@ -4,7 +4,7 @@
 
 The engine reads its options from ``plugins/module_utils/_hermes_options.py`` and its
 result keys from ``_hermes_results.py`` at run time. Ansible needs some of that as text
-(DOCUMENTATION, RETURN, the doc fragment, the role's defaults and argument specs, the
+(DOCUMENTATION, both modules' RETURN, the doc fragment, the role's defaults and argument specs, the
 role's config template, ``playbooks/maintain.yml``) and so do the README tables. Each copy
 sits between two marker lines::
 
@@ -151,9 +151,10 @@ def return_fields(fields, indent=0):
     return lines
 
 
-def module_return(options, results):
+def module_return(run_fields, profile_fields):
+    """A RETURN block: the run's keys, ``profiles`` holding ``profile_fields``."""
     lines = []
-    for field in results.RUN_FIELDS:
+    for field in run_fields:
         if not field.in_return:
             continue
         lines += return_fields([field])
@@ -161,7 +162,7 @@ def module_return(options, results):
             lines.append('  sample: ["default: zombies=3 pruned=12 freed=45MB remaining=150 sessions, 8420 messages"]')
         if field.name == "profiles":
             lines.append("  contains:")
-            lines += return_fields(results.PROFILE_FIELDS, 4)
+            lines += return_fields(profile_fields, 4)
     return lines
 
 
@@ -283,7 +284,10 @@ def blocks(options, results):
     return {
         ("plugins/doc_fragments/hermes.py", "options"): module_options(options, options.SHARED),
         ("plugins/modules/session_maintenance.py", "options"): module_options(options, options.MAINTENANCE),
-        ("plugins/modules/session_maintenance.py", "return"): module_return(options, results),
+        ("plugins/modules/session_maintenance.py", "return"): module_return(results.RUN_FIELDS, results.PROFILE_FIELDS),
+        ("plugins/modules/state_db_info.py", "return"): module_return(
+            results.INFO_RUN_FIELDS, results.INFO_PROFILE_FIELDS
+        ),
         ("roles/session_maintenance/defaults/main.yml", "options"): role_defaults(options),
         ("roles/session_maintenance/meta/argument_specs.yml", "options"): role_argument_specs(options),
         ("roles/session_maintenance/templates/maintenance.json.j2", "options"): role_config_keys(options),

@@ -1,11 +1,13 @@
 # Copyright: hermes_agent.ops contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What ``run_maintenance`` returns, written once: the run's keys and each profile's keys.
+"""What ``run_maintenance`` and ``gather_info`` return, written once: the run's keys and each
+profile's keys.
 
 The engine builds each profile's result from ``PROFILE_FIELDS`` (their initial values);
 ``scripts/generate.py`` writes the module's RETURN block and the result table of
-docs/architecture.md from both tables. Adding a result key: add one ``Field`` row, set it in
-the engine, run ``python3 scripts/generate.py``.
+docs/architecture.md from both tables, and state_db_info's RETURN block from ``INFO_*``.
+Adding a result key: add one ``Field`` row, set it in the engine, run
+``python3 scripts/generate.py``.
 """
 
 from __future__ import annotations
@@ -130,6 +132,68 @@ PROFILE_FIELDS = (
     Field("traceback", "str", returned="when an unexpected error stopped the profile", doc=(
         "The Python traceback of the unexpected error, for a bug report.",
     )),
+)
+
+def _field_of(fields, name):
+    return next(field for field in fields if field.name == name)
+
+
+# What state_db_info returns (the engine's gather_info): its own keys for each profile, and
+# the keys it shares with a maintenance result, which mean the same there.
+INFO_RUN_FIELDS = (
+    Field("profiles", "list", elements="dict", doc=("One entry per profile found.",)),
+    _field_of(RUN_FIELDS, "sqlite"),
+)
+
+INFO_PROFILE_FIELDS = (
+    _field_of(PROFILE_FIELDS, "name"),
+    _field_of(PROFILE_FIELDS, "home"),
+    _field_of(PROFILE_FIELDS, "path"),
+    Field("status", "str", doc=("V(ok) or V(failed) (then RV(profiles[].error) says why).",)),
+    Field("error", "str", doc=("Why the profile could not be read; null when ok.",)),
+    Field("db_bytes", "int", doc=("Size of C(state.db).",)),
+    Field("wal_bytes", "int", doc=("Size of C(state.db-wal).",)),
+    Field("sessions", "int", doc=("Sessions in the database.",)),
+    Field("messages", "int", doc=("Messages in the database.",)),
+    Field("open_sessions", "int", doc=("Sessions without C(ended_at).",)),
+    Field("idle_open", "int", doc=(
+        "Open sessions maintenance would close as zombies with the given O(zombie_days).",
+    )),
+    Field("prunable_sessions", "int", doc=("Sessions maintenance would prune with the given O(prune_days).",)),
+    Field("prunable_messages", "int", doc=("Messages maintenance would prune.",)),
+    Field("bad_time_rows", "int", doc=("Sessions whose time values are not unix seconds.",)),
+    Field("free_pages", "int", doc=("Pages on the freelist.",)),
+    Field("page_count", "int", doc=("Pages in the file.",)),
+    Field("page_size", "int", doc=("Page size in bytes.",)),
+    Field("auto_vacuum", "int", doc=("SQLite's C(auto_vacuum) mode: V(0) none, V(1) full, V(2) incremental.",)),
+    Field("mode", "str", doc=("Permission bits of C(state.db) in octal, such as V(600).",)),
+    Field("schema_version", "int", doc=("Hermes's C(schema_version).",)),
+    Field("fts_layout", "str", doc=("V(none), V(inline), V(external-content) or V(external-content-views).",)),
+    Field("fts_unusable", "list", elements="str", doc=(
+        "FTS indexes whose tokenizer this host's SQLite lacks (deletes would fail).",
+    )),
+    Field("holders", "list", elements="dict", doc=(
+        "Processes holding the file open, or that may hold it (V(pid), V(command), V(evidence)).",
+        "V(evidence) is V(descriptor) (its open file seen in C(/proc)), V(lock) (SQLite's own lock on the file or "
+        "its C(-shm), seen with C(fcntl); V(pid) may then be null) or V(unreadable) (a process whose descriptors "
+        "cannot be read and that could open the file, so it cannot be ruled out).",
+    )),
+    Field("hermes_locks_held", "list", elements="dict", doc=(
+        "Hermes's own lock files held right now (V(file), V(operation)), such as C(state.db.repair.lock) while "
+        "Hermes repairs the file; maintenance skips the profile while one is held.",
+    )),
+    Field("litestream", "list", elements="str", doc=(
+        "Litestream's tables found in the file (a replicated database).",
+    )),
+    Field("hermes_auto_maintenance", "dict", doc=(
+        "What Hermes's own auto-maintenance recorded and is set to, read-only. V(last_auto_prune) and "
+        "V(last_vacuum) from C(state_meta), and V(config) with the C(sessions.*) settings read from the home's "
+        "C(config.yaml) (V(auto_prune), V(retention_days), V(min_interval_hours), V(vacuum_after_prune), "
+        "V(min_vacuum_interval_days), V(source)).",
+    )),
+    Field("sqlite", "dict", doc=("The SQLite that read the profile, as RV(sqlite).",)),
+    Field("newest_backup", "dict", doc=("Newest backup of this collection (V(path), V(age_days)), or null.",)),
+    Field("backups", "int", doc=("Number of this collection's backups of the profile.",)),
 )
 # fmt: on
 

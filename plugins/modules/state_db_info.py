@@ -50,6 +50,7 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+# BEGIN GENERATED: return (scripts/generate.py, from plugins/module_utils/_hermes_results.py)
 profiles:
   description: One entry per profile found.
   returned: always
@@ -58,6 +59,9 @@ profiles:
   contains:
     name:
       description: V(default) for C(HOME/state.db), else the profile's directory name.
+      type: str
+    home:
+      description: The Hermes home.
       type: str
     path:
       description: The C(state.db) path.
@@ -98,9 +102,18 @@ profiles:
     free_pages:
       description: Pages on the freelist.
       type: int
+    page_count:
+      description: Pages in the file.
+      type: int
     page_size:
       description: Page size in bytes.
       type: int
+    auto_vacuum:
+      description: "SQLite's C(auto_vacuum) mode: V(0) none, V(1) full, V(2) incremental."
+      type: int
+    mode:
+      description: Permission bits of C(state.db) in octal, such as V(600).
+      type: str
     schema_version:
       description: Hermes's C(schema_version).
       type: int
@@ -114,15 +127,15 @@ profiles:
     holders:
       description:
         - Processes holding the file open, or that may hold it (V(pid), V(command), V(evidence)).
-        - V(evidence) is V(descriptor) (its open file seen in C(/proc)), V(lock) (SQLite's own lock on the file
-          or its C(-shm), seen with C(fcntl); V(pid) may then be null) or V(unreadable) (a process whose
-          descriptors cannot be read and that could open the file, so it cannot be ruled out).
+        - V(evidence) is V(descriptor) (its open file seen in C(/proc)), V(lock) (SQLite's own lock on the file or
+          its C(-shm), seen with C(fcntl); V(pid) may then be null) or V(unreadable) (a process whose descriptors
+          cannot be read and that could open the file, so it cannot be ruled out).
       type: list
       elements: dict
     hermes_locks_held:
       description:
-        - Hermes's own lock files held right now (V(file), V(operation)), such as C(state.db.repair.lock)
-          while Hermes repairs the file; maintenance skips the profile while one is held.
+        - Hermes's own lock files held right now (V(file), V(operation)), such as C(state.db.repair.lock) while
+          Hermes repairs the file; maintenance skips the profile while one is held.
       type: list
       elements: dict
     litestream:
@@ -147,10 +160,12 @@ profiles:
       type: int
 sqlite:
   description:
-    - The SQLite that did the work, with V(version), V(wal_reset_affected) (whether it has the WAL-reset bug,
-      SQLite 3.7.0 to 3.51.2 but 3.50.7 and 3.44.6) and V(python) (the interpreter).
+    - The SQLite that did the work, with V(version), V(wal_reset_affected) (whether it has the WAL-reset bug, SQLite
+      3.7.0 to 3.51.2 but 3.50.7 and 3.44.6; then it never checkpoints a WAL file another process holds) and
+      V(python) (the interpreter).
   returned: always
   type: dict
+# END GENERATED
 """
 
 from ansible.module_utils.basic import AnsibleModule
