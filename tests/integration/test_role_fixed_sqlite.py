@@ -199,6 +199,8 @@ def test_the_runner_uses_the_fixed_sqlite_of_a_root_owned_hermes_install(ansible
     sqlite, profile = _sqlite_of_run(_wrapper(h, "--json", **h.as_user()))
     assert sqlite == {"version": version, "wal_reset_affected": False, "python": str(python)}
     assert profile["sqlite"] == sqlite and profile["sessions_pruned"] == 1
+    log = (h.data / "log" / "maintenance.log").read_text()
+    assert f" SQLite {version} (free of the WAL-reset bug), python {python}\n" in log, log
     sqlite, _ = _sqlite_of_run(_wrapper(h, "--allow-root", "--json", "--dry-run"))
     assert sqlite == {"version": version, "wal_reset_affected": False, "python": str(python)}
 
@@ -266,3 +268,34 @@ def test_without_privilege_ones_own_hermes_install_is_used(ansible_playbook, tmp
     sqlite, profile = _sqlite_of_run(proc)
     assert sqlite == {"version": version, "wal_reset_affected": False, "python": str(python)}
     assert profile["sessions_pruned"] == 1
+
+
+TRUST_CHECK = REPO_ROOT / "roles" / "session_maintenance" / "files" / "hermes_trusted_path.sh"
+
+
+def _trusted(path):
+    return subprocess.run(["sh", str(TRUST_CHECK), str(path)], capture_output=True, text=True, check=False)
+
+
+def test_the_trust_check_covers_a_venvs_config_and_the_libraries_the_interpreter_loads(host):
+    h = host
+    subprocess.run(
+        [str(FIXED_PREFIX / "bin" / "python3"), "-m", "venv", "--without-pip", str(ROOT_INSTALL)], check=True
+    )
+    python = ROOT_INSTALL / "bin" / "python"
+    assert _trusted(python).returncode == 0, _trusted(python).stdout
+    # The libsqlite3 that _sqlite3 loads through its RUNPATH, outside the standard library.
+    library = FIXED_PREFIX / "lib" / "libsqlite3.so.0"
+    os.chown(str(library), h.uid, h.gid)
+    assert _trusted(python).stdout.strip() == f"{library}: owned by uid {h.uid}, not root"
+    os.chown(str(library), 0, 0)
+    # pyvenv.cfg names the home Python takes its standard library from.
+    config = ROOT_INSTALL / "pyvenv.cfg"
+    os.chown(str(config), h.uid, h.gid)
+    assert _trusted(python).stdout.strip() == f"{config}: owned by uid {h.uid}, not root"
+    os.chown(str(config), 0, 0)
+    elsewhere = h.base / "python-home"
+    elsewhere.mkdir()
+    config.write_text(config.read_text().replace(f"home = {FIXED_PREFIX / 'bin'}", f"home = {elsewhere}"))
+    refused = _trusted(python)
+    assert refused.returncode == 1 and "lets group or others write it" in refused.stdout, refused.stdout
