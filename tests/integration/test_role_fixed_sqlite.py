@@ -232,7 +232,7 @@ def test_with_privilege_a_hermes_install_the_user_can_change_is_refused_and_neve
     said = _apply(ansible_playbook, h.vars())
     assert said[0] == "The runner uses /usr/bin/python3", said
     refused = [line for line in said if line.startswith(f"{venv / 'bin' / 'python'}: ")]
-    assert len(refused) == 1 and "refused, the Hermes user could change it: " in refused[0], said
+    assert len(refused) == 1 and "refused, not root's alone: " in refused[0], said
     assert "not root" in refused[0], said
     assert not (h.markers / "ran").exists(), (h.markers / "ran").read_text()
     sqlite, _ = _sqlite_of_run(_wrapper(h, "--json", "--dry-run", **h.as_user()))

@@ -101,6 +101,7 @@ check_venv() {
 # libsqlite3 that _sqlite3 finds through its RUNPATH, ...), wherever they are. ldd only runs
 # on files the checks above already showed to be root's.
 check_libraries() {
+    command -v ldd >/dev/null 2>&1 || fail "$1: ldd is missing, so the libraries it loads cannot be checked"
     binary=$(readlink -f -- "$1")
     dynload=$(dirname -- "$(dirname -- "$binary")")/lib/$(basename -- "$binary")/lib-dynload
     libraries=$(for object in "$binary" "$dynload"/*.so; do
