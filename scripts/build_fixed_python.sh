@@ -51,7 +51,7 @@ tar -C "$stdlib" --exclude=site-packages --exclude=dist-packages --exclude=__pyc
 libpython=$(ldd "$binary" | awk '/libpython/ { print $3 }')
 if [ -n "$libpython" ]; then
     cp "$libpython" "$dest/lib/"
-    patchelf --set-rpath '$ORIGIN/../lib' "$dest/bin/$name"
+    patchelf --set-rpath "\$ORIGIN/../lib" "$dest/bin/$name"
 fi
 cp "$sqlite_lib/libsqlite3.so.0" "$dest/lib/libsqlite3.so.0"
 module=$(find "$dest/lib/$name/${dynload#"$stdlib"/}" -maxdepth 1 -name '_sqlite3*.so')
