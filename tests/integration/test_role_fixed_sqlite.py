@@ -201,7 +201,7 @@ def test_the_runner_uses_the_fixed_sqlite_of_a_root_owned_hermes_install(ansible
     assert profile["sqlite"] == sqlite and profile["sessions_pruned"] == 1
     log = (h.data / "log" / "maintenance.log").read_text()
     assert f" SQLite {version} (free of the WAL-reset bug), python {python}\n" in log, log
-    sqlite, _ = _sqlite_of_run(_wrapper(h, "--allow-root", "--json", "--dry-run"))
+    sqlite = _sqlite_of_run(_wrapper(h, "--allow-root", "--json", "--dry-run"))[0]
     assert sqlite == {"version": version, "wal_reset_affected": False, "python": str(python)}
 
     # Asked not to look, the role keeps the host's interpreter.
@@ -210,7 +210,7 @@ def test_the_runner_uses_the_fixed_sqlite_of_a_root_owned_hermes_install(ansible
         "The runner uses /usr/bin/python3",
         f"/usr/bin/python3: SQLite {SYSTEM_SQLITE} has the WAL-reset bug",
     ]
-    sqlite, _ = _sqlite_of_run(_wrapper(h, "--json", "--dry-run", **h.as_user()))
+    sqlite = _sqlite_of_run(_wrapper(h, "--json", "--dry-run", **h.as_user()))[0]
     assert sqlite == {"version": SYSTEM_SQLITE, "wal_reset_affected": True, "python": "/usr/bin/python3"}
 
 
@@ -235,7 +235,7 @@ def test_with_privilege_a_hermes_install_the_user_can_change_is_refused_and_neve
     assert len(refused) == 1 and "refused, not root's alone: " in refused[0], said
     assert "not root" in refused[0], said
     assert not (h.markers / "ran").exists(), (h.markers / "ran").read_text()
-    sqlite, _ = _sqlite_of_run(_wrapper(h, "--json", "--dry-run", **h.as_user()))
+    sqlite = _sqlite_of_run(_wrapper(h, "--json", "--dry-run", **h.as_user()))[0]
     assert sqlite == {"version": SYSTEM_SQLITE, "wal_reset_affected": True, "python": "/usr/bin/python3"}
     assert not (h.markers / "ran").exists()
 
