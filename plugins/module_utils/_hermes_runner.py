@@ -18,6 +18,9 @@ Output (the format of the shell script this replaces)::
     04:00:01 default: zombies=3 pruned=12 freed=45MB remaining=150 sessions, 8420 messages
     === Session Maintenance Done ===
 
+The log file has the same, with the date on the first line and, before the profiles, which
+SQLite did the work (``04:00:01 SQLite 3.53.4 (free of the WAL-reset bug), python /usr/bin/python3``).
+
 Exit codes: 0 all profiles ok or skipped, 1 at least one profile failed (its
 error is printed on stderr), 2 bad configuration or refused to run.
 
@@ -280,6 +283,12 @@ def write_log(path, text, keep):
         run_as_owner(owner, append_log, path, text, keep)
 
 
+def sqlite_line(sqlite):
+    """Which SQLite did the work, and through which interpreter: the log's first line of a run."""
+    bug = "has the WAL-reset bug" if sqlite.get("wal_reset_affected") else "free of the WAL-reset bug"
+    return "SQLite {} ({}), python {}".format(sqlite.get("version"), bug, sqlite.get("python"))
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="hermes-session-maintenance",
@@ -335,7 +344,8 @@ def main(argv=None):
         _log_syslog(summary, errors, args.dry_run)
     if runner.get("log_file"):
         head = START + (" (dry run)" if args.dry_run else "") + " {} {}\n".format(time.strftime("%Y-%m-%d"), started)
-        body = "".join(f"{_stamp()} {line}\n" for line in summary)
+        body = f"{_stamp()} {sqlite_line(result.get('sqlite') or {})}\n"
+        body += "".join(f"{_stamp()} {line}\n" for line in summary)
         body += "".join(f"{_stamp()} ERROR {line}\n" for line in errors)
         try:
             write_log(runner["log_file"], head + body + DONE + "\n", runner["log_keep"])

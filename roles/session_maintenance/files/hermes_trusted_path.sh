@@ -80,6 +80,44 @@ check_stdlib() {
     check_tree "$stdlib"
 }
 
+# A virtualenv's pyvenv.cfg (next to the interpreter or one directory up, where Python looks
+# for it at start, -I -S or not) names the home its standard library is found from: the file
+# and that home must be root's alone too.
+check_venv() {
+    bindir=$(dirname -- "$1")
+    for cfg in "$bindir/pyvenv.cfg" "$(dirname -- "$bindir")/pyvenv.cfg"; do
+        [ -e "$cfg" ] || continue
+        check_chain "$cfg"
+        home=$(sed -n 's/^[[:space:]]*home[[:space:]]*=[[:space:]]*//p' "$cfg" | head -n 1)
+        [ -n "$home" ] || continue
+        case $home in
+            /*) check_followed "$home" ;;
+            *) fail "$cfg: its home $home is not an absolute path" ;;
+        esac
+    done
+}
+
+# The shared libraries the interpreter and its extension modules load (libpython, the
+# libsqlite3 that _sqlite3 finds through its RUNPATH, ...), wherever they are. ldd only runs
+# on files the checks above already showed to be root's.
+check_libraries() {
+    command -v ldd >/dev/null 2>&1 || fail "$1: ldd is missing, so the libraries it loads cannot be checked"
+    binary=$(readlink -f -- "$1")
+    dynload=$(dirname -- "$(dirname -- "$binary")")/lib/$(basename -- "$binary")/lib-dynload
+    libraries=$(for object in "$binary" "$dynload"/*.so; do
+        [ -f "$object" ] || continue
+        ldd -- "$object" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $3 }'
+    done | sort -u)
+    saved_ifs=$IFS
+    IFS='
+'
+    for library in $libraries; do
+        IFS=$saved_ifs
+        check_followed "$library"
+    done
+    IFS=$saved_ifs
+}
+
 [ $# -gt 0 ] || fail "usage: hermes_trusted_path.sh PATH..."
 for path in "$@"; do
     case $path in
@@ -88,6 +126,10 @@ for path in "$@"; do
     esac
     [ -e "$path" ] || fail "$path: does not exist"
     check_followed "$path"
-    [ -f "$path" ] && [ -x "$path" ] && check_stdlib "$path"
+    if [ -f "$path" ] && [ -x "$path" ]; then
+        check_stdlib "$path"
+        check_venv "$path"
+        check_libraries "$path"
+    fi
 done
 exit 0

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_runner as runner
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import sqlite_wal_reset_affected
 
 REPO = Path(__file__).resolve().parents[4]
 LINE = re.compile(
@@ -203,6 +205,9 @@ def test_log_file_keeps_last_runs(tmp_path, home, capsys):
     assert text.count("=== Session Maintenance Start") == 2
     assert text.count("=== Session Maintenance Done ===") == 2
     assert oct(log.stat().st_mode & 0o777) == "0o600"
+    # Each run says which SQLite did its work, and through which interpreter.
+    bug = "has the WAL-reset bug" if sqlite_wal_reset_affected() else "free of the WAL-reset bug"
+    assert text.count(f" SQLite {sqlite3.sqlite_version} ({bug}), python {sys.executable}\n") == 2, text
 
 
 def test_runs_as_plain_package_without_ansible(tmp_path, home):
