@@ -72,8 +72,11 @@ def check_archive(path):
     try:
         try:
             check = quick_check_rows(conn)
-            if check != ["ok"]:
-                raise MaintenanceError("archive %s failed quick_check (%s): refused" % (path, "; ".join(check[:3])))
+        except sqlite3.DatabaseError as exc:
+            check = [str(exc)]
+        if check != ["ok"]:
+            raise MaintenanceError("archive %s is damaged (quick_check: %s): refused" % (path, "; ".join(check[:3])))
+        try:
             meta = dict(conn.execute("SELECT key, value FROM archive_meta").fetchall())
             listed = conn.execute("SELECT id, messages FROM archive_sessions ORDER BY seq").fetchall()
             present = {r[0] for r in conn.execute("SELECT id FROM sessions")}
