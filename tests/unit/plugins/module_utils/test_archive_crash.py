@@ -29,6 +29,12 @@ After each kill:
   archive holds exactly what it pruned; no partial is left;
 * restoring every archive into a copy of the file brings every pruned session back exactly
   as it was, and a fresh 0.22.2 ``SessionDB`` opens the file, writes and searches.
+
+The restore of archived sessions (``restore_from_archive``, beside the same writer) is killed
+at its transaction steps too (every seventh by default, every one with
+``HERMES_ARCHIVE_KILL_POINTS=all``): the file passes every check, check mode then predicts
+exactly what the next restore does, that restore ends where an uninterrupted one ends, and a
+third changes nothing.
 """
 
 import json
@@ -58,6 +64,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine im
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import (
     check_archive,
     resolve_archive,
+    restore_from_archive,
 )
 from hermes_fixtures import hermes_python, reopen_as_zombies, run_release_code
 
@@ -73,7 +80,9 @@ WRITER_PREFIX = "crash-gw"
 BIG_SESSIONS = 2
 BIG_MESSAGES = ARCHIVE_CHUNK * 2 + 137  # read in three ranges, deleted in slices
 OPTIONS = {"allow_unknown_schema": True, "batch_size": 300, "batch_pause": 0.002}
-EVERY = 1 if os.environ.get("HERMES_ARCHIVE_KILL_POINTS") == "all" else 10
+ALL_POINTS = os.environ.get("HERMES_ARCHIVE_KILL_POINTS") == "all"
+EVERY = 1 if ALL_POINTS else 10  # of the prune's steps
+RESTORE_EVERY = 1 if ALL_POINTS else 7  # of the restore's steps
 RANDOM_TRIALS = int(os.environ.get("HERMES_ARCHIVE_CRASH_TRIALS", "4"))
 
 # The child: the real engine; every step of the archive and the prune is numbered on stderr,
@@ -390,3 +399,99 @@ def test_sigkill_at_random_moments_of_the_archive_and_the_prune(reference, tmp_p
         if problems:
             failures.append("seed %d (%s, %s):\n    %s" % (seed, phase, where, "\n    ".join(problems)))
     assert not failures, "base seed %d\n%s" % (base, "\n".join(failures))
+
+
+# ------------------------------------------------------------------ the restore of archived sessions
+
+RESTORE_CHILD = r"""
+import contextlib, json, os, signal, sys, time
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_archive as archive
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_from_archive
+home, name, sessions, kill_at, step = sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5]), [0]
+
+def mark(text):
+    step[0] += 1
+    os.write(2, ("@@ %d %s\n" % (step[0], text)).encode())
+    if step[0] == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+real_transaction = archive.write_transaction
+
+@contextlib.contextmanager
+def transaction(conn):
+    with real_transaction(conn) as inside:
+        mark("transaction open")
+        yield inside
+        mark("transaction about to commit")
+    mark("transaction committed")
+
+archive.write_transaction = transaction
+result = restore_from_archive(home, "default", name, sessions, pause=0)
+print(json.dumps({k: result[k] for k in ("sessions_restored", "messages_restored", "sessions_present", "changed")}))
+"""
+RESTORED_SESSIONS = 10  # the two big ones among them: their messages go in several transactions
+
+
+def run_restore_child(home, archive, sessions, kill_at=0):
+    proc = subprocess.run(
+        [sys.executable, "-c", RESTORE_CHILD, str(COLLECTIONS_ROOT), str(home), os.path.basename(archive),
+         json.dumps(sessions), str(kill_at)],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    steps = [line.split(" ", 2)[2] for line in proc.stderr.splitlines() if line.startswith("@@ ")]
+    if not kill_at:
+        assert proc.returncode == 0, proc.stderr
+    return steps, proc.returncode
+
+
+@pytest.fixture(scope="module")
+def restore_reference(reference):
+    """The pruned reference home, and one uninterrupted restore of some of its archived sessions."""
+    pruned = reference["root"] / "reference"
+    ((archive, _stamp),) = list_archives(str(pruned / "backups"), "default")
+    held = [r[0] for r in sqlite3.connect(archive).execute("SELECT id FROM archive_sessions ORDER BY seq")]
+    big = [sid for sid in held if reference["before"][sid][1] and
+           sqlite3.connect(archive).execute("SELECT COUNT(*) FROM messages WHERE session_id = ?", (sid,)).fetchone()[0]
+           > ARCHIVE_CHUNK]  # fmt: skip
+    sessions = big + [sid for sid in held if sid not in big][: RESTORED_SESSIONS - len(big)]
+    home = reference["root"] / "restore-reference"
+    shutil.copytree(str(pruned), str(home))
+    steps, _rc = run_restore_child(home, archive, sessions)
+    return {"home": pruned, "archive": archive, "sessions": sessions, "steps": steps,
+            "restored": ours(full_rows(home / "state.db"))}  # fmt: skip
+
+
+def test_sigkill_at_every_step_of_a_session_restore(restore_reference, reference, tmp_path):
+    ref = restore_reference
+    points = list(range(2, len(ref["steps"]) + 1, RESTORE_EVERY))
+    print("\nsession-restore kill points: %d of %d steps" % (len(points), len(ref["steps"])))
+    failures = []
+    for n in points:
+        home = tmp_path / ("restore-%d" % n)
+        shutil.copytree(str(ref["home"]), str(home))
+        with live_writer(home, tmp_path / ("restore-%d.jsonl" % n)) as writer:
+            _steps, rc = run_restore_child(home, ref["archive"], ref["sessions"], kill_at=n)
+            problems = [] if rc == -signal.SIGKILL else ["the restore was not killed (rc %s)" % rc]
+            problems += ["after the kill: %s" % p for p in db_problems(home / "state.db")]
+            name = os.path.basename(ref["archive"])
+            predicted = restore_from_archive(str(home), "default", name, ref["sessions"], check_mode=True)
+            done = restore_from_archive(str(home), "default", name, ref["sessions"], pause=0)
+            again = restore_from_archive(str(home), "default", name, ref["sessions"], pause=0)
+            for key in ("sessions_restored", "messages_restored"):
+                if predicted[key] != done[key]:
+                    problems.append("check mode predicted %s=%s, the restore did %s" % (key, predicted[key], done[key]))
+                if again[key] or again["changed"]:
+                    problems.append("restoring again changed something: %s=%s" % (key, again[key]))
+            if ours(full_rows(home / "state.db")) != ref["restored"]:
+                problems.append("the completed restore differs from an uninterrupted one")
+            problems += ["after the restore: %s" % p for p in db_problems(home / "state.db")]
+            summary = writer.stop()
+            if summary["failed"]:
+                problems.append("the 0.22.2 writer had %d failed appends" % summary["failed"])
+        where = ref["steps"][n - 1]
+        print("step %d (%s): %s" % (n, where, "ok" if not problems else "; ".join(problems)), flush=True)
+        if problems:
+            failures.append("step %d (%s):\n    %s" % (n, where, "\n    ".join(problems)))
+        shutil.rmtree(str(home))
+    assert not failures, "\n".join(failures)
