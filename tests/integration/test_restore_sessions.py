@@ -78,6 +78,7 @@ def live(tmp_path):
 
 def test_restore_sessions_playbook_beside_a_live_hermes(ansible_playbook, live, tmp_path):
     home, db, archive, writer = live["home"], live["db"], live["archive"], live["writer"]
+    inode = os.stat(db).st_ino
     archived = [r[0] for r in query(archive, "SELECT id FROM archive_sessions ORDER BY seq")]
     two = archived[:2]
     per_session = {sid: messages_of(archive, [sid]) for sid in archived}
@@ -186,5 +187,5 @@ def test_restore_sessions_playbook_beside_a_live_hermes(ansible_playbook, live, 
     summary = writer.stop()
     assert summary["failed"] == 0 and summary["file_problems"] == [], summary
     assert summary["message_count_seen"] == summary["appended"] > 0
-    assert journal_mode(db) == "delete"
+    assert journal_mode(db) == "delete" and os.stat(db).st_ino == inode  # restored in place
     assert db_problems(db) == []
