@@ -7,7 +7,8 @@ after it: check mode with --diff (predicts exactly, changes nothing), the real r
 sessions, the same again (changes nothing), every session of the archive, and the refusals
 (archive missing, unfinished, damaged, unverified, of a newer schema; a session the archive
 does not hold). Afterwards the release's own SessionDB reads and searches a restored session,
-the writer had no failed write, and the file passes every check.
+the writer had no failed write, and the file passes every check. As root on a Hermes user's
+home (*root*), the restore works as that user: every file in the home stays the user's.
 """
 
 import os
@@ -17,7 +18,15 @@ import textwrap
 import time
 
 import pytest
-from hermes_reliability import db_problems, query
+from hermes_reliability import (
+    chown_tree,
+    db_problems,
+    ensure_user,
+    files_not_owned_by,
+    need_root,
+    query,
+    world_traversable_dir,
+)
 from hermes_rollback import RELEASE, journal_mode, make_big_rollback_home, release_view
 from hermes_writer import WriterProcess
 
@@ -189,3 +198,38 @@ def test_restore_sessions_playbook_beside_a_live_hermes(ansible_playbook, live, 
     assert summary["message_count_seen"] == summary["appended"] > 0
     assert journal_mode(db) == "delete" and os.stat(db).st_ino == inode  # restored in place
     assert db_problems(db) == []
+
+
+@pytest.mark.root
+def test_restore_sessions_as_root_writes_only_the_users_files(ansible_playbook):
+    need_root()
+    uid, gid = ensure_user("hermes-ops-t1")
+    base = world_traversable_dir("hermes-ops-session-restore-")
+    try:
+        home = base / "home"
+        db = str(make_big_rollback_home(home, 20, 6, seed=8))
+        writer = WriterProcess(hermes_python(RELEASE), db, str(base / "writer.jsonl"), prefix="root-gw")
+        writer.start()
+        try:  # the archive is taken while root owns the file, then the home is given to the user
+            profile = run_maintenance({"hermes_home": [str(home)], "allow_unknown_schema": True})["profiles"][0]
+        finally:
+            assert writer.stop()["failed"] == 0
+        assert profile["backup"]["kind"] == "archive" and profile["sessions_pruned"] == 10, profile
+        archive = profile["backup"]["path"]
+        chown_tree(home, uid, gid)
+        os.chmod(str(home), 0o700)
+        os.unlink(db + ".auto-maintenance.lock")  # the restore creates it again: as the user, or the test fails
+        play = {"hermes_restore_home": str(home), "hermes_maintenance_become": False,
+                "hermes_restore_archive": os.path.basename(archive)}  # fmt: skip
+        rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=play, check=True)
+        assert rc == 0, getattr(out, "text", out)
+        assert out.result("Restore the sessions")["sessions_restored"] == 10
+        rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=play)
+        assert rc == 0, getattr(out, "text", out)
+        done = out.result("Restore the sessions")
+        assert done["sessions_restored"] == 10 and done["messages_restored"] == 60
+        assert os.path.exists(db + ".auto-maintenance.lock")
+        assert files_not_owned_by(home, uid) == []
+        assert db_problems(db) == []
+    finally:
+        shutil.rmtree(str(base), ignore_errors=True)
