@@ -134,8 +134,9 @@ def plan_session_restore(db_path, archive_path, session_ids=None, busy_timeout=B
     """What restoring ``session_ids`` (None: all) from the archive would do; reads only.
 
     Returns {"archive", "db_schema_version", "sessions": [{"id", "present", "messages_archived",
-    "messages_missing", "orphaned"}] (parents first, as they are restored), "sessions_restored",
-    "sessions_present", "messages_restored", "orphaned", "changed"}.
+    "messages_missing", "rows_missing" (of the other tables tied to it), "orphaned"}] (parents
+    first, as they are restored), "sessions_restored", "sessions_present", "messages_restored",
+    "rows_restored", "orphaned", "changed"}.
     """
     info = check_archive(archive_path)
     src = sqlite3.connect(sqlite_uri(archive_path, mode="ro", immutable="1"), uri=True, isolation_level=None)
@@ -162,7 +163,10 @@ def plan_session_restore(db_path, archive_path, session_ids=None, busy_timeout=B
                 "archive %s does not fit %s: %s; nothing was restored" % (archive_path, db_path, "; ".join(problems))
             )
         wanted = [sid for sid in known if session_ids is None or sid in set(session_ids)]
-        sessions = [_plan_one(src, dst, sid, set(wanted)) for sid in wanted]
+        # Rows of the other tables tied to a session (session_model_usage): a restore cut short
+        # after a session's messages went back may still lack them.
+        others = [(t, c) for t, c in referencing[1:] if _schema_problems(src, dst, [t]) == []]
+        sessions = [_plan_one(src, dst, sid, set(wanted), others) for sid in wanted]
     except sqlite3.OperationalError as exc:
         raise MaintenanceError("%s could not be read: %s; nothing was restored" % (db_path, exc)) from None
     finally:
@@ -173,7 +177,19 @@ def plan_session_restore(db_path, archive_path, session_ids=None, busy_timeout=B
     return plan
 
 
-def _plan_one(src, dst, sid, wanted):
+def _quote(name):
+    return '"%s"' % name.replace('"', '""')
+
+
+def _missing_rows(src, dst, sid, others):
+    missing = 0
+    for table, column in others:
+        sql = "SELECT COUNT(*) FROM %s WHERE %s = ?" % (_quote(table), _quote(column))
+        missing += max(0, src.execute(sql, (sid,)).fetchone()[0] - dst.execute(sql, (sid,)).fetchone()[0])
+    return missing
+
+
+def _plan_one(src, dst, sid, wanted, others):
     parent = src.execute("SELECT parent_session_id FROM sessions WHERE id = ?", (sid,)).fetchone()[0]
     ids = [r[0] for r in src.execute("SELECT id FROM messages WHERE session_id = ? ORDER BY id", (sid,))]
     present = dst.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone() is not None
@@ -194,6 +210,7 @@ def _plan_one(src, dst, sid, wanted):
         "present": present,
         "messages_archived": len(ids),
         "messages_missing": len(ids) - there,
+        "rows_missing": _missing_rows(src, dst, sid, others),
         "orphaned": orphaned,
     }
 
@@ -203,9 +220,10 @@ def _totals(sessions):
         "sessions_restored": sum(1 for s in sessions if not s["present"]),
         "sessions_present": sum(1 for s in sessions if s["present"]),
         "messages_restored": sum(s["messages_missing"] for s in sessions),
+        "rows_restored": sum(s["rows_missing"] for s in sessions),
         "orphaned": sum(1 for s in sessions if s["orphaned"]),
     }
-    totals["changed"] = bool(totals["sessions_restored"] or totals["messages_restored"])
+    totals["changed"] = bool(totals["sessions_restored"] or totals["messages_restored"] or totals["rows_restored"])
     return totals
 
 
@@ -227,7 +245,7 @@ def _work(db_path, archive_path, session_ids, check_mode, busy_timeout, pause):
         plan = plan_session_restore(db_path, archive_path, session_ids, busy_timeout)
         if check_mode or not plan["changed"]:
             return {"result": plan}
-        wanted = [s["id"] for s in plan["sessions"] if s["present"] is False or s["messages_missing"]]
+        wanted = [s["id"] for s in plan["sessions"] if not s["present"] or s["messages_missing"] or s["rows_missing"]]
         try:
             done = restore_sessions(db_path, archive_path, wanted, busy_timeout=busy_timeout, pause=pause)
         except sqlite3.OperationalError as exc:
@@ -237,8 +255,9 @@ def _work(db_path, archive_path, session_ids, check_mode, busy_timeout, pause):
             ) from None
         plan["done"] = done
         plan.update({key: done[key] for key in ("sessions_restored", "messages_restored", "orphaned")})
-        plan["changed"] = bool(done["sessions_restored"] or done["messages_restored"])
         plan["after"] = plan_session_restore(db_path, archive_path, session_ids, busy_timeout)["sessions"]
+        plan["rows_restored"] -= sum(s["rows_missing"] for s in plan["after"])
+        plan["changed"] = bool(done["sessions_restored"] or done["messages_restored"] or plan["rows_restored"])
         return {"result": plan}
     except MaintenanceError as exc:
         return {"error": str(exc)}

@@ -126,7 +126,8 @@ sessions:
   description:
     - Each session asked for (all the archive holds when none were named), parents first, as found before the
       restore, with V(id), V(present) (its row is in C(state.db)), V(messages_archived), V(messages_missing) (archived
-      messages not in C(state.db)), V(orphaned) (its parent is gone, so it is restored without it).
+      messages not in C(state.db)), V(rows_missing) (archived rows of the other tables tied to it, such as
+      C(session_model_usage), not in C(state.db)), V(orphaned) (its parent is gone, so it is restored without it).
   returned: success
   type: list
   elements: dict
@@ -145,6 +146,10 @@ sessions_present:
   type: int
 messages_restored:
   description: Messages put back (predicted in check mode).
+  returned: success
+  type: int
+rows_restored:
+  description: Rows of other tables tied to the sessions (C(session_model_usage)) put back (predicted in check mode).
   returned: success
   type: int
 orphaned:

@@ -50,7 +50,7 @@ import threading
 import time
 
 import pytest
-from hermes_reliability import COLLECTIONS_ROOT, db_problems, full_rows, session_rows
+from hermes_reliability import COLLECTIONS_ROOT, db_problems, full_rows, query, session_rows
 from hermes_rollback import RELEASE, journal_mode, make_big_rollback_home
 from hermes_writer import WriterProcess
 
@@ -207,9 +207,24 @@ def build_template(root):
                 [(sid, "user", "long session %s line %d wombat" % (sid, i), start - 1 - i * 1e-3)
                  for i in range(BIG_MESSAGES)],
             )  # fmt: skip
+        # Rows of another table tied to each session (ON DELETE CASCADE): archived and restored with it.
+        conn.executemany(
+            "INSERT INTO session_model_usage (session_id, model, api_call_count, input_tokens) VALUES (?, ?, ?, ?)",
+            [(sid, model, n + 1, 100 * n) for n, (sid,) in enumerate(conn.execute("SELECT id FROM sessions").fetchall())
+             for model in ("model-a", "model-b")],
+        )  # fmt: skip
     conn.close()
     assert len(big) == BIG_SESSIONS
     return home
+
+
+def usage_rows(path):
+    """{session id: its session_model_usage rows}, of the sessions that are not the writer's."""
+    rows = {}
+    for row in query(path, "SELECT * FROM session_model_usage ORDER BY session_id, model"):
+        if not row[0].startswith(WRITER_PREFIX):
+            rows.setdefault(row[0], []).append(row)
+    return rows
 
 
 @pytest.fixture(scope="module")
@@ -232,6 +247,7 @@ def reference(tmp_path_factory):
         "template": template,
         "root": root,
         "before": ours(session_rows(template / "state.db")),
+        "usage": usage_rows(template / "state.db"),
         "final": ours(full_rows(home / "state.db")),
         "steps": steps,
         "spans": spans,
@@ -294,9 +310,9 @@ def restore_everything(home, ref, workdir):
     dst.close()
     for path, _stamp in list_archives(str(home / "backups"), "default"):
         restore_sessions(str(copy), path, pause=0)
-    rows = ours(session_rows(copy))
+    rows, usage = ours(session_rows(copy)), usage_rows(copy)
     problems = ["restored %s differs from before the run" % sid for sid, row in ref["before"].items()
-                if rows.get(sid) != row]  # fmt: skip
+                if rows.get(sid) != row or usage.get(sid) != ref["usage"].get(sid)]  # fmt: skip
     return problems + ["restored copy: %s" % p for p in db_problems(copy)]
 
 
@@ -428,7 +444,7 @@ def transaction(conn):
 
 archive.write_transaction = transaction
 result = restore_from_archive(home, "default", name, sessions, pause=0)
-print(json.dumps({k: result[k] for k in ("sessions_restored", "messages_restored", "sessions_present", "changed")}))
+print(json.dumps({k: result[k] for k in ("sessions_restored", "messages_restored", "rows_restored", "changed")}))
 """
 RESTORED_SESSIONS = 10  # the two big ones among them: their messages go in several transactions
 
@@ -458,8 +474,10 @@ def restore_reference(reference):
     home = reference["root"] / "restore-reference"
     shutil.copytree(str(pruned), str(home))
     steps, _rc = run_restore_child(home, archive, sessions)
-    return {"home": pruned, "archive": archive, "sessions": sessions, "steps": steps,
-            "restored": ours(full_rows(home / "state.db"))}  # fmt: skip
+    restored = ours(full_rows(home / "state.db"))
+    assert all(reference["usage"][sid] == usage_rows(home / "state.db")[sid] for sid in sessions)
+    return {"home": pruned, "archive": archive, "sessions": sessions, "steps": steps, "restored": restored,
+            "usage": usage_rows(home / "state.db")}  # fmt: skip
 
 
 def test_sigkill_at_every_step_of_a_session_restore(restore_reference, reference, tmp_path):
@@ -478,12 +496,12 @@ def test_sigkill_at_every_step_of_a_session_restore(restore_reference, reference
             predicted = restore_from_archive(str(home), "default", name, ref["sessions"], check_mode=True)
             done = restore_from_archive(str(home), "default", name, ref["sessions"], pause=0)
             again = restore_from_archive(str(home), "default", name, ref["sessions"], pause=0)
-            for key in ("sessions_restored", "messages_restored"):
+            for key in ("sessions_restored", "messages_restored", "rows_restored"):
                 if predicted[key] != done[key]:
                     problems.append("check mode predicted %s=%s, the restore did %s" % (key, predicted[key], done[key]))
                 if again[key] or again["changed"]:
                     problems.append("restoring again changed something: %s=%s" % (key, again[key]))
-            if ours(full_rows(home / "state.db")) != ref["restored"]:
+            if ours(full_rows(home / "state.db")) != ref["restored"] or usage_rows(home / "state.db") != ref["usage"]:
                 problems.append("the completed restore differs from an uninterrupted one")
             problems += ["after the restore: %s" % p for p in db_problems(home / "state.db")]
             summary = writer.stop()
