@@ -8,6 +8,8 @@ restores nothing, in check mode too; once the lock is gone it restores.
 """
 
 import os
+import shutil
+import sqlite3
 
 import pytest
 from hermes_locks import hold_hermes_lock
@@ -74,3 +76,23 @@ def test_a_maintenance_run_holding_the_profile_lock_refuses_the_restore(archived
     assert "state.db.auto-maintenance.lock is held by a maintenance run" in str(refused.value)
     assert full_rows(db) == before
     assert restore_from_archive(home, "default", archive, pause=0)["sessions_restored"] == 10
+
+
+def test_an_archive_lacking_a_column_the_file_requires_is_refused(archived):
+    """Columns are matched by name; a NOT NULL column without default that the archive lacks cannot be filled."""
+    home, db, archive = archived
+    path = os.path.join(home, "backups", archive)
+    lacking = path.replace(".db", "-1.db")
+    shutil.copyfile(path, lacking)
+    conn = sqlite3.connect(lacking)
+    conn.execute("ALTER TABLE sessions DROP COLUMN source")  # an older layout without it
+    conn.commit()
+    conn.close()
+    before = full_rows(db)
+    for check_mode in (True, False):
+        with pytest.raises(MaintenanceError) as refused:
+            restore_from_archive(home, "default", os.path.basename(lacking), check_mode=check_mode)
+        assert "sessions.source (NOT NULL, no default) is not in the archive; nothing was restored" in str(
+            refused.value
+        )
+    assert full_rows(db) == before
