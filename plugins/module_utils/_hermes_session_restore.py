@@ -156,13 +156,14 @@ def plan_session_restore(db_path, archive_path, session_ids=None, busy_timeout=B
                 "archive %s was taken from schema_version %d, state.db is at %d (an older Hermes): refused; "
                 "upgrade Hermes (it migrates state.db) first" % (archive_path, info["schema_version"], live_version)
             )
-        referencing, referenced = related_tables(src)
+        referencing, _referenced = related_tables(src)
         problems = _schema_problems(src, dst, ["sessions"] + [t for t, _c in referencing[:1]])
         if problems:
             raise MaintenanceError(
                 "archive %s does not fit %s: %s; nothing was restored" % (archive_path, db_path, "; ".join(problems))
             )
-        wanted = [sid for sid in known if session_ids is None or sid in set(session_ids)]
+        asked = None if session_ids is None else set(session_ids)
+        wanted = [sid for sid in known if asked is None or sid in asked]
         # Rows of the other tables tied to a session (session_model_usage): a restore cut short
         # after a session's messages went back may still lack them.
         others = [(t, c) for t, c in referencing[1:] if _schema_problems(src, dst, [t]) == []]
