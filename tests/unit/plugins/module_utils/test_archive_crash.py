@@ -482,7 +482,7 @@ def restore_reference(reference):
 
 def test_sigkill_at_every_step_of_a_session_restore(restore_reference, reference, tmp_path):
     ref = restore_reference
-    points = list(range(2, len(ref["steps"]) + 1, RESTORE_EVERY))
+    points = list(range(1, len(ref["steps"]) + 1, RESTORE_EVERY))
     print("\nsession-restore kill points: %d of %d steps" % (len(points), len(ref["steps"])))
     failures = []
     for n in points:
