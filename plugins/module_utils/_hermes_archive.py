@@ -40,6 +40,11 @@ def archive_name(profile, when, seq=0):
     return stamped_name(ARCHIVE_PREFIX, profile, when, seq)
 
 
+def is_archive_name(name):
+    """Whether ``name`` is a finished archive's file name (never a hidden ``.partial``)."""
+    return _NAME.match(name) is not None
+
+
 def list_archives(backup_dir, profile):
     """This profile's finished archives, newest first, as (path, unix time)."""
     return list_stamped(backup_dir, profile, _NAME)
@@ -325,7 +330,7 @@ def _restore_one(src, dst, sid, referencing, referenced, live_cols, report, paus
             report["sessions_present"] += 1
         else:
             for table, column, own in referenced:
-                if row.get(own) is not None:
+                if row.get(own) is not None and live_cols[table]:  # a table this schema dropped: nothing to put
                     pcols, prows = _rows(src, table, "%s = ?" % _quote(column), (row[own],), live_cols[table])
                     _put(dst, table, pcols, prows)
             parent = row.get("parent_session_id")
@@ -342,5 +347,7 @@ def _restore_one(src, dst, sid, referencing, referenced, live_cols, report, paus
         time.sleep(pause)
     with write_transaction(dst):
         for table, column in referencing[1:]:
+            if not live_cols[table]:
+                continue
             ccols, crows = _rows(src, table, "%s = ?" % _quote(column), (sid,), live_cols[table])
             _put(dst, table, ccols, crows)

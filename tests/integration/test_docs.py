@@ -40,11 +40,17 @@ MODULE_OPTIONS = {
         "profile": {"type": "str"},
         "backup": {"type": "str"},
     },
+    "session_restore": {
+        "hermes_home": {"type": "path"},
+        "archive": {"type": "str", "required": True},
+        "sessions": {"type": "list"},
+    },
 }
 MODULE_RETURNS = {
     "session_maintenance": ["profiles", "summary", "failed_profiles"],
     "state_db_info": ["profiles"],
     "state_db_restore": ["restored", "backup"],
+    "session_restore": ["archive", "sessions", "sessions_restored", "messages_restored"],
 }
 ROLE = "session_maintenance"
 ROLE_OPTIONS = [

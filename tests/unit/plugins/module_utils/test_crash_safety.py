@@ -167,7 +167,8 @@ def run_child(home, opts, target=None, occurrence=1, delay_for=None, rng=None, t
             time.sleep(rng.random() * delay_for * 0.9)
             killed_at = time.monotonic()
             proc.send_signal(signal.SIGKILL)
-    stdout = proc.communicate(timeout=timeout)[0]
+    stdout = proc.stdout.read()  # not communicate(): it would read stderr too, taking markers from the reader
+    proc.wait(timeout)
     thread.join(10)
     if not target:
         assert proc.returncode == 0, "".join(other)

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hermes_locks import hold_hermes_lock
 from hermes_reliability import COLLECTIONS_ROOT, chown_tree, db_problems, full_rows, world_traversable_dir
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_reclaim
@@ -365,40 +366,6 @@ def test_alone_on_the_file_the_engine_checkpoints_it_fully(tmp_path):
 
 
 # ----------------------------------------------------------------- Hermes's lock family
-
-HOLD_HERMES_LOCK = textwrap.dedent(
-    """
-    import sys
-    from pathlib import Path
-    import hermes_state  # noqa: F401  (the release's mixins import it)
-    import hermes_state_common, hermes_state_dbfile, hermes_state_repair
-    db, which = sys.argv[1], sys.argv[2]
-    lock = {
-        "repair": lambda: hermes_state_repair._cross_process_repair_lock(Path(db)),
-        "quarantine": lambda: hermes_state_dbfile.quarantine_cross_process_lock(Path(db)),
-        "fts_rebuild": lambda: hermes_state_common.fts_rebuild_admission(db, timeout_seconds=0),
-    }[which]()
-    with lock as acquired:
-        print("acquired" if acquired else "refused", flush=True)
-        sys.stdin.read()
-    """
-)
-
-
-def hold_hermes_lock(db, which):
-    proc = subprocess.Popen(
-        [hermes_python(RELEASE), "-c", HOLD_HERMES_LOCK, str(db), which],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, HERMES_HOME=str(Path(db).parent)),
-    )
-    line = proc.stdout.readline().strip()
-    if line != "acquired":
-        proc.kill()
-        pytest.fail("Hermes did not take its %s lock: %r %s" % (which, line, proc.stderr.read()))
-    return proc
 
 
 @pytest.mark.parametrize(
