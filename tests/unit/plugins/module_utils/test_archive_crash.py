@@ -68,8 +68,11 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_r
 )
 from hermes_fixtures import hermes_python, reopen_as_zombies, run_release_code
 
+# `slow`: the default trials take about two minutes, so the Python and SQLite matrix legs
+# leave them to `make unit` and `make units` (the engine code they kill is the same there).
 pytestmark = [
     pytest.mark.crash,
+    pytest.mark.slow,
     pytest.mark.releases,
     pytest.mark.skipif(
         hermes_python(RELEASE) is None, reason="no hermes-%s venv (tests/setup_hermes_venvs.sh)" % RELEASE
