@@ -31,6 +31,9 @@ from hermes_reliability import REPO_ROOT, chown_tree, ensure_user, need_root, wo
 
 from hermes_fixtures import build_home
 
+# What the role installs on the host does not depend on the controller's Python.
+pytestmark = pytest.mark.managed_node
+
 USER = "hermes-ops-i12"
 LIB = Path("/usr/local/lib/hermes-ops") / USER
 ETC = Path("/etc/hermes-ops") / USER
