@@ -14,10 +14,13 @@ import json
 import os
 import time
 
-from ._hermes_db import write_transaction
+from ._hermes_db import write_transaction, writer_probe
 from ._hermes_plan import ORPHAN_REAP, leased_conversation, live_leases, routed_sessions
 
 ZOMBIE_CHUNK = 200
+# What a transaction's time bound allows on top of batch_time for its COMMIT in rollback-journal
+# mode beside a live gateway: the journal and the pages are written and both synced (10-25 ms here).
+ROLLBACK_COMMIT_TIME = 0.04
 # SQLite's busy handler sleeps these many ms between polls, then 100 ms each (sqliteDefaultBusyCallback).
 BUSY_POLL_MS = (1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100)
 # Beside state.db while a batch commits: the transcripts of its sessions, removed right after.
@@ -79,16 +82,86 @@ def poll_gap(waited):
     return BUSY_POLL_MS[-1] / 1000.0
 
 
+class LockBudget:
+    """How long one transaction may hold the write lock: ``seconds`` from BEGIN to the end of
+    its COMMIT (0: no bound).
+
+    Before each session it adds, the transaction asks whether the time so far, that session's
+    messages at the rate measured so far in this transaction, and the last COMMIT's duration
+    still fit; so the bound holds for the whole transaction, commit included, rather than
+    being checked once it has already passed. A busy machine slows the measured rate, and the
+    transactions get smaller.
+    """
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+        self.commit = 0.0  # how long the last COMMIT took
+
+    def begin(self):
+        self.started = time.monotonic()
+
+    def fits(self, rows_done, next_rows):
+        if not self.seconds:
+            return True
+        elapsed = time.monotonic() - self.started
+        per_row = elapsed / rows_done if rows_done else 0.0
+        return elapsed + per_row * next_rows + self.commit <= self.seconds
+
+
+class WriterTurn:
+    """After each of our commits beside a live rollback-journal gateway: wait until a writer
+    that waited for us has had its turn, rather than for a fixed pause.
+
+    ``writing`` (_hermes_db.writer_probe) says whether another process is inside a write
+    transaction. Once one was seen and the lock then stayed free for GRACE, the gateway has
+    committed and the next transaction may start: most pauses end after the gateway's own
+    commit, well before a fixed pause would. When none shows up, the wait lasts until just past
+    the next poll of a writer that may have been waiting since the gateway's last commit we saw
+    (``poll_gap``), at least ``pause``: a writer that missed one window is let in at the next
+    instead of waiting through another transaction with ever longer polls.
+    """
+
+    GRACE = 0.002  # free this long after a writer's commit: no other writer was queued behind it
+    STEP = 0.001
+    IDLE = 1.0  # no writer seen for this long: an idle gateway, waiting only as long as our transaction
+
+    def __init__(self, writing, pause):
+        self.writing = writing
+        self.pause = pause
+        self.last_commit = None  # when we last saw a writer of the gateway finish
+
+    def wait(self, held):
+        start = time.monotonic()
+        waited = held
+        if self.last_commit is not None and start - self.last_commit < self.IDLE:
+            waited = max(held, start - self.last_commit)
+        limit = max(self.pause, poll_gap(waited) + 0.005)
+        seen, free_since = False, start
+        while True:
+            now = time.monotonic()
+            if self.writing():
+                seen, free_since = True, None
+            else:
+                if free_since is None:  # the writer we saw has just committed
+                    free_since = self.last_commit = now
+                if seen and now - free_since >= self.GRACE:
+                    return
+            if now - start >= limit:
+                return
+            time.sleep(self.STEP)
+
+
 def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_after_commit=False, stop=None):
     """Delete plan.delete_order in transactions of at most batch_size messages.
 
-    A transaction also ends once it has held the write lock for ``batch_time`` seconds:
-    the bound a waiting gateway sees is then wall time, whatever the machine's load.
+    A transaction also holds the write lock for at most ``batch_time`` seconds, its commit
+    included (LockBudget): the bound a waiting gateway sees is then wall time, whatever the
+    machine's load.
 
-    ``pause_after_commit`` (rollback-journal mode): a commit there writes the journal and the
-    pages and syncs both, so the lock is held well past ``batch_time``. A gateway that waited
-    that long polls at longer intervals (``poll_gap``); the pause is stretched to cover one
-    of them, or the next transaction takes the lock before the gateway looks again.
+    ``pause_after_commit`` (rollback-journal mode beside a live gateway): a commit there writes
+    the journal and the pages and syncs both, so it gets ROLLBACK_COMMIT_TIME on top of
+    ``batch_time``; after it, the prune waits for the gateway's turn (WriterTurn) instead of a
+    fixed pause: until a waiting writer has committed, or at most until just past its next poll.
 
     ``result`` (a PruneResult) is updated as each transaction commits, so a run that fails
     halfway still reports what it did. ``stop``, when given, is asked before each
@@ -96,9 +169,13 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     """
     skipped = result.left_alone
     has_prompts = "system_prompts" in schema["tables"] and "system_prompt_hash" in schema["session_columns"]
-    pending = conn.execute("PRAGMA database_list").fetchone()[2] + PENDING_SUFFIX
+    db_path = conn.execute("PRAGMA database_list").fetchone()[2]
+    pending = db_path + PENDING_SUFFIX
+    writing = writer_probe(db_path) if pause_after_commit else None
+    turn = WriterTurn(writing, pause) if writing else None
     result.transcripts += finish_pending(conn, pending)
     queue = collections.deque(_batches(plan, max(1, int(batch_size))))
+    budget = LockBudget((batch_time or 0.0) + (ROLLBACK_COMMIT_TIME if pause_after_commit and batch_time else 0.0))
     while queue:
         result.stopped = stop() if stop else None
         if result.stopped:
@@ -107,12 +184,12 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
         counts = PruneResult()  # joins ``result`` only once its transaction commits
         began = time.monotonic()
         with write_transaction(conn):
-            started = time.monotonic()
+            budget.begin()
             leased = live_leases(conn, schema, time.time())
             routed = routed_sessions(conn, schema)
             done = []
             for index, (sid, chunk) in enumerate(batch):
-                if index and batch_time and time.monotonic() - started > batch_time:
+                if index and not budget.fits(counts.messages, chunk or plan.messages.get(sid, 0)):
                     queue.appendleft(batch[index:])  # the rest waits for the next transaction
                     break
                 if sid in skipped or sid in routed or not _still_prunable(conn, sid, plan, schema, leased):
@@ -141,6 +218,8 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
             files = {sid: list(plan.transcripts.get(sid, ())) for sid in done if plan.transcripts.get(sid)}
             if files:  # a kill after the COMMIT must not leave these behind for good
                 _write_pending(pending, files)
+            committing = time.monotonic()
+        budget.commit = time.monotonic() - committing
         counts.sessions = len(done)
         result.add(counts)
         for sid in done:
@@ -148,7 +227,10 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
         if files:
             remove_files([pending])
         held = time.monotonic() - began
-        time.sleep(max(pause, poll_gap(held) + 0.005) if pause_after_commit else pause)
+        if turn:
+            turn.wait(held)
+        else:
+            time.sleep(max(pause, poll_gap(held) + 0.005) if pause_after_commit else pause)
     return result
 
 
