@@ -222,6 +222,15 @@ def section(rows, sweep_rows, command, started, finished, load_before, load_afte
         "",
     ]
     text += R.worst_appends_table(rows)
+    text += [
+        "",
+        "### The prune's transactions (ours, every round)",
+        "",
+        "Lock held = from BEGIN IMMEDIATE returning to the end of COMMIT; gap = from one COMMIT to the",
+        "next BEGIN IMMEDIATE returning: the gateway's commit, the wait for its poll, our bookkeeping.",
+        "",
+    ]
+    text += R.prune_txn_table(ours)
     if sweep_rows:
         text += [
             "",
@@ -294,6 +303,7 @@ def main(args, argv):
     print("\n".join(R.phase_table(ours)))
     print("\n".join(R.worst_round_table(ours)))
     print("\n".join(R.worst_appends_table(rows)))
+    print("\n".join(R.prune_txn_table(ours)))
     print("\n".join(targets(rows)))
     print("load average before %s, after %s" % (load_before, load_after))
     command = "python bench/run.py " + " ".join(argv)

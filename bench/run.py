@@ -93,7 +93,7 @@ import ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup 
 for name, label in (("_copy_files", "backup.copy"), ("_copy_snapshot", "backup.copy_api"), ("verify", "backup.verify")):
     wrap(name, B, label)
 import sqlite3
-LOCKS = []  # [start, end, what, commit s] of our transactions / autocommit statements on state.db, >= 20 ms
+LOCKS = []  # [start, end, what, commit s]: our transactions on state.db, and autocommit statements >= 20 ms
 class Traced(sqlite3.Connection):
     # Times what holds a lock on state.db: each transaction (BEGIN..COMMIT) and autocommit statement.
     begun = None
@@ -109,8 +109,7 @@ class Traced(sqlite3.Connection):
             if self.in_transaction and t1 - t0 > self.longest[0]:
                 self.longest = (t1 - t0, " ".join(sql.split())[:90])
             if was and not self.in_transaction and self.begun is not None:
-                if t1 - self.begun >= 0.02:
-                    LOCKS.append([self.begun, t1, "txn, longest: %s" % self.longest[1], t1 - t0])
+                LOCKS.append([self.begun, t1, "txn, longest: %s" % self.longest[1], t1 - t0])
                 self.begun = None
             elif not was and not self.in_transaction and t1 - t0 >= 0.02:
                 LOCKS.append([t0, t1, " ".join(sql.split())[:90], 0.0])
@@ -323,6 +322,24 @@ def longest_lock(locks, span):
     return lock[1] - lock[0], lock[2]
 
 
+def transactions(locks, span):
+    """Our write transactions that began inside ``span``: how many, how long they held the lock
+    (median / max), their COMMIT (median) and the gap between one and the next (median: the
+    gateway's turn)."""
+    txns = sorted(lock for lock in locks if span and span[0] <= lock[0] <= span[1] and lock[2].startswith("txn"))
+    if not txns:
+        return None
+    holds = [end - start for start, end, _what, _commit in txns]
+    gaps = [b[0] - a[1] for a, b in zip(txns, txns[1:])]
+    return {
+        "n": len(txns),
+        "hold_median": statistics.median(holds),
+        "hold_max": max(holds),
+        "commit_median": statistics.median(lock[3] for lock in txns),
+        "gap_median": statistics.median(gaps) if gaps else None,
+    }
+
+
 def run_hermes(home):
     env = dict(os.environ, HERMES_HOME=str(home))
     env.pop("PYTHONPATH", None)
@@ -396,6 +413,7 @@ def row_for(kind, result, rss, stats, size):
             for k, v in stats["phases"].items()
         },
         "worst_appends": stats["worst_appends"],
+        "prune_txns": transactions(result.get("locks") or [], result["phases"].get("prune")),
         "file_problems": stats["file_problems"],
         "backup": result.get("backup"),
         "reclaim": result.get("reclaim"),
@@ -439,7 +457,7 @@ def combine(reps):
     row["rss"] = max(r["rss"] for r in reps)
     # Every round's phases: the worst stall may fall in a round other than the median one.
     row["rounds"] = [
-        {"rows_s": r["rows_s"], "worst": r["worst"], "phases": r["phases"], "worst_appends": r["worst_appends"]}
+        {k: r[k] for k in ("rows_s", "worst", "phases", "worst_appends", "prune_txns", "messages", "prune_s")}
         for r in reps
     ]
     return row
@@ -667,6 +685,37 @@ def worst_round_table(rows):
                     ms(ph["p99"]),
                     ms(ph.get("lock_s")),
                     "`%s`" % ph["lock"] if ph.get("lock") else "-",
+                )
+            )
+    return lines
+
+
+def prune_txn_table(rows):
+    """Per round of ours, the prune's transactions: what the time between two deletes went to."""
+    lines = [
+        "| size | run | round | prune s | rows/s | transactions | messages each | lock held ms (median / max) "
+        "| of it COMMIT ms | gap to the next ms (gateway's turn) |",
+        "|" + "---|" * 10,
+    ]
+    for r in rows:
+        for index, rnd in enumerate(r.get("rounds") or [], 1):
+            t = rnd.get("prune_txns")
+            if not t:
+                continue
+            lines.append(
+                "| %s | %s | %d | %.2f | %.0f | %d | %.0f | %s / %s | %s | %s |"
+                % (
+                    r["size"],
+                    r["kind"],
+                    index,
+                    rnd["prune_s"],
+                    rnd["rows_s"],
+                    t["n"],
+                    rnd["messages"] / t["n"],
+                    ms(t["hold_median"]),
+                    ms(t["hold_max"]),
+                    ms(t["commit_median"]),
+                    ms(t["gap_median"]),
                 )
             )
     return lines
