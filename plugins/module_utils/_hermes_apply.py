@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import sqlite3
 import time
 
 from ._hermes_db import write_transaction, writer_probe
@@ -21,6 +22,11 @@ ZOMBIE_CHUNK = 200
 # What a transaction's time bound allows on top of batch_time for its COMMIT in rollback-journal
 # mode beside a live gateway: the journal and the pages are written and both synced (10-25 ms here).
 ROLLBACK_COMMIT_TIME = 0.04
+# There, a statement still running this many times the bound after BEGIN is interrupted (SQLite
+# rolls the transaction back) and the batch retried in two: a process preempted while it holds
+# the lock would otherwise keep the gateway out past its 128 ms poll, then its 50 and 100 ms ones.
+HARD_BOUND_FACTOR = 1.5
+PROGRESS_STEPS = 1000  # SQLite VM steps between two looks at the clock while a statement runs
 # SQLite's busy handler sleeps these many ms between polls, then 100 ms each (sqliteDefaultBusyCallback).
 BUSY_POLL_MS = (1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100)
 # Beside state.db while a batch commits: the transcripts of its sessions, removed right after.
@@ -93,12 +99,23 @@ class LockBudget:
     transactions get smaller.
     """
 
-    def __init__(self, seconds):
+    def __init__(self, seconds, hard=None):
         self.seconds = seconds
+        self.hard = hard  # seconds after BEGIN past which a running statement is interrupted (None: never)
         self.commit = 0.0  # how long the last COMMIT took
+        self.armed = self.tripped = False
 
     def begin(self):
         self.started = time.monotonic()
+        self.armed = self.tripped = False
+
+    def interrupt(self):
+        """SQLite's progress handler: True stops the running statement, once per transaction
+        and only while ``armed`` (so never the first session, the COMMIT or the ROLLBACK)."""
+        if self.armed and time.monotonic() - self.started > self.hard:
+            self.tripped, self.armed = True, False
+            return True
+        return False
 
     def fits(self, rows_done, next_rows):
         if not self.seconds:
@@ -175,63 +192,91 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     turn = WriterTurn(writing, pause) if writing else None
     result.transcripts += finish_pending(conn, pending)
     queue = collections.deque(_batches(plan, max(1, int(batch_size))))
-    budget = LockBudget((batch_time or 0.0) + (ROLLBACK_COMMIT_TIME if pause_after_commit and batch_time else 0.0))
-    while queue:
-        result.stopped = stop() if stop else None
-        if result.stopped:
-            break
-        batch = queue.popleft()
-        counts = PruneResult()  # joins ``result`` only once its transaction commits
-        began = time.monotonic()
-        with write_transaction(conn):
-            budget.begin()
-            leased = live_leases(conn, schema, time.time())
-            routed = routed_sessions(conn, schema)
-            done = []
-            for index, (sid, chunk) in enumerate(batch):
-                if index and not budget.fits(counts.messages, chunk or plan.messages.get(sid, 0)):
-                    queue.appendleft(batch[index:])  # the rest waits for the next transaction
-                    break
-                if sid in skipped or sid in routed or not _still_prunable(conn, sid, plan, schema, leased):
-                    _skip_with_ancestors(sid, plan, skipped)
-                    continue
-                if chunk:  # a slice of a session larger than batch_size, oldest messages first
-                    counts.messages += conn.execute(
-                        "DELETE FROM messages WHERE id IN "
-                        "(SELECT id FROM messages WHERE session_id = ? ORDER BY timestamp, id LIMIT ?)",
-                        (sid, chunk),
-                    ).rowcount
-                    continue
-                prompt = _prompt_hash(conn, sid) if has_prompts else None
-                counts.orphaned += conn.execute(
-                    "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = ?", (sid,)
-                ).rowcount
-                counts.messages += conn.execute("DELETE FROM messages WHERE session_id = ?", (sid,)).rowcount
-                conn.execute("DELETE FROM sessions WHERE id = ?", (sid,))
-                if prompt is not None:
-                    counts.prompts += conn.execute(
-                        "DELETE FROM system_prompts WHERE hash = ? AND NOT EXISTS "
-                        "(SELECT 1 FROM sessions WHERE system_prompt_hash = ?)",
-                        (prompt, prompt),
-                    ).rowcount
-                done.append(sid)
-            files = {sid: list(plan.transcripts.get(sid, ())) for sid in done if plan.transcripts.get(sid)}
-            if files:  # a kill after the COMMIT must not leave these behind for good
-                _write_pending(pending, files)
-            committing = time.monotonic()
-        budget.commit = time.monotonic() - committing
-        counts.sessions = len(done)
-        result.add(counts)
-        for sid in done:
-            result.transcripts += remove_files(plan.transcripts.get(sid, ()))
-        if files:
-            remove_files([pending])
-        held = time.monotonic() - began
-        if turn:
-            turn.wait(held)
-        else:
-            time.sleep(max(pause, poll_gap(held) + 0.005) if pause_after_commit else pause)
+    bound = (batch_time or 0.0) + (ROLLBACK_COMMIT_TIME if pause_after_commit and batch_time else 0.0)
+    budget = LockBudget(bound, hard=bound * HARD_BOUND_FACTOR if pause_after_commit and bound else None)
+    if budget.hard:
+        conn.set_progress_handler(budget.interrupt, PROGRESS_STEPS)
+    try:
+        while queue:
+            result.stopped = stop() if stop else None
+            if result.stopped:
+                break
+            batch = queue.popleft()
+            began = time.monotonic()
+            try:
+                done, counts, files = _prune_batch(
+                    conn, plan, schema, batch, budget, queue, skipped, has_prompts, pending
+                )
+            except sqlite3.OperationalError:
+                if not budget.tripped:
+                    raise
+                # Held past the hard bound: SQLite rolled the transaction back, nothing of it
+                # happened. The sessions done before that one are retried on their own.
+                queue.extendleft([batch[budget.unit :], batch[: budget.unit]])
+                done, counts, files = [], PruneResult(), None
+            counts.sessions = len(done)
+            result.add(counts)
+            for sid in done:
+                result.transcripts += remove_files(plan.transcripts.get(sid, ()))
+            if files:
+                remove_files([pending])
+            held = time.monotonic() - began
+            if turn:
+                turn.wait(held)
+            else:
+                time.sleep(max(pause, poll_gap(held) + 0.005) if pause_after_commit else pause)
+    finally:
+        if budget.hard:
+            conn.set_progress_handler(None, 0)
     return result
+
+
+def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts, pending):
+    """One transaction of the prune: returns (sessions deleted, counts, transcripts listed as pending).
+
+    Sessions that do not fit ``budget`` go back to the front of ``queue``.
+    """
+    counts = PruneResult()  # joins the run's result only once its transaction commits
+    with write_transaction(conn):
+        budget.begin()
+        leased = live_leases(conn, schema, time.time())
+        routed = routed_sessions(conn, schema)
+        done = []
+        for index, (sid, chunk) in enumerate(batch):
+            budget.unit, budget.armed = index, index > 0  # the first session always completes
+            if index and not budget.fits(counts.messages, chunk or plan.messages.get(sid, 0)):
+                queue.appendleft(batch[index:])  # the rest waits for the next transaction
+                break
+            if sid in skipped or sid in routed or not _still_prunable(conn, sid, plan, schema, leased):
+                _skip_with_ancestors(sid, plan, skipped)
+                continue
+            if chunk:  # a slice of a session larger than batch_size, oldest messages first
+                counts.messages += conn.execute(
+                    "DELETE FROM messages WHERE id IN "
+                    "(SELECT id FROM messages WHERE session_id = ? ORDER BY timestamp, id LIMIT ?)",
+                    (sid, chunk),
+                ).rowcount
+                continue
+            prompt = _prompt_hash(conn, sid) if has_prompts else None
+            counts.orphaned += conn.execute(
+                "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = ?", (sid,)
+            ).rowcount
+            counts.messages += conn.execute("DELETE FROM messages WHERE session_id = ?", (sid,)).rowcount
+            conn.execute("DELETE FROM sessions WHERE id = ?", (sid,))
+            if prompt is not None:
+                counts.prompts += conn.execute(
+                    "DELETE FROM system_prompts WHERE hash = ? AND NOT EXISTS "
+                    "(SELECT 1 FROM sessions WHERE system_prompt_hash = ?)",
+                    (prompt, prompt),
+                ).rowcount
+            done.append(sid)
+        files = {sid: list(plan.transcripts.get(sid, ())) for sid in done if plan.transcripts.get(sid)}
+        if files:  # a kill after the COMMIT must not leave these behind for good
+            _write_pending(pending, files)
+        budget.armed = False  # never inside COMMIT
+        committing = time.monotonic()
+    budget.commit = time.monotonic() - committing
+    return done, counts, files
 
 
 def _write_pending(path, files):

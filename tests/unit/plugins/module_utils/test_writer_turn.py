@@ -5,7 +5,9 @@
 * ``WriterTurn.wait`` ends soon after a writer that was waiting has committed, and without
   one lasts until just past a waiting writer's next poll (never shorter than the pause);
 * ``LockBudget`` refuses another session once the time so far, that session at the rate
-  measured so far and the last COMMIT would not fit.
+  measured so far and the last COMMIT would not fit;
+* a prune transaction still running past the hard bound is interrupted, rolled back by
+  SQLite and retried in two: every session is still pruned, the file is sound.
 """
 
 import sqlite3
@@ -14,8 +16,13 @@ import sys
 import textwrap
 import time
 
+from hermes_reliability import db_problems
+
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply, _hermes_engine
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import LockBudget, WriterTurn, poll_gap
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import open_rw, writer_probe
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from hermes_fixtures import build_home
 
 WRITER = textwrap.dedent(
     """
@@ -110,3 +117,50 @@ def test_budget_keeps_room_for_the_commit():
     budget.commit = 0.97
     assert not budget.fits(100, 100)
     assert LockBudget(0).fits(100, 10**9)  # 0: no time bound
+
+
+def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried(tmp_path, monkeypatch):
+    specs = [
+        {"id": "p%02d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
+        for i in range(10)
+    ]
+    build_home(str(tmp_path), "v30", specs)
+    real_preflight = _hermes_engine.preflight_check
+
+    def beside_a_live_gateway(conn, db_path):  # as if the gateway held the file in rollback mode
+        report = real_preflight(conn, db_path)
+        report.update(live_rollback=True, holders=1)
+        return report
+
+    monkeypatch.setattr(_hermes_engine, "preflight_check", beside_a_live_gateway)
+    monkeypatch.setattr(_hermes_apply, "PROGRESS_STEPS", 1)
+    real_check, slowed = _hermes_apply._still_prunable, []
+
+    def preempted_once(conn, sid, plan, schema, leased):
+        if not slowed and sid == "p03":  # the process loses the CPU for a while, holding the lock
+            slowed.append(sid)
+            time.sleep(0.2)
+        return real_check(conn, sid, plan, schema, leased)
+
+    monkeypatch.setattr(_hermes_apply, "_still_prunable", preempted_once)
+    opened, real_transaction = [], _hermes_apply.write_transaction
+
+    def counted(conn):
+        opened.append(1)
+        return real_transaction(conn)
+
+    monkeypatch.setattr(_hermes_apply, "write_transaction", counted)
+    # bound 0.06 + 0.04 s, hard bound 1.5x: 0.15 s; every session fits the bound on its own
+    options = {"hermes_home": [str(tmp_path)], "batch_size": 1000, "batch_time": 0.06, "backup": False}
+    profile = run_maintenance(options)["profiles"][0]
+    assert profile["status"] == "ok", profile["error"]
+    assert profile["sessions_pruned"] == 10 and profile["messages_pruned"] == 30
+    assert slowed == ["p03"]
+    # interrupted at p03 (p00-p02 rolled back with it), then p00-p02, then p03-p09
+    assert len(opened) == 3
+    db = str(tmp_path / "state.db")
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT COUNT(*) FROM sessions WHERE id LIKE 'p%'").fetchone() == (0,)
+    assert conn.execute("SELECT COUNT(*) FROM messages WHERE session_id LIKE 'p%'").fetchone() == (0,)
+    conn.close()
+    assert db_problems(db) == []
