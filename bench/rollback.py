@@ -179,7 +179,7 @@ def section(rows, sweep_rows, command, started, finished, load_before, load_afte
         ROLLBACK_BEGIN,
         "## Rollback-journal mode (Hermes 0.22.2, journal_mode=DELETE)",
         "",
-        "%s under `flock /tmp/hermes-host.lock`; load average (1/5/15 min) %s at the start, %s at the end:"
+        "%s under `flock /tmp/hermes-bench.lock`; load average (1/5/15 min) %s at the start, %s at the end:"
         " the machine is shared with other jobs, so absolute times are noisy; compare the ratios and the"
         " control writer." % (R.generated_by(command, started, finished), load_before, load_after),
         "",
