@@ -177,8 +177,10 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
 
     ``pause_after_commit`` (rollback-journal mode beside a live gateway): a commit there writes
     the journal and the pages and syncs both, so it gets ROLLBACK_COMMIT_TIME on top of
-    ``batch_time``; after it, the prune waits for the gateway's turn (WriterTurn) instead of a
-    fixed pause: until a waiting writer has committed, or at most until just past its next poll.
+    ``batch_time``, and a statement still running at HARD_BOUND_FACTOR times that bound is
+    interrupted (SQLite rolls the transaction back; its sessions are retried in two smaller
+    batches). After each commit the prune waits for the gateway's turn (WriterTurn) instead of
+    a fixed pause: until a waiting writer has committed, or at most until just past its next poll.
 
     ``result`` (a PruneResult) is updated as each transaction commits, so a run that fails
     halfway still reports what it did. ``stop``, when given, is asked before each
