@@ -86,7 +86,7 @@ def whole_file_backup_vs_cp(workdir, base, reps=3):
     return R.backup_vs_cp(workdir, base, reps, home_name="rollback-backup-src", wal=False)
 
 
-def bench_size(workdir, n, runs):
+def bench_size(workdir, n, runs, opts=None):
     size = R.size_label(n)
     base = base_db(workdir, n)
     reps = {"hermes-0.22": [], "ours": []}
@@ -96,7 +96,7 @@ def bench_size(workdir, n, runs):
             R.row_for("hermes-0.22", *run_hermes(R.fresh_home(workdir, "run-rb-hermes", base)), size)
         )
         print("[%s delete] round %d/%d: ours (defaults) ..." % (size, round_, runs), flush=True)
-        res = R.run_ours(R.fresh_home(workdir, "run-rb-ours", base), {"allow_unknown_schema": True})
+        res = R.run_ours(R.fresh_home(workdir, "run-rb-ours", base), dict(opts or {}, allow_unknown_schema=True))
         reps["ours"].append(R.row_for("ours", *res, size))
         for name in ("run-rb-hermes", "run-rb-ours"):
             shutil.rmtree(workdir / name, ignore_errors=True)
@@ -174,12 +174,12 @@ def targets(rows):
     return out
 
 
-def section(rows, command, started, finished, load_before, load_after):
+def section(rows, sweep_rows, command, started, finished, load_before, load_after):
     text = [
         ROLLBACK_BEGIN,
         "## Rollback-journal mode (Hermes 0.22.2, journal_mode=DELETE)",
         "",
-        "%s under `flock /tmp/hermes-host.lock`; load average (1/5/15 min) %s at the start, %s at the end:"
+        "%s under `flock /tmp/hermes-bench.lock`; load average (1/5/15 min) %s at the start, %s at the end:"
         " the machine is shared with other jobs, so absolute times are noisy; compare the ratios and the"
         " control writer." % (R.generated_by(command, started, finished), load_before, load_after),
         "",
@@ -200,10 +200,51 @@ def section(rows, command, started, finished, load_before, load_after):
     ]
     text += targets(rows)
     text += ["", "### Results", ""] + R.main_table(rows)
-    text += ["", "### Phases (ours: the writer's worst append per phase)", ""] + R.phase_table(
-        [r for r in rows if r["kind"] == "ours"]
-    )
-    text += ["", "```json", json.dumps({"rows": rows}, indent=1, default=str), "```", ROLLBACK_END, ""]
+    ours = [r for r in rows if r["kind"] == "ours"]
+    text += ["", "### Phases (ours, the median round: the writer's worst append per phase)", ""]
+    text += R.phase_table(ours)
+    text += [
+        "",
+        "### The round with the worst stall, phase by phase (ours)",
+        "",
+        "Per size, the round whose writer saw the worst append; per phase, the writer's worst append that",
+        "started in it and the longest transaction or autocommit statement of ours that began in it (time",
+        "from BEGIN to the end of COMMIT; statements shorter than 20 ms are not logged).",
+        "",
+    ]
+    text += R.worst_round_table(ours)
+    text += [
+        "",
+        "### The slowest appends of every round, and what they waited for",
+        "",
+        "`our lock` = the transaction or statement of ours that overlapped the append most (none: the",
+        "machine or the writer itself); commit ms = how much of it the COMMIT took.",
+        "",
+    ]
+    text += R.worst_appends_table(rows)
+    text += [
+        "",
+        "### The prune's transactions (ours, every round)",
+        "",
+        "Lock held = from BEGIN IMMEDIATE returning to the end of COMMIT; gap = from one COMMIT to the",
+        "next BEGIN IMMEDIATE returning: the gateway's commit, the wait for its poll, our bookkeeping.",
+        "",
+    ]
+    text += R.prune_txn_table(ours)
+    if sweep_rows:
+        text += [
+            "",
+            "### batch_size x batch_pause x batch_time in DELETE mode (prune phase only, archive off)",
+            "",
+            "Each point: 0.22.2's `prune_sessions` on one copy, then ours on another, back to back; every",
+            "point repeated round robin, medians shown (max = the worst single stall over the repeats).",
+            "In DELETE mode beside a live gateway a transaction may hold the lock batch_time + 40 ms, its",
+            "COMMIT included; batch_pause is the wait after a commit when no writer of the gateway shows up.",
+            "",
+        ]
+        text += R.sweep_table(sweep_rows)
+    text += ["", "```json", json.dumps({"rows": rows, "sweep": sweep_rows}, indent=1, default=str), "```"]
+    text += [ROLLBACK_END, ""]
     return "\n".join(text)
 
 
@@ -237,21 +278,37 @@ def main(args, argv):
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, R.collections_root())
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import DEFAULTS
+
     R.CONTROL[str(workdir)] = str(base_db(workdir, 5000))
     load_before = "%.2f %.2f %.2f" % os.getloadavg()
     started = time.time()
     rows = []
     for text in [t for t in args.sizes.split(",") if t.strip()]:
-        rows += bench_size(workdir, R.parse_size(text), args.runs)
+        rows += bench_size(workdir, R.parse_size(text), args.runs, json.loads(args.opts) if args.opts else None)
         print("\n".join(targets(rows)), flush=True)
+    sweep_rows = []
+    if args.sweep:
+        n = R.parse_size(args.sweep_size)
+        grid = R.parse_grid(args.grid or R.ROLLBACK_GRID, DEFAULTS["batch_time"])
+        sweep_rows = R.sweep(
+            workdir, n, grid, args.reps, base=base_db(workdir, n), hermes_run=run_hermes,
+            extra_opts={"allow_unknown_schema": True},
+        )  # fmt: skip
+        print("\n".join(R.sweep_table(sweep_rows)))
     finished = time.time()
     load_after = "%.2f %.2f %.2f" % os.getloadavg()
     print("\n".join(R.main_table(rows)))
-    print("\n".join(R.phase_table([r for r in rows if r["kind"] == "ours"])))
+    ours = [r for r in rows if r["kind"] == "ours"]
+    print("\n".join(R.phase_table(ours)))
+    print("\n".join(R.worst_round_table(ours)))
+    print("\n".join(R.worst_appends_table(rows)))
+    print("\n".join(R.prune_txn_table(ours)))
     print("\n".join(targets(rows)))
     print("load average before %s, after %s" % (load_before, load_after))
     command = "python bench/run.py " + " ".join(argv)
     if not args.no_out:
-        write_section(args.out, section(rows, command.strip(), started, finished, load_before, load_after))
+        text = section(rows, sweep_rows, command.strip(), started, finished, load_before, load_after)
+        write_section(args.out, text)
         print("wrote the rollback-journal section of %s" % args.out)
     return 1 if any(line.endswith("MISSED |") for line in targets(rows)) else 0

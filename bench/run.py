@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO / "tests" / "lib"))
 
 from hermes_writer import WriterProcess, latency_stats  # noqa: E402
 
-from hermes_fixtures import hermes_python, make_big_home  # noqa: E402
+from hermes_fixtures import hermes_python, make_big_home, query_one  # noqa: E402
 
 MB = 1024 * 1024
 RELEASE = "0.19.0"
@@ -92,6 +92,39 @@ for name in ("preflight_check", "quick_check", "stats", "build_plan", "take_back
 import ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup as B
 for name, label in (("_copy_files", "backup.copy"), ("_copy_snapshot", "backup.copy_api"), ("verify", "backup.verify")):
     wrap(name, B, label)
+import sqlite3
+LOCKS = []  # [start, end, what, commit s]: our transactions on state.db, and autocommit statements >= 20 ms
+class Traced(sqlite3.Connection):
+    # Times what holds a lock on state.db: each transaction (BEGIN..COMMIT) and autocommit statement.
+    begun = None
+    def _timed(self, call, sql, *a):
+        was = self.in_transaction
+        t0 = time.time()
+        try:
+            return call(sql, *a)
+        finally:
+            t1 = time.time()
+            if not was and self.in_transaction:  # the lock is ours once BEGIN (IMMEDIATE) returns
+                self.begun, self.longest = t1, (0.0, "")
+            if self.in_transaction and t1 - t0 > self.longest[0]:
+                self.longest = (t1 - t0, " ".join(sql.split())[:90])
+            if was and not self.in_transaction and self.begun is not None:
+                LOCKS.append([self.begun, t1, "txn, longest: %s" % self.longest[1], t1 - t0])
+                self.begun = None
+            elif not was and not self.in_transaction and t1 - t0 >= 0.02:
+                LOCKS.append([t0, t1, " ".join(sql.split())[:90], 0.0])
+    def execute(self, sql, *a):
+        return self._timed(super().execute, sql, *a)
+    def executemany(self, sql, *a):
+        return self._timed(super().executemany, sql, *a)
+    def executescript(self, sql):
+        return self._timed(super().executescript, sql)
+real_connect = sqlite3.connect
+def connect(database, *a, **k):
+    if str(database).endswith("state.db") and "factory" not in k:
+        k["factory"] = Traced
+    return real_connect(database, *a, **k)
+sqlite3.connect = connect
 opts = json.loads(sys.argv[2])
 t0 = time.time()
 result = E.run_maintenance(opts)
@@ -101,7 +134,7 @@ with open("/proc/self/status") as fh:
     hwm = [int(l.split()[1]) for l in fh if l.startswith("VmHWM:")][0]
 print(json.dumps({"status": p["status"], "error": p["error"], "sessions_pruned": p["sessions_pruned"],
                   "messages_pruned": p["messages_pruned"], "backup": p["backup"], "reclaim": p["reclaim"],
-                  "phases": phases, "start": t0, "end": t1, "vmhwm_kb": hwm}))
+                  "phases": phases, "start": t0, "end": t1, "vmhwm_kb": hwm, "locks": LOCKS}))
 """
 
 
@@ -186,11 +219,7 @@ def fresh_home(workdir, name, src_db):
 
 
 def count_messages(db):
-    conn = sqlite3.connect(str(db))
-    try:
-        return conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
-    finally:
-        conn.close()
+    return query_one(db, "SELECT COUNT(*) FROM messages")
 
 
 CONTROL = {}  # workdir -> path of the small database the control writer appends to
@@ -235,12 +264,80 @@ def with_writer(home, run):
     stats["phases"] = {
         name: latency_stats(records, span[0], span[1]) for name, span in result["phases"].items() if span
     }
+    stats["worst_appends"] = worst_appends(records, result, result.get("locks") or [])
     stats["total_failed"] = summary["failed"]
     stats["file_problems"] = summary["file_problems"]
     result["bytes_reclaimed"] = before - after
     result["bytes_reclaimed_settled"] = before - settled
     shutil.rmtree(control_home, ignore_errors=True)
     return result, rss, stats
+
+
+BETWEEN = "(between phases)"
+
+
+def phase_at(phases, t):
+    """The phase whose span holds time ``t`` (the first of overlapping ones), else BETWEEN."""
+    inside = [name for name, span in phases.items() if span and span[0] <= t <= span[1]]
+    return min(inside, key=lambda name: phases[name][1] - phases[name][0]) if inside else BETWEEN
+
+
+def blocking_lock(locks, t0, t1):
+    """Of our lock spans, the one that overlaps the append [t0, t1] the most (None if none does)."""
+    best, overlap = None, 0.0
+    for lock in locks:
+        shared = min(lock[1], t1) - max(lock[0], t0)
+        if shared > overlap:
+            best, overlap = lock, shared
+    return best
+
+
+def worst_appends(records, result, locks, n=5):
+    """The ``n`` slowest appends of the run: when, the phase they started and ended in, and the
+    transaction or statement of ours that overlapped them most (what they waited for)."""
+    window = [r for r in records if result["start"] <= r["t"] <= result["end"]]
+    out = []
+    for r in sorted(window, key=lambda r: r["lat"], reverse=True)[:n]:
+        lock = blocking_lock(locks, r["t"], r["t"] + r["lat"])
+        out.append(
+            {
+                "t": r["t"] - result["start"],
+                "lat": r["lat"],
+                "phase": phase_at(result["phases"], r["t"]),
+                "ended_in": phase_at(result["phases"], r["t"] + r["lat"]),
+                "lock_s": (lock[1] - lock[0]) if lock else None,
+                "lock_commit_s": lock[3] if lock else None,
+                "lock": lock[2] if lock else None,
+            }
+        )
+    return out
+
+
+def longest_lock(locks, span):
+    """Our longest transaction or statement that began inside ``span``: (seconds, what)."""
+    inside = [lock for lock in locks if span and span[0] <= lock[0] <= span[1]]
+    if not inside:
+        return None, None
+    lock = max(inside, key=lambda lock: lock[1] - lock[0])
+    return lock[1] - lock[0], lock[2]
+
+
+def transactions(locks, span):
+    """Our write transactions that began inside ``span``: how many, how long they held the lock
+    (median / max), their COMMIT (median) and the gap between one and the next (median: the
+    gateway's turn)."""
+    txns = sorted(lock for lock in locks if span and span[0] <= lock[0] <= span[1] and lock[2].startswith("txn"))
+    if not txns:
+        return None
+    holds = [end - start for start, end, _what, _commit in txns]
+    gaps = [b[0] - a[1] for a, b in zip(txns, txns[1:])]
+    return {
+        "n": len(txns),
+        "hold_median": statistics.median(holds),
+        "hold_max": max(holds),
+        "commit_median": statistics.median(lock[3] for lock in txns),
+        "gap_median": statistics.median(gaps) if gaps else None,
+    }
 
 
 def run_hermes(home):
@@ -306,9 +403,17 @@ def row_for(kind, result, rss, stats, size):
         "reclaimed_settled": result["bytes_reclaimed_settled"],
         "rss": rss,
         "phases": {
-            k: {"s": span(result, k), "max": v["max"], "p99": v["p99"], "failed": v["failed"]}
+            k: dict(
+                zip(("lock_s", "lock"), longest_lock(result.get("locks") or [], result["phases"][k])),
+                s=span(result, k),
+                max=v["max"],
+                p99=v["p99"],
+                failed=v["failed"],
+            )
             for k, v in stats["phases"].items()
         },
+        "worst_appends": stats["worst_appends"],
+        "prune_txns": transactions(result.get("locks") or [], result["phases"].get("prune")),
         "file_problems": stats["file_problems"],
         "backup": result.get("backup"),
         "reclaim": result.get("reclaim"),
@@ -350,7 +455,18 @@ def combine(reps):
     row["writing_worst"] = max(writing_worst(r) for r in reps)
     row["control_worst"] = max(r["control_worst"] for r in reps)
     row["rss"] = max(r["rss"] for r in reps)
+    # Every round's phases: the worst stall may fall in a round other than the median one.
+    row["rounds"] = [
+        {k: r[k] for k in ("rows_s", "worst", "phases", "worst_appends", "prune_txns", "messages", "prune_s")}
+        for r in reps
+    ]
     return row
+
+
+def worst_round(row):
+    """The round (of ``row["rounds"]``) with the writer's worst stall."""
+    rounds = row.get("rounds") or [row]
+    return max(rounds, key=lambda r: r["worst"] or 0)
 
 
 def backup_vs_cp(workdir, base, reps=5, home_name="backup-src", wal=True):
@@ -391,9 +507,22 @@ def backup_vs_cp(workdir, base, reps=5, home_name="backup-src", wal=True):
     }
 
 
-def sweep(workdir, n, grid, reps=1):
-    """Each grid point ``reps`` times, round robin (so load swings hit every point alike); medians."""
-    base = base_db(workdir, n)
+def parse_grid(text, default_time):
+    """``batch_size:batch_pause[:batch_time],...`` -> [(size, pause, time)]."""
+    grid = []
+    for item in text.split(","):
+        fields = item.split(":") + [str(default_time)]
+        grid.append((int(fields[0]), float(fields[1]), float(fields[2])))
+    return grid
+
+
+def sweep(workdir, n, grid, reps=1, base=None, hermes_run=None, extra_opts=None):
+    """Each grid point ``reps`` times, round robin (so load swings hit every point alike); medians.
+
+    ``base`` / ``hermes_run`` / ``extra_opts``: the database, the release's prune and our extra
+    options (defaults: 0.19.0 in WAL mode; bench/rollback.py passes 0.22.2's in DELETE mode)."""
+    base = base or base_db(workdir, n)
+    hermes_run = hermes_run or run_hermes
     raw = {point: [] for point in grid}
     for rep in range(reps):
         for batch_size, pause, batch_time in grid:
@@ -403,35 +532,28 @@ def sweep(workdir, n, grid, reps=1):
                 flush=True,
             )
             # Hermes's prune on its own copy right before each point: the ratio is side by side.
-            hermes = row_for("hermes", *run_hermes(fresh_home(workdir, "run-sweep-hermes", base)), size_label(n))
-            opts = {"batch_size": batch_size, "batch_pause": pause, "batch_time": batch_time, "backup": False}
+            hermes = row_for("hermes", *hermes_run(fresh_home(workdir, "run-sweep-hermes", base)), size_label(n))
+            opts = dict(extra_opts or {}, batch_size=batch_size, batch_pause=pause, batch_time=batch_time, backup=False)
             row = row_for("ours", *run_ours(fresh_home(workdir, "run-sweep", base), opts), size_label(n))
             pr = row["phases"].get("prune", {})
             one = {
+                "batch_size": batch_size,
+                "batch_pause": pause,
+                "batch_time": batch_time,
+                "reps": 1,
                 "rows_s": row["rows_s"],
                 "hermes_rows_s": hermes["rows_s"],
                 "ratio": row["rows_s"] / hermes["rows_s"],
                 "prune_s": row["prune_s"],
                 "worst": pr.get("max"),
+                "worst_max": pr.get("max"),
                 "p99": pr.get("p99"),
                 "failed": pr.get("failed") or 0,
                 "control_worst": row["control_worst"],
                 "control_p99": row["control_p99"],
             }
             raw[(batch_size, pause, batch_time)].append(one)
-            print(
-                "   rows/s %.0f (Hermes %.0f: %.2fx)  prune worst %s ms  p99 %s ms  (control worst %s p99 %s)"
-                % (
-                    one["rows_s"],
-                    one["hermes_rows_s"],
-                    one["ratio"],
-                    ms(one["worst"]),
-                    ms(one["p99"]),
-                    ms(one["control_worst"]),
-                    ms(one["control_p99"]),
-                ),
-                flush=True,
-            )
+            print(sweep_line(one), flush=True)
     out = []
     for (batch_size, pause, batch_time), runs in raw.items():
 
@@ -539,6 +661,118 @@ def phase_table(rows):
                 )
             )
     return lines
+
+
+def worst_round_table(rows):
+    """Per row, the phases of its round with the worst stall, with our longest lock in each."""
+    lines = [
+        "| size | run | round worst ms | phase | s | writer worst ms | writer p99 ms | our longest lock ms "
+        "| its longest statement |",
+        "|" + "---|" * 9,
+    ]
+    for r in rows:
+        w = worst_round(r)
+        for name, ph in sorted(w["phases"].items(), key=lambda kv: kv[0]):
+            lines.append(
+                "| %s | %s | %s | %s | %s | %s | %s | %s | %s |"
+                % (
+                    r["size"],
+                    r["kind"],
+                    ms(w["worst"]),
+                    name,
+                    "-" if ph["s"] is None else "%.2f" % ph["s"],
+                    ms(ph["max"]),
+                    ms(ph["p99"]),
+                    ms(ph.get("lock_s")),
+                    "`%s`" % ph["lock"] if ph.get("lock") else "-",
+                )
+            )
+    return lines
+
+
+def prune_txn_table(rows):
+    """Per round of ours, the prune's transactions: what the time between two deletes went to."""
+    lines = [
+        "| size | run | round | prune s | rows/s | transactions | messages each | lock held ms (median / max) "
+        "| of it COMMIT ms | gap to the next ms (gateway's turn) |",
+        "|" + "---|" * 10,
+    ]
+    for r in rows:
+        for index, rnd in enumerate(r.get("rounds") or [], 1):
+            t = rnd.get("prune_txns")
+            if not t:
+                continue
+            lines.append(
+                "| %s | %s | %d | %.2f | %.0f | %d | %.0f | %s / %s | %s | %s |"
+                % (
+                    r["size"],
+                    r["kind"],
+                    index,
+                    rnd["prune_s"],
+                    rnd["rows_s"],
+                    t["n"],
+                    rnd["messages"] / t["n"],
+                    ms(t["hold_median"]),
+                    ms(t["hold_max"]),
+                    ms(t["commit_median"]),
+                    ms(t["gap_median"]),
+                )
+            )
+    return lines
+
+
+def worst_appends_table(rows):
+    """The slowest appends of every round, and what of ours they overlapped most."""
+    lines = [
+        "| size | run | round | at s | stall ms | started in | ended in | our lock ms (commit ms) | what |",
+        "|" + "---|" * 9,
+    ]
+    for r in rows:
+        for index, rnd in enumerate(r.get("rounds") or [], 1):
+            for a in rnd["worst_appends"][:3]:
+                lines.append(
+                    "| %s | %s | %d | %.2f | %s | %s | %s | %s (%s) | %s |"
+                    % (
+                        r["size"],
+                        r["kind"],
+                        index,
+                        a["t"],
+                        ms(a["lat"]),
+                        a["phase"],
+                        a["ended_in"],
+                        ms(a["lock_s"]),
+                        ms(a["lock_commit_s"]),
+                        "`%s`" % a["lock"] if a["lock"] else "none of ours",
+                    )
+                )
+    return lines
+
+
+def sweep_line(point):
+    """One sweep point (a run, or the medians of its runs) as a row of sweep_table."""
+    return "| %d | %s | %s | %d | %.0f | %.0f | %.2f | %s / %s | %s | %s / %s | %d |" % (
+        point["batch_size"],
+        point["batch_pause"],
+        point["batch_time"],
+        point["reps"],
+        point["rows_s"],
+        point["hermes_rows_s"],
+        point["ratio"],
+        ms(point["worst"]),
+        ms(point["worst_max"]),
+        ms(point["p99"]),
+        ms(point["control_worst"]),
+        ms(point["control_p99"]),
+        point["failed"],
+    )
+
+
+def sweep_table(points):
+    return [
+        "| batch_size | batch_pause s | batch_time s | reps | rows/s | Hermes rows/s | ratio "
+        "| writer worst ms (median / max) | writer p99 ms | control worst / p99 ms | failed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ] + [sweep_line(p) for p in points]
 
 
 def backup_table(rows):
@@ -723,29 +957,8 @@ def write_report(path, command, rows, sweep_rows, started, finished, defaults):
             "point repeated round robin, medians shown (max = the worst single stall over the repeats).",
             "batch_time 0 = no time bound (transactions bounded by batch_size only, as before 2026-11-29).",
             "",
-            "| batch_size | batch_pause s | batch_time s | reps | rows/s | Hermes rows/s | ratio "
-            "| writer worst ms (median / max) | writer p99 ms | control worst / p99 ms | failed |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for s in sweep_rows:
-            text.append(
-                "| %d | %s | %s | %d | %.0f | %.0f | %.2f | %s / %s | %s | %s / %s | %d |"
-                % (
-                    s["batch_size"],
-                    s["batch_pause"],
-                    s["batch_time"],
-                    s["reps"],
-                    s["rows_s"],
-                    s["hermes_rows_s"],
-                    s["ratio"],
-                    ms(s["worst"]),
-                    ms(s["worst_max"]),
-                    ms(s["p99"]),
-                    ms(s["control_worst"]),
-                    ms(s["control_p99"]),
-                    s["failed"],
-                )
-            )
+        text += sweep_table(sweep_rows)
     text += [
         "",
         "## Raw data",
@@ -761,6 +974,8 @@ def write_report(path, command, rows, sweep_rows, started, finished, defaults):
 
 
 MACHINE = None
+WAL_GRID = "500:0.03:0,2000:0.03:0,2000:0.02,2000:0.03:0.04,2000:0.03,2000:0.03:0.1"
+ROLLBACK_GRID = "2000:0.03:0.04,2000:0.03:0.06,2000:0.01:0.06,4000:0.03:0.1"
 DEFAULTS_TEXT = [
     "`batch_size` 2000 messages, `batch_time` 0.06 s and `batch_pause` 0.03 s (engine `DEFAULTS`,",
     "module docs). A transaction ends after 60 ms of wall time holding the write lock (or 2000",
@@ -813,8 +1028,9 @@ def main(argv=None):
     )
     parser.add_argument(
         "--grid",
-        default="500:0.03:0,2000:0.03:0,2000:0.02,2000:0.03:0.04,2000:0.03,2000:0.03:0.1",
-        help="batch_size:batch_pause[:batch_time] points for --sweep (batch_time 0 = no time bound)",
+        default=None,
+        help="batch_size:batch_pause[:batch_time] points for --sweep (batch_time 0 = no time bound); default: "
+        "%s, with --rollback %s" % (WAL_GRID, ROLLBACK_GRID),
     )
     args = parser.parse_args(argv)
     if args.rollback:
@@ -844,10 +1060,7 @@ def main(argv=None):
         print("\n".join(main_table(rows)), flush=True)
     sweep_rows = []
     if args.sweep:
-        grid = []
-        for item in args.grid.split(","):
-            fields = item.split(":") + [str(DEFAULTS["batch_time"])]
-            grid.append((int(fields[0]), float(fields[1]), float(fields[2])))
+        grid = parse_grid(args.grid or WAL_GRID, DEFAULTS["batch_time"])
         sweep_rows = sweep(workdir, parse_size(args.sweep_size), grid, args.reps)
     finished = time.time()
     print()

@@ -12,12 +12,21 @@ from __future__ import annotations
 import collections
 import json
 import os
+import sqlite3
 import time
 
-from ._hermes_db import write_transaction
+from ._hermes_db import write_transaction, writer_probe
 from ._hermes_plan import ORPHAN_REAP, leased_conversation, live_leases, routed_sessions
 
 ZOMBIE_CHUNK = 200
+# What a transaction's time bound allows on top of batch_time for its COMMIT in rollback-journal
+# mode beside a live gateway: the journal and the pages are written and both synced (10-25 ms here).
+ROLLBACK_COMMIT_TIME = 0.04
+# There, a statement still running this many times the bound after BEGIN is interrupted (SQLite
+# rolls the transaction back) and the batch retried in two: a process preempted while it holds
+# the lock would otherwise keep the gateway out past its 128 ms poll, then its 50 and 100 ms ones.
+HARD_BOUND_FACTOR = 1.5
+PROGRESS_STEPS = 1000  # SQLite VM steps between two looks at the clock while a statement runs
 # SQLite's busy handler sleeps these many ms between polls, then 100 ms each (sqliteDefaultBusyCallback).
 BUSY_POLL_MS = (1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100)
 # Beside state.db while a batch commits: the transcripts of its sessions, removed right after.
@@ -79,16 +88,99 @@ def poll_gap(waited):
     return BUSY_POLL_MS[-1] / 1000.0
 
 
+class LockBudget:
+    """How long one transaction may hold the write lock: ``seconds`` from BEGIN to the end of
+    its COMMIT (0: no bound).
+
+    Before each session it adds, the transaction asks whether the time so far, that session's
+    messages at the rate measured so far in this transaction, and the last COMMIT's duration
+    still fit; so the bound holds for the whole transaction, commit included, rather than
+    being checked once it has already passed. A busy machine slows the measured rate, and the
+    transactions get smaller.
+    """
+
+    def __init__(self, seconds, hard=None):
+        self.seconds = seconds
+        self.hard = hard  # seconds after BEGIN past which a running statement is interrupted (None: never)
+        self.commit = 0.0  # how long the last COMMIT took
+        self.armed = self.tripped = False
+
+    def begin(self):
+        self.started = time.monotonic()
+        self.armed = self.tripped = False
+
+    def interrupt(self):
+        """SQLite's progress handler: True stops the running statement, once per transaction
+        and only while ``armed`` (so never the first session, the COMMIT or the ROLLBACK)."""
+        if self.armed and time.monotonic() - self.started > self.hard:
+            self.tripped, self.armed = True, False
+            return True
+        return False
+
+    def fits(self, rows_done, next_rows):
+        if not self.seconds:
+            return True
+        elapsed = time.monotonic() - self.started
+        per_row = elapsed / rows_done if rows_done else 0.0
+        return elapsed + per_row * next_rows + self.commit <= self.seconds
+
+
+class WriterTurn:
+    """After each of our commits beside a live rollback-journal gateway: wait until a writer
+    that waited for us has had its turn, rather than for a fixed pause.
+
+    ``writing`` (_hermes_db.writer_probe) says whether another process is inside a write
+    transaction. Once one was seen and the lock then stayed free for GRACE, the gateway has
+    committed and the next transaction may start: most pauses end after the gateway's own
+    commit, well before a fixed pause would. When none shows up, the wait lasts until just past
+    the next poll of a writer that may have been waiting since the gateway's last commit we saw
+    (``poll_gap``), at least ``pause``: a writer that missed one window is let in at the next
+    instead of waiting through another transaction with ever longer polls.
+    """
+
+    GRACE = 0.002  # free this long after a writer's commit: no other writer was queued behind it
+    STEP = 0.001
+    IDLE = 1.0  # no writer seen for this long: an idle gateway, waiting only as long as our transaction
+
+    def __init__(self, writing, pause):
+        self.writing = writing
+        self.pause = pause
+        self.last_commit = None  # when we last saw a writer of the gateway finish
+
+    def wait(self, held):
+        start = time.monotonic()
+        waited = held
+        if self.last_commit is not None and start - self.last_commit < self.IDLE:
+            waited = max(held, start - self.last_commit)
+        limit = max(self.pause, poll_gap(waited) + 0.005)
+        seen, free_since = False, start
+        while True:
+            now = time.monotonic()
+            if self.writing():
+                seen, free_since = True, None
+            else:
+                if free_since is None:  # the writer we saw has just committed
+                    free_since = self.last_commit = now
+                if seen and now - free_since >= self.GRACE:
+                    return
+            if now - start >= limit:
+                return
+            time.sleep(self.STEP)
+
+
 def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_after_commit=False, stop=None):
     """Delete plan.delete_order in transactions of at most batch_size messages.
 
-    A transaction also ends once it has held the write lock for ``batch_time`` seconds:
-    the bound a waiting gateway sees is then wall time, whatever the machine's load.
+    A transaction also holds the write lock for at most ``batch_time`` seconds, its commit
+    included (LockBudget): the bound a waiting gateway sees is then wall time, whatever the
+    machine's load.
 
-    ``pause_after_commit`` (rollback-journal mode): a commit there writes the journal and the
-    pages and syncs both, so the lock is held well past ``batch_time``. A gateway that waited
-    that long polls at longer intervals (``poll_gap``); the pause is stretched to cover one
-    of them, or the next transaction takes the lock before the gateway looks again.
+    ``pause_after_commit`` (rollback-journal mode beside a live gateway): a commit there writes
+    the journal and the pages and syncs both, so it gets ROLLBACK_COMMIT_TIME on top of
+    ``batch_time``, and a statement still running at HARD_BOUND_FACTOR times that bound is
+    interrupted (SQLite rolls the transaction back; its sessions are retried in two smaller
+    batches). After each commit the prune waits for the gateway's turn (WriterTurn) instead of
+    a fixed pause: until a waiting writer has committed, or at most until just past its next poll.
 
     ``result`` (a PruneResult) is updated as each transaction commits, so a run that fails
     halfway still reports what it did. ``stop``, when given, is asked before each
@@ -96,60 +188,97 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     """
     skipped = result.left_alone
     has_prompts = "system_prompts" in schema["tables"] and "system_prompt_hash" in schema["session_columns"]
-    pending = conn.execute("PRAGMA database_list").fetchone()[2] + PENDING_SUFFIX
+    db_path = conn.execute("PRAGMA database_list").fetchone()[2]
+    pending = db_path + PENDING_SUFFIX
+    writing = writer_probe(db_path) if pause_after_commit else None
+    turn = WriterTurn(writing, pause) if writing else None
     result.transcripts += finish_pending(conn, pending)
     queue = collections.deque(_batches(plan, max(1, int(batch_size))))
-    while queue:
-        result.stopped = stop() if stop else None
-        if result.stopped:
-            break
-        batch = queue.popleft()
-        counts = PruneResult()  # joins ``result`` only once its transaction commits
-        began = time.monotonic()
-        with write_transaction(conn):
-            started = time.monotonic()
-            leased = live_leases(conn, schema, time.time())
-            routed = routed_sessions(conn, schema)
-            done = []
-            for index, (sid, chunk) in enumerate(batch):
-                if index and batch_time and time.monotonic() - started > batch_time:
-                    queue.appendleft(batch[index:])  # the rest waits for the next transaction
-                    break
-                if sid in skipped or sid in routed or not _still_prunable(conn, sid, plan, schema, leased):
-                    _skip_with_ancestors(sid, plan, skipped)
-                    continue
-                if chunk:  # a slice of a session larger than batch_size, oldest messages first
-                    counts.messages += conn.execute(
-                        "DELETE FROM messages WHERE id IN "
-                        "(SELECT id FROM messages WHERE session_id = ? ORDER BY timestamp, id LIMIT ?)",
-                        (sid, chunk),
-                    ).rowcount
-                    continue
-                prompt = _prompt_hash(conn, sid) if has_prompts else None
-                counts.orphaned += conn.execute(
-                    "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = ?", (sid,)
-                ).rowcount
-                counts.messages += conn.execute("DELETE FROM messages WHERE session_id = ?", (sid,)).rowcount
-                conn.execute("DELETE FROM sessions WHERE id = ?", (sid,))
-                if prompt is not None:
-                    counts.prompts += conn.execute(
-                        "DELETE FROM system_prompts WHERE hash = ? AND NOT EXISTS "
-                        "(SELECT 1 FROM sessions WHERE system_prompt_hash = ?)",
-                        (prompt, prompt),
-                    ).rowcount
-                done.append(sid)
-            files = {sid: list(plan.transcripts.get(sid, ())) for sid in done if plan.transcripts.get(sid)}
-            if files:  # a kill after the COMMIT must not leave these behind for good
-                _write_pending(pending, files)
-        counts.sessions = len(done)
-        result.add(counts)
-        for sid in done:
-            result.transcripts += remove_files(plan.transcripts.get(sid, ()))
-        if files:
-            remove_files([pending])
-        held = time.monotonic() - began
-        time.sleep(max(pause, poll_gap(held) + 0.005) if pause_after_commit else pause)
+    bound = (batch_time or 0.0) + (ROLLBACK_COMMIT_TIME if pause_after_commit and batch_time else 0.0)
+    budget = LockBudget(bound, hard=bound * HARD_BOUND_FACTOR if pause_after_commit and bound else None)
+    if budget.hard:
+        conn.set_progress_handler(budget.interrupt, PROGRESS_STEPS)
+    try:
+        while queue:
+            result.stopped = stop() if stop else None
+            if result.stopped:
+                break
+            batch = queue.popleft()
+            began = time.monotonic()
+            try:
+                done, counts, files = _prune_batch(
+                    conn, plan, schema, batch, budget, queue, skipped, has_prompts, pending
+                )
+            except sqlite3.OperationalError:
+                if not budget.tripped:
+                    raise
+                # Held past the hard bound: SQLite rolled the transaction back, nothing of it
+                # happened. The sessions done before that one are retried on their own.
+                queue.extendleft([batch[budget.unit :], batch[: budget.unit]])
+                done, counts, files = [], PruneResult(), None
+            counts.sessions = len(done)
+            result.add(counts)
+            for sid in done:
+                result.transcripts += remove_files(plan.transcripts.get(sid, ()))
+            if files:
+                remove_files([pending])
+            held = time.monotonic() - began
+            if turn:
+                turn.wait(held)
+            else:
+                time.sleep(max(pause, poll_gap(held) + 0.005) if pause_after_commit else pause)
+    finally:
+        if budget.hard:
+            conn.set_progress_handler(None, 0)
     return result
+
+
+def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts, pending):
+    """One transaction of the prune: returns (sessions deleted, counts, transcripts listed as pending).
+
+    Sessions that do not fit ``budget`` go back to the front of ``queue``.
+    """
+    counts = PruneResult()  # joins the run's result only once its transaction commits
+    with write_transaction(conn):
+        budget.begin()
+        leased = live_leases(conn, schema, time.time())
+        routed = routed_sessions(conn, schema)
+        done = []
+        for index, (sid, chunk) in enumerate(batch):
+            budget.unit, budget.armed = index, index > 0  # the first session always completes
+            if index and not budget.fits(counts.messages, chunk or plan.messages.get(sid, 0)):
+                queue.appendleft(batch[index:])  # the rest waits for the next transaction
+                break
+            if sid in skipped or sid in routed or not _still_prunable(conn, sid, plan, schema, leased):
+                _skip_with_ancestors(sid, plan, skipped)
+                continue
+            if chunk:  # a slice of a session larger than batch_size, oldest messages first
+                counts.messages += conn.execute(
+                    "DELETE FROM messages WHERE id IN "
+                    "(SELECT id FROM messages WHERE session_id = ? ORDER BY timestamp, id LIMIT ?)",
+                    (sid, chunk),
+                ).rowcount
+                continue
+            prompt = _prompt_hash(conn, sid) if has_prompts else None
+            counts.orphaned += conn.execute(
+                "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = ?", (sid,)
+            ).rowcount
+            counts.messages += conn.execute("DELETE FROM messages WHERE session_id = ?", (sid,)).rowcount
+            conn.execute("DELETE FROM sessions WHERE id = ?", (sid,))
+            if prompt is not None:
+                counts.prompts += conn.execute(
+                    "DELETE FROM system_prompts WHERE hash = ? AND NOT EXISTS "
+                    "(SELECT 1 FROM sessions WHERE system_prompt_hash = ?)",
+                    (prompt, prompt),
+                ).rowcount
+            done.append(sid)
+        files = {sid: list(plan.transcripts.get(sid, ())) for sid in done if plan.transcripts.get(sid)}
+        if files:  # a kill after the COMMIT must not leave these behind for good
+            _write_pending(pending, files)
+        budget.armed = False  # never inside COMMIT
+        committing = time.monotonic()
+    budget.commit = time.monotonic() - committing
+    return done, counts, files
 
 
 def _write_pending(path, files):

@@ -289,6 +289,30 @@ def lock_owner(path, start, length):
     return None if l_type == fcntl.F_UNLCK else l_pid
 
 
+def writer_probe(path):
+    """A function that says whether another process is inside a write transaction on ``path``
+    (holds SQLite's RESERVED byte: from its ``BEGIN IMMEDIATE`` to the end of its COMMIT in
+    rollback-journal mode), or None when this process has no descriptor on the file to ask with.
+
+    Call it only while the connection that opened ``path`` stays open: it asks through that
+    connection's own descriptor (closing any descriptor of the file would drop SQLite's locks).
+    """
+    fd = _own_fd(path)
+    if fd is None:
+        return None
+    query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, PENDING_BYTE + 1, 1, 0) + b"\0" * 16
+    size = struct.calcsize(_FLOCK)
+
+    def writing():
+        try:
+            answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
+        except OSError:
+            return False
+        return struct.unpack(_FLOCK, answer[:size])[0] != fcntl.F_UNLCK
+
+    return writing
+
+
 def _own_fd(path):
     try:
         want = os.stat(path)

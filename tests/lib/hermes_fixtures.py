@@ -1077,6 +1077,15 @@ print(json.dumps({"sessions": [r["id"] for r in rows], "hits": len(hits),
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def query_one(db_path, sql):
+    """The first column of the first row ``sql`` returns, on a connection of its own."""
+    conn = sqlite3.connect(str(db_path))
+    try:
+        return conn.execute(sql).fetchone()[0]
+    finally:
+        conn.close()
+
+
 def copy_db(src, dst):
     """Copy a (checkpointed) state.db with sqlite's backup API."""
     s = sqlite3.connect(str(src))

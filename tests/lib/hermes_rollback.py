@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hermes_fixtures import bulk_rows, hermes_python, run_release_code
+from hermes_fixtures import bulk_rows, hermes_python, query_one, run_release_code
 
 HERE = Path(__file__).resolve().parent
 RELEASE = "0.22.2.post1"
@@ -58,11 +58,7 @@ def init_schema(release, home, db_path):
 
 
 def journal_mode(db_path):
-    conn = sqlite3.connect(str(db_path))
-    try:
-        return conn.execute("PRAGMA journal_mode").fetchone()[0]
-    finally:
-        conn.close()
+    return query_one(db_path, "PRAGMA journal_mode")
 
 
 def make_big_rollback_home(home, n_sessions, msgs_per_session, old_fraction=0.5, seed=0, now=None, release=RELEASE):

@@ -150,9 +150,10 @@ def test_live_rollback_run_archives_prunes_and_restores(base_db, tmp_path):
     left = {r[0] for r in q(db, "SELECT id FROM sessions")}
     assert not (left - {pruned_sid}) & base_db["old_zombies"] and base_db["recent_zombies"] <= left
     assert db_problems(db) == []
-    # The release itself reads the restored session and finds it by a word its messages carry.
+    # The release itself reads the restored session and finds it by words its messages carry: a
+    # phrase of four (a single word of this small vocabulary has more hits than the search returns).
     word = q(archive, "SELECT content FROM messages WHERE session_id = ? AND role = 'user' LIMIT 1", pruned_sid)[0][0]
-    seen = release_view(db, pruned_sid, word.split()[0])
+    seen = release_view(db, pruned_sid, '"%s"' % " ".join(word.split()[:4]))
     assert seen["messages"] == archived_msgs and seen["hits"] > 0, seen
 
 

@@ -1,0 +1,166 @@
+"""The prune's pacing beside a live rollback-journal gateway, with a real second process.
+
+* ``writer_probe`` sees another process inside a write transaction (its RESERVED lock) and
+  nothing once it committed, without dropping our own connection's locks;
+* ``WriterTurn.wait`` ends soon after a writer that was waiting has committed, and without
+  one lasts until just past a waiting writer's next poll (never shorter than the pause);
+* ``LockBudget`` refuses another session once the time so far, that session at the rate
+  measured so far and the last COMMIT would not fit;
+* a prune transaction still running past the hard bound is interrupted, rolled back by
+  SQLite and retried in two: every session is still pruned, the file is sound.
+"""
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+
+from hermes_reliability import db_problems
+
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply, _hermes_engine
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import LockBudget, WriterTurn, poll_gap
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import open_rw, writer_probe
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from hermes_fixtures import build_home
+
+WRITER = textwrap.dedent(
+    """
+    import sqlite3, sys, time
+    conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
+    time.sleep(float(sys.argv[2]))
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("INSERT INTO t VALUES (1)")
+    print("in", flush=True)
+    time.sleep(float(sys.argv[3]))
+    conn.execute("COMMIT")
+    print("committed", time.time(), flush=True)
+    """
+)
+
+
+def rollback_db(tmp_path):
+    db = str(tmp_path / "state.db")
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    return db
+
+
+def writer(db, delay, hold):
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, db, str(delay), str(hold)], stdout=subprocess.PIPE, text=True
+    )
+
+
+def test_probe_sees_another_process_writing(tmp_path):
+    db = rollback_db(tmp_path)
+    conn = open_rw(db)
+    conn.execute("SELECT COUNT(*) FROM t").fetchone()  # SQLite has the file open now
+    writing = writer_probe(db)
+    assert writing is not None and not writing()
+    proc = writer(db, 0, 0.5)
+    assert proc.stdout.readline().strip() == "in"
+    assert writing()
+    with_lock = conn.execute("BEGIN")  # our own SHARED lock survives the probes
+    conn.execute("SELECT COUNT(*) FROM t").fetchone()
+    assert writing()
+    with_lock.execute("COMMIT")
+    proc.stdout.readline()
+    assert proc.wait(10) == 0
+    assert not writing()
+    assert conn.execute("SELECT COUNT(*) FROM t").fetchone() == (1,)
+    conn.close()
+
+
+def test_probe_needs_an_open_descriptor(tmp_path):
+    assert writer_probe(rollback_db(tmp_path)) is None
+
+
+def test_turn_ends_once_the_waiting_writer_committed(tmp_path):
+    db = rollback_db(tmp_path)
+    conn = open_rw(db)
+    conn.execute("SELECT COUNT(*) FROM t").fetchone()
+    turn = WriterTurn(writer_probe(db), pause=5.0)
+    proc = writer(db, 0.05, 0.1)  # takes the lock 50 ms into the wait, commits 100 ms later
+    start = time.time()
+    turn.wait(held=0.0)
+    ended = time.time()
+    committed = float(proc.stdout.read().split()[-1])
+    assert proc.wait(10) == 0
+    assert committed <= ended < start + 2.0  # far less than the 5 s pause
+    assert turn.last_commit is not None
+    conn.close()
+
+
+def test_turn_without_a_writer_covers_its_next_poll(tmp_path):
+    db = rollback_db(tmp_path)
+    conn = open_rw(db)
+    conn.execute("SELECT COUNT(*) FROM t").fetchone()
+    turn = WriterTurn(writer_probe(db), pause=0.01)
+    start = time.monotonic()
+    turn.wait(held=0.2)  # a writer waiting 200 ms polls every 50 ms
+    assert time.monotonic() - start >= poll_gap(0.2) == 0.05
+    start = time.monotonic()
+    WriterTurn(writer_probe(db), pause=0.08).wait(held=0.0)
+    assert time.monotonic() - start >= 0.08
+    conn.close()
+
+
+def test_budget_keeps_room_for_the_commit():
+    budget = LockBudget(1.0)
+    budget.begin()
+    assert budget.fits(0, 10**6)  # nothing measured yet: the first session always goes
+    time.sleep(0.02)
+    assert budget.fits(100, 100)  # ~0.04 s of 1 s
+    budget.commit = 0.97
+    assert not budget.fits(100, 100)
+    assert LockBudget(0).fits(100, 10**9)  # 0: no time bound
+
+
+def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried(tmp_path, monkeypatch):
+    specs = [
+        {"id": "p%02d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
+        for i in range(10)
+    ]
+    build_home(str(tmp_path), "v30", specs)
+    real_preflight = _hermes_engine.preflight_check
+
+    def beside_a_live_gateway(conn, db_path):  # as if the gateway held the file in rollback mode
+        report = real_preflight(conn, db_path)
+        report.update(live_rollback=True, holders=1)
+        return report
+
+    monkeypatch.setattr(_hermes_engine, "preflight_check", beside_a_live_gateway)
+    monkeypatch.setattr(_hermes_apply, "PROGRESS_STEPS", 1)
+    real_check, slowed = _hermes_apply._still_prunable, []
+
+    def preempted_once(conn, sid, plan, schema, leased):
+        if not slowed and sid == "p03":  # the process loses the CPU for a while, holding the lock
+            slowed.append(sid)
+            time.sleep(0.2)
+        return real_check(conn, sid, plan, schema, leased)
+
+    monkeypatch.setattr(_hermes_apply, "_still_prunable", preempted_once)
+    opened, real_transaction = [], _hermes_apply.write_transaction
+
+    def counted(conn):
+        opened.append(1)
+        return real_transaction(conn)
+
+    monkeypatch.setattr(_hermes_apply, "write_transaction", counted)
+    # bound 0.06 + 0.04 s, hard bound 1.5x: 0.15 s; every session fits the bound on its own
+    options = {"hermes_home": [str(tmp_path)], "batch_size": 1000, "batch_time": 0.06, "backup": False}
+    profile = run_maintenance(options)["profiles"][0]
+    assert profile["status"] == "ok", profile["error"]
+    assert profile["sessions_pruned"] == 10 and profile["messages_pruned"] == 30
+    assert slowed == ["p03"]
+    # interrupted at p03 (p00-p02 rolled back with it), then p00-p02, then p03-p09
+    assert len(opened) == 3
+    db = str(tmp_path / "state.db")
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT COUNT(*) FROM sessions WHERE id LIKE 'p%'").fetchone() == (0,)
+    assert conn.execute("SELECT COUNT(*) FROM messages WHERE session_id LIKE 'p%'").fetchone() == (0,)
+    conn.close()
+    assert db_problems(db) == []
