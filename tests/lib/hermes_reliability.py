@@ -201,6 +201,19 @@ def world_traversable_dir(prefix):
     return Path(path)
 
 
+@contextlib.contextmanager
+def user_with_dir(user, prefix):
+    """(uid, gid, base): the test user ``user`` (created when absent; root only) and a fresh
+    directory it can traverse, removed afterwards."""
+    need_root()
+    uid, gid = ensure_user(user)
+    base = world_traversable_dir(prefix)
+    try:
+        yield uid, gid, base
+    finally:
+        shutil.rmtree(str(base), ignore_errors=True)
+
+
 def chown_tree(root, uid, gid):
     for dirpath, dirnames, filenames in os.walk(str(root)):
         os.lchown(dirpath, uid, gid)

@@ -7,9 +7,8 @@ Plain Python 3.8+ standard library. Import with ``tests/lib`` on ``sys.path``::
 
 import contextlib
 import os
-import shutil
 
-from hermes_reliability import chown_tree, ensure_user, need_root, world_traversable_dir
+from hermes_reliability import chown_tree, user_with_dir
 
 from hermes_fixtures import build_home
 
@@ -53,19 +52,16 @@ def role_host(host_class, user, specs, remove_everything, profiles=(None,)):
     """A ``host_class`` for ``user`` (created when absent) in a fresh directory, its home holding
     ``specs`` in each of ``profiles``; ``remove_everything`` (what the role installs) runs before
     and after."""
-    need_root()
-    uid, gid = ensure_user(user)
-    remove_everything()
-    base = world_traversable_dir(user + "-")
-    h = host_class(user, base, uid, gid)
-    for profile in profiles:
-        build_home(str(h.hermes), "v30", specs, profile=profile)
-    h.markers.mkdir()
-    os.chmod(str(h.markers), 0o777)  # what runs as anyone (planted files, a replaced python) leaves its marker here
-    chown_tree(h.home, uid, gid)
-    os.chmod(str(h.home), 0o700)
-    try:
-        yield h
-    finally:
+    with user_with_dir(user, user + "-") as (uid, gid, base):
         remove_everything()
-        shutil.rmtree(str(base), ignore_errors=True)
+        h = host_class(user, base, uid, gid)
+        for profile in profiles:
+            build_home(str(h.hermes), "v30", specs, profile=profile)
+        h.markers.mkdir()
+        os.chmod(str(h.markers), 0o777)  # what runs as anyone (planted files, a replaced python) leaves its marker here
+        chown_tree(h.home, uid, gid)
+        os.chmod(str(h.home), 0o700)
+        try:
+            yield h
+        finally:
+            remove_everything()

@@ -40,13 +40,11 @@ from hermes_reliability import (
     backup_problems,
     chown_tree,
     db_problems,
-    ensure_user,
     files_not_owned_by,
     full_rows,
-    need_root,
     query,
     session_rows,
-    world_traversable_dir,
+    user_with_dir,
 )
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply, _hermes_engine
@@ -315,10 +313,7 @@ def test_sigkill_at_random_points(reference, tmp_path):
 
 def test_killed_worker_is_reported_and_the_other_profiles_maintained(monkeypatch):
     """(root) On a user's home the work runs in a child switched to that user; SIGKILL it mid-prune."""
-    need_root()
-    uid, gid = ensure_user("hermes-ops-t1")
-    base = world_traversable_dir("hermes-ops-worker-")
-    try:
+    with user_with_dir("hermes-ops-t1", "hermes-ops-worker-") as (uid, gid, base):
         home = base / "home"
         specs = [
             {"id": "old%02d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
@@ -352,5 +347,3 @@ def test_killed_worker_is_reported_and_the_other_profiles_maintained(monkeypatch
         assert again["status"] == "ok" and again["sessions_pruned"] >= 1
         assert set(session_rows(home / "state.db")) == {"new"}
         assert files_not_owned_by(home, uid) == []
-    finally:
-        shutil.rmtree(str(base), ignore_errors=True)
