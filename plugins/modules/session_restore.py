@@ -32,21 +32,14 @@ author:
   - hermes_agent.ops contributors (!UNKNOWN)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
     details:
       - Verifies the archive and reads C(state.db) in short read transactions; the counts it returns are exactly
         what the real run restores. No file is created beside C(state.db).
   diff_mode:
-    description:
-      - Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details:
       - One line per session, before and after (absent, or present with how many of its archived messages).
   idempotent:
-    description:
-      - When run twice in a row outside check mode, with the same arguments, the second invocation indicates no
-        change.
     support: full
 extends_documentation_fragment:
   - hermes_agent.ops.restore

@@ -28,19 +28,12 @@ author:
   - hermes_agent.ops contributors (!UNKNOWN)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
     details:
       - Selects and verifies the backup (a C(.gz) is decompressed into a private temporary directory that is
         removed again) and reports what would be done; nothing beside C(state.db) is written.
   diff_mode:
-    description:
-      - Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   idempotent:
-    description:
-      - When run twice in a row outside check mode, with the same arguments, the second invocation indicates no
-        change.
     support: none
     details:
       - Every run restores again (and moves the current file aside again).
