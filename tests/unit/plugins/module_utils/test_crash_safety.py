@@ -24,7 +24,6 @@ re-run one with HERMES_CRASH_SEED=<seed> HERMES_CRASH_TRIALS=1.
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import sqlite3
@@ -42,6 +41,7 @@ from hermes_reliability import (
     db_problems,
     files_not_owned_by,
     full_rows,
+    parse_mark,
     query,
     session_rows,
     user_with_dir,
@@ -147,9 +147,9 @@ def run_child(home, opts, target=None, occurrence=1, delay_for=None, rng=None, t
 
     def reader():
         for line in proc.stderr:
-            match = re.match(r"^@@ (.+) (\d+\.\d+)$", line.strip())
-            if match:
-                markers.append((match.group(1), float(match.group(2))))
+            mark = parse_mark(line)
+            if mark:
+                markers.append(mark[1:])
                 if target and sum(1 for m in markers if m[0] == target + " start") == occurrence:
                     entered.set()
             else:
