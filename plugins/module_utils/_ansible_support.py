@@ -1,10 +1,10 @@
 # Copyright: hermes_agent.ops contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What both modules share: argument specs read from the option table, and the diff they show."""
+"""What the modules share: argument specs read from the option table, and the diff they show."""
 
 from __future__ import annotations
 
-from ._hermes_options import MAINTENANCE, SHARED, options_in
+from ._hermes_options import BY_NAME, MAINTENANCE, SHARED, options_in
 
 
 def _spec(option):
@@ -27,6 +27,22 @@ def maintenance_argument_spec():
     """Every option of ``session_maintenance``: the shared ones and its own."""
     spec = shared_argument_spec()
     spec.update((option.name, _spec(option)) for option in options_in(MAINTENANCE))
+    return spec
+
+
+def option_spec(name):
+    """The argument spec of one option of the table, so its type and default are written only there."""
+    return _spec(BY_NAME[name])
+
+
+def restore_argument_spec(**own):
+    """Where the file to restore into is (the ``hermes_agent.ops.restore`` doc fragment), and a module's own options."""
+    spec = dict(
+        hermes_home=dict(type="path", required=True),
+        profile=dict(type="str", default="default"),
+        backup_dir=dict(type="path"),
+    )
+    spec.update(own)
     return spec
 
 

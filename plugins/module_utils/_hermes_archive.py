@@ -27,7 +27,15 @@ import sqlite3
 import time
 
 from ._hermes_backup import list_stamped, remove_partials, stamped_name
-from ._hermes_db import MaintenanceError, fsync_path, open_rw, read_snapshot, write_transaction
+from ._hermes_db import (
+    BATCH_PAUSE,
+    BUSY_TIMEOUT,
+    MaintenanceError,
+    fsync_path,
+    open_rw,
+    read_snapshot,
+    write_transaction,
+)
 
 ARCHIVE_PREFIX = "hermes-ops-archive_"
 # Messages read per read transaction: a few ms of SHARED lock, which a gateway commit waits for.
@@ -268,7 +276,7 @@ def archived_sessions(archive_path):
         conn.close()
 
 
-def restore_sessions(db_path, archive_path, session_ids=None, busy_timeout=5.0, pause=0.03):
+def restore_sessions(db_path, archive_path, session_ids=None, busy_timeout=BUSY_TIMEOUT, pause=BATCH_PAUSE):
     """Put sessions from an archive back into ``db_path`` (None: every session it holds).
 
     Parents go before their children (the reverse of the prune's order). Rows that are

@@ -22,6 +22,7 @@ from urllib.parse import quote
 from ._hermes_options import BY_NAME
 
 BUSY_TIMEOUT = BY_NAME["busy_timeout"].default  # for callers that pass no options
+BATCH_PAUSE = BY_NAME["batch_pause"].default
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 SIDECAR_SUFFIXES = ("-wal", "-shm")

@@ -30,7 +30,7 @@ import sqlite3
 import stat
 
 from ._hermes_archive import is_archive_name, related_tables, restore_sessions
-from ._hermes_db import BUSY_TIMEOUT, MaintenanceError, ProfileSkipped, ReadOnlyDB, sqlite_uri
+from ._hermes_db import BATCH_PAUSE, BUSY_TIMEOUT, MaintenanceError, ProfileSkipped, ReadOnlyDB, sqlite_uri
 from ._hermes_engine import LOCK_SUFFIX, ProfileLock, backups_of, profile_path, run_as_owner
 from ._hermes_hazards import refuse_during_hermes_operation
 from ._hermes_inspect import quick_check_rows
@@ -268,7 +268,14 @@ def _work(db_path, archive_path, session_ids, check_mode, busy_timeout, pause):
 
 
 def restore_from_archive(
-    home, profile, archive, session_ids=None, backup_dir=None, check_mode=False, busy_timeout=BUSY_TIMEOUT, pause=0.03
+    home,
+    profile,
+    archive,
+    session_ids=None,
+    backup_dir=None,
+    check_mode=False,
+    busy_timeout=BUSY_TIMEOUT,
+    pause=BATCH_PAUSE,
 ):
     """Restore ``session_ids`` (None: every session) of an archive into a profile's state.db.
 

@@ -32,37 +32,18 @@ author:
   - hermes_agent.ops contributors (!UNKNOWN)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
     details:
       - Verifies the archive and reads C(state.db) in short read transactions; the counts it returns are exactly
         what the real run restores. No file is created beside C(state.db).
   diff_mode:
-    description:
-      - Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details:
       - One line per session, before and after (absent, or present with how many of its archived messages).
   idempotent:
-    description:
-      - When run twice in a row outside check mode, with the same arguments, the second invocation indicates no
-        change.
     support: full
+extends_documentation_fragment:
+  - hermes_agent.ops.restore
 options:
-  hermes_home:
-    description:
-      - The Hermes home the profile belongs to.
-    type: path
-    required: true
-  profile:
-    description:
-      - V(default) restores into C(HOME/state.db); any other name into C(HOME/profiles/<name>/state.db).
-    type: str
-    default: default
-  backup_dir:
-    description:
-      - Where the archives are. Defaults to C(HOME/backups).
-    type: path
   archive:
     description:
       - The archive, as a path or as a file name in O(backup_dir).
@@ -166,20 +147,21 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support import (
+    option_spec,
+    restore_argument_spec,
+)
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_from_archive
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            hermes_home=dict(type="path", required=True),
-            profile=dict(type="str", default="default"),
-            backup_dir=dict(type="path"),
+        argument_spec=restore_argument_spec(
             archive=dict(type="str", required=True),
             sessions=dict(type="list", elements="str"),
-            busy_timeout=dict(type="float", default=5.0),
-            pause=dict(type="float", default=0.03),
+            busy_timeout=option_spec("busy_timeout"),
+            pause=option_spec("batch_pause"),
         ),
         supports_check_mode=True,
     )

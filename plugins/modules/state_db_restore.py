@@ -28,37 +28,18 @@ author:
   - hermes_agent.ops contributors (!UNKNOWN)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
     details:
       - Selects and verifies the backup (a C(.gz) is decompressed into a private temporary directory that is
         removed again) and reports what would be done; nothing beside C(state.db) is written.
   diff_mode:
-    description:
-      - Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   idempotent:
-    description:
-      - When run twice in a row outside check mode, with the same arguments, the second invocation indicates no
-        change.
     support: none
     details:
       - Every run restores again (and moves the current file aside again).
+extends_documentation_fragment:
+  - hermes_agent.ops.restore
 options:
-  hermes_home:
-    description:
-      - The Hermes home the profile belongs to.
-    type: path
-    required: true
-  profile:
-    description:
-      - V(default) restores C(HOME/state.db); any other name C(HOME/profiles/<name>/state.db).
-    type: str
-    default: default
-  backup_dir:
-    description:
-      - Where the backups are. Defaults to C(HOME/backups).
-    type: path
   backup:
     description:
       - The backup to restore, as a path or as a file name in O(backup_dir).
@@ -136,16 +117,14 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support import restore_argument_spec
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_restore import plan_restore, restore
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            hermes_home=dict(type="path", required=True),
-            profile=dict(type="str", default="default"),
-            backup_dir=dict(type="path"),
+        argument_spec=restore_argument_spec(
             backup=dict(type="str"),
             force=dict(type="bool", default=False),
         ),

@@ -21,11 +21,9 @@ import pytest
 from hermes_reliability import (
     chown_tree,
     db_problems,
-    ensure_user,
     files_not_owned_by,
-    need_root,
     query,
-    world_traversable_dir,
+    user_with_dir,
 )
 from hermes_rollback import RELEASE, journal_mode, make_big_rollback_home, release_view
 from hermes_writer import WriterProcess
@@ -202,10 +200,7 @@ def test_restore_sessions_playbook_beside_a_live_hermes(ansible_playbook, live, 
 
 @pytest.mark.root
 def test_restore_sessions_as_root_writes_only_the_users_files(ansible_playbook):
-    need_root()
-    uid, gid = ensure_user("hermes-ops-t1")
-    base = world_traversable_dir("hermes-ops-session-restore-")
-    try:
+    with user_with_dir("hermes-ops-t1", "hermes-ops-session-restore-") as (uid, gid, base):
         home = base / "home"
         db = str(make_big_rollback_home(home, 20, 6, seed=8))
         writer = WriterProcess(hermes_python(RELEASE), db, str(base / "writer.jsonl"), prefix="root-gw")
@@ -231,5 +226,3 @@ def test_restore_sessions_as_root_writes_only_the_users_files(ansible_playbook):
         assert os.path.exists(db + ".auto-maintenance.lock")
         assert files_not_owned_by(home, uid) == []
         assert db_problems(db) == []
-    finally:
-        shutil.rmtree(str(base), ignore_errors=True)

@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from hermes_reliability import REPO_ROOT, chown_tree, ensure_user, need_root, world_traversable_dir
+from hermes_reliability import REPO_ROOT, chown_tree
+from hermes_role_host import RoleHost, role_host
 
 from hermes_fixtures import build_home
 
@@ -101,40 +102,20 @@ def _sqlite_of_run(proc):
     return result["sqlite"], result["profiles"][0]
 
 
-class Host:
-    def __init__(self, base, uid, gid):
-        self.base, self.uid, self.gid = base, uid, gid
-        self.home = base / "home"
-        self.hermes = self.home / ".hermes"
-        self.data = self.home / ".local" / "share" / "hermes-ops"
+class Host(RoleHost):
+    def __init__(self, user, base, uid, gid):
+        super().__init__(user, base, uid, gid)
         self.entry = self.home / ".local" / "bin" / "hermes"
-        self.markers = base / "markers"
 
     def vars(self, **extra):
-        return dict(
-            {
-                "hermes_maintenance_user": USER,
-                "hermes_maintenance_homes": [str(self.hermes)],
-                "hermes_maintenance_install_dir": str(self.data),
-                "hermes_maintenance_scheduler": "none",
-                "hermes_maintenance_syslog": False,
+        return super().vars(
+            **{
                 "hermes_maintenance_metrics_dir": "",
-                "hermes_maintenance_prune_days": 7,
                 # The test user's passwd home is not its home here: name its ~/.local/bin/hermes.
                 "hermes_maintenance_hermes_entry_points": [str(self.entry)],
-            },
-            **extra,
+                **extra,
+            }
         )
-
-    def as_user(self):
-        uid, gid = self.uid, self.gid
-
-        def switch():
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-
-        return {"preexec_fn": switch}
 
     def link_entry_point(self, entry):
         """~/.local/bin/hermes -> the install's entry point, as Hermes's installer links it."""
@@ -150,23 +131,10 @@ def _remove_everything():
 
 @pytest.fixture
 def host(fixed_python):
-    need_root()
-    uid, gid = ensure_user(USER)
-    _remove_everything()
-    shutil.copytree(str(fixed_python[0]), str(FIXED_PREFIX), symlinks=True)
-    os.chmod(str(FIXED_PREFIX), 0o755)
-    base = world_traversable_dir("hermes-ops-i12-")
-    h = Host(base, uid, gid)
-    build_home(str(h.hermes), "v30", SPECS)
-    h.markers.mkdir()
-    os.chmod(str(h.markers), 0o777)
-    chown_tree(h.home, uid, gid)
-    os.chmod(str(h.home), 0o700)
-    try:
+    with role_host(Host, USER, SPECS, _remove_everything) as h:
+        shutil.copytree(str(fixed_python[0]), str(FIXED_PREFIX), symlinks=True)
+        os.chmod(str(FIXED_PREFIX), 0o755)
         yield h
-    finally:
-        _remove_everything()
-        shutil.rmtree(str(base), ignore_errors=True)
 
 
 def _apply(ansible_playbook, extra):

@@ -30,9 +30,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hermes_reliability import REPO_ROOT, chown_tree, ensure_user, need_root, world_traversable_dir
-
-from hermes_fixtures import build_home
+from hermes_reliability import REPO_ROOT, chown_tree
+from hermes_role_host import RoleHost, role_host
 
 # What the role installs on the host does not depend on the controller's Python.
 pytestmark = pytest.mark.managed_node
@@ -52,40 +51,6 @@ SPECS = [
 ]
 
 
-class Host:
-    """The test user's Hermes home and own directory, and the role's variables for them."""
-
-    def __init__(self, base, uid, gid):
-        self.base, self.uid, self.gid = base, uid, gid
-        self.home = base / "home"  # the user's home: cwd of root's runs, where files are planted
-        self.hermes = self.home / ".hermes"
-        self.data = self.home / ".local" / "share" / "hermes-ops"
-        self.markers = base / "markers"
-
-    def vars(self, **extra):
-        return dict(
-            {
-                "hermes_maintenance_user": USER,
-                "hermes_maintenance_homes": [str(self.hermes)],
-                "hermes_maintenance_install_dir": str(self.data),
-                "hermes_maintenance_scheduler": "none",
-                "hermes_maintenance_syslog": False,
-                "hermes_maintenance_prune_days": 7,
-            },
-            **extra,
-        )
-
-    def as_user(self):
-        uid, gid = self.uid, self.gid
-
-        def switch():
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-
-        return {"preexec_fn": switch}
-
-
 def _crontab(user):
     proc = subprocess.run(["crontab", "-l", "-u", user], capture_output=True, text=True, check=False)
     return proc.stdout if proc.returncode == 0 else ""
@@ -100,22 +65,8 @@ def _remove_everything():
 
 @pytest.fixture
 def host():
-    need_root()
-    uid, gid = ensure_user(USER)
-    _remove_everything()
-    base = world_traversable_dir("hermes-ops-i16-")
-    h = Host(base, uid, gid)
-    for profile in (None, "work"):
-        build_home(str(h.hermes), "v30", SPECS, profile=profile)
-    h.markers.mkdir()
-    os.chmod(str(h.markers), 0o777)  # the planted files, run as anyone, leave their marker here
-    chown_tree(h.home, uid, gid)
-    os.chmod(str(h.home), 0o700)
-    try:
+    with role_host(RoleHost, USER, SPECS, _remove_everything, profiles=(None, "work")) as h:
         yield h
-    finally:
-        _remove_everything()
-        shutil.rmtree(str(base), ignore_errors=True)
 
 
 def _apply(ansible_playbook, h, **extra):

@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import os
 import pwd
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -25,17 +26,21 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 ENGINE = "ansible_collections.hermes_agent.ops.plugins.module_utils"
 
-# The child: the real engine, with each phase announced on stderr (monotonic clock,
-# comparable across processes) by a wrapper that only adds the announcement.
-CHILD = r"""
-import json, os, sys, time
-sys.path.insert(0, sys.argv[1])
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
+# What the crash tests' children start with. mark(text) writes "@@ <step> <text> <monotonic
+# time>" on stderr (the clock compares across processes) and, at step KILL_AT (0: never), kills
+# the child there by SIGKILL; around(name, real) marks "<name> start" and "<name> end" of each
+# call; marked(real_transaction) marks a write transaction's open, about to commit, committed.
+MARKS = r"""
+import contextlib, os, signal, time
+KILL_AT, step = 0, [0]
 
 def mark(text):
-    os.write(2, ("@@ %s %.6f\n" % (text, time.monotonic())).encode())
+    step[0] += 1
+    os.write(2, ("@@ %d %s %.6f\n" % (step[0], text, time.monotonic())).encode())
+    if step[0] == KILL_AT:
+        os.kill(os.getpid(), signal.SIGKILL)
 
-def announce(name, real):
+def around(name, real):
     def wrapper(*args, **kwargs):
         mark(name + " start")
         try:
@@ -44,14 +49,43 @@ def announce(name, real):
             mark(name + " end")
     return wrapper
 
+def marked(real_transaction):
+    @contextlib.contextmanager
+    def transaction(conn):
+        with real_transaction(conn) as inside:
+            mark("transaction open")
+            yield inside
+            mark("transaction about to commit")
+        mark("transaction committed")
+    return transaction
+"""
+
+MARK_LINE = re.compile(r"^@@ (\d+) (.+) (\d+\.\d+)$")
+
+
+def parse_mark(line):
+    """(step, text, time) of a line that mark() wrote, else None."""
+    match = MARK_LINE.match(line.strip())
+    return (int(match.group(1)), match.group(2), float(match.group(3))) if match else None
+
+
+# The child: the real engine, with each phase marked by a wrapper that only adds the mark.
+CHILD = (
+    MARKS
+    + r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
+
 for name, attr in (("backup", "take_backup"), ("zombies", "close_zombies"), ("prune", "prune"),
                    ("reclaim", "reclaim")):
-    setattr(engine, attr, announce(name, getattr(engine, attr)))
+    setattr(engine, attr, around(name, getattr(engine, attr)))
 mark("run start")
 result = engine.run_maintenance(json.loads(sys.argv[2]))
 mark("run end")
 print(json.dumps(result))
 """
+)
 
 
 def fts_tables(conn):
@@ -199,6 +233,19 @@ def world_traversable_dir(prefix):
     path = tempfile.mkdtemp(prefix=prefix)
     os.chmod(path, 0o755)
     return Path(path)
+
+
+@contextlib.contextmanager
+def user_with_dir(user, prefix):
+    """(uid, gid, base): the test user ``user`` (created when absent; root only) and a fresh
+    directory it can traverse, removed afterwards."""
+    need_root()
+    uid, gid = ensure_user(user)
+    base = world_traversable_dir(prefix)
+    try:
+        yield uid, gid, base
+    finally:
+        shutil.rmtree(str(base), ignore_errors=True)
 
 
 def chown_tree(root, uid, gid):

@@ -40,7 +40,6 @@ third changes nothing.
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import sqlite3
@@ -50,7 +49,7 @@ import threading
 import time
 
 import pytest
-from hermes_reliability import COLLECTIONS_ROOT, db_problems, full_rows, query, session_rows
+from hermes_reliability import COLLECTIONS_ROOT, MARKS, db_problems, full_rows, parse_mark, query, session_rows
 from hermes_rollback import RELEASE, journal_mode, make_big_rollback_home
 from hermes_writer import WriterProcess
 
@@ -90,40 +89,17 @@ RANDOM_TRIALS = int(os.environ.get("HERMES_ARCHIVE_CRASH_TRIALS", "4"))
 
 # The child: the real engine; every step of the archive and the prune is numbered on stderr,
 # and at step KILL_AT (0: never) the process SIGKILLs itself, so the kill lands exactly there.
-CHILD = r"""
-import contextlib, json, os, signal, sys, time
+CHILD = (
+    MARKS
+    + r"""
+import json, sys
 sys.path.insert(0, sys.argv[1])
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply as apply_
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_archive as archive
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
-kill_at, step = int(sys.argv[3]), [0]
+KILL_AT = int(sys.argv[3])
 
-def mark(text):
-    step[0] += 1
-    os.write(2, ("@@ %d %s %.6f\n" % (step[0], text, time.monotonic())).encode())
-    if step[0] == kill_at:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-def around(name, real):
-    def wrapper(*args, **kwargs):
-        mark(name + " before")
-        try:
-            return real(*args, **kwargs)
-        finally:
-            mark(name + " after")
-    return wrapper
-
-real_transaction = apply_.write_transaction
-
-@contextlib.contextmanager
-def transaction(conn):
-    with real_transaction(conn) as inside:
-        mark("transaction open")
-        yield inside
-        mark("transaction about to commit")
-    mark("transaction committed")
-
-apply_.write_transaction = transaction
+apply_.write_transaction = marked(apply_.write_transaction)
 apply_.remove_files = around("remove_files", apply_.remove_files)
 for name in ("_archive_chunk", "_archive_messages", "verify_archive", "fsync_path"):
     setattr(archive, name, around(name, getattr(archive, name)))
@@ -132,6 +108,7 @@ engine.prune = around("prune", engine.prune)
 result = engine.run_maintenance(json.loads(sys.argv[2]))
 print(json.dumps(result))
 """
+)
 
 OPEN_AND_WRITE = r"""
 import json, sys, time
@@ -163,10 +140,10 @@ def run_child(home, kill_at=0, kill_in=None, rng=None, spans=None, timeout=180):
 
     def reader():
         for line in proc.stderr:
-            match = re.match(r"^@@ (\d+) (.+) (\d+\.\d+)$", line.strip())
-            if match:
-                steps.append((int(match.group(1)), match.group(2), float(match.group(3))))
-                if kill_in and match.group(2) == kill_in + " before":
+            mark = parse_mark(line)
+            if mark:
+                steps.append(mark)
+                if kill_in and mark[1] == kill_in + " start":
                     entered.set()
             else:
                 other.append(line)
@@ -243,9 +220,9 @@ def reference(tmp_path_factory):
     assert profile["status"] == "ok" and profile["backup"]["kind"] == "archive", profile
     assert profile["sessions_pruned"] >= 40 and profile["messages_pruned"] > 2 * BIG_MESSAGES, profile
     times = {text: t for _n, text, t in steps}
-    spans = {phase: times[phase + " after"] - times[phase + " before"] for phase in ("take_archive", "prune")}
+    spans = {phase: times[phase + " end"] - times[phase + " start"] for phase in ("take_archive", "prune")}
     names = [text for _n, text, _t in steps]
-    assert names.count("_archive_messages after") == BIG_SESSIONS and "fsync_path before" in names
+    assert names.count("_archive_messages end") == BIG_SESSIONS and "fsync_path start" in names
     return {
         "template": template,
         "root": root,
@@ -387,8 +364,8 @@ def trial(ref, tmp_path, label, **kill):
 
 def test_sigkill_at_every_step_of_the_archive_and_the_prune(reference, tmp_path):
     steps = reference["steps"]
-    first = next(n for n, text, _t in steps if text == "take_archive before")
-    archived = next(n for n, text, _t in steps if text == "take_archive after")
+    first = next(n for n, text, _t in steps if text == "take_archive start")
+    archived = next(n for n, text, _t in steps if text == "take_archive end")
     # Every step of the archive (reads, verification, the fsyncs around the rename); of the prune, every EVERY-th.
     points = [n for n, _text, _t in steps if first <= n <= archived or (n > archived and n % EVERY == 0)]
     print("\narchive-path kill points: %d of %d steps" % (len(points), len(steps) - first + 1))
@@ -422,33 +399,20 @@ def test_sigkill_at_random_moments_of_the_archive_and_the_prune(reference, tmp_p
 
 # ------------------------------------------------------------------ the restore of archived sessions
 
-RESTORE_CHILD = r"""
-import contextlib, json, os, signal, sys, time
+RESTORE_CHILD = (
+    MARKS
+    + r"""
+import json, sys
 sys.path.insert(0, sys.argv[1])
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_archive as archive
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_from_archive
-home, name, sessions, kill_at, step = sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5]), [0]
+home, name, sessions, KILL_AT = sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5])
 
-def mark(text):
-    step[0] += 1
-    os.write(2, ("@@ %d %s\n" % (step[0], text)).encode())
-    if step[0] == kill_at:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-real_transaction = archive.write_transaction
-
-@contextlib.contextmanager
-def transaction(conn):
-    with real_transaction(conn) as inside:
-        mark("transaction open")
-        yield inside
-        mark("transaction about to commit")
-    mark("transaction committed")
-
-archive.write_transaction = transaction
+archive.write_transaction = marked(archive.write_transaction)
 result = restore_from_archive(home, "default", name, sessions, pause=0)
 print(json.dumps({k: result[k] for k in ("sessions_restored", "messages_restored", "rows_restored", "changed")}))
 """
+)
 RESTORED_SESSIONS = 10  # the two big ones among them: their messages go in several transactions
 
 
@@ -458,7 +422,7 @@ def run_restore_child(home, archive, sessions, kill_at=0):
          json.dumps(sessions), str(kill_at)],
         capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
-    steps = [line.split(" ", 2)[2] for line in proc.stderr.splitlines() if line.startswith("@@ ")]
+    steps = [mark[1] for mark in map(parse_mark, proc.stderr.splitlines()) if mark]
     if not kill_at:
         assert proc.returncode == 0, proc.stderr
     return steps, proc.returncode

@@ -16,7 +16,7 @@ import textwrap
 import time
 
 import pytest
-from hermes_reliability import CHILD, COLLECTIONS_ROOT, db_problems, full_rows, session_rows
+from hermes_reliability import CHILD, COLLECTIONS_ROOT, db_problems, full_rows, parse_mark, session_rows
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
@@ -48,7 +48,8 @@ def wait_for_line(proc, wanted, timeout=60):
         if not line:
             break
         seen.append(line)
-        if line.startswith(wanted):
+        mark = parse_mark(line)
+        if line.startswith(wanted) or (mark and "@@ " + mark[1] == wanted):
             return
     proc.kill()
     pytest.fail("child never printed %r: %s" % (wanted, "".join(seen)[-2000:]))

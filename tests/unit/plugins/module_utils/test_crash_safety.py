@@ -24,7 +24,6 @@ re-run one with HERMES_CRASH_SEED=<seed> HERMES_CRASH_TRIALS=1.
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import sqlite3
@@ -40,13 +39,12 @@ from hermes_reliability import (
     backup_problems,
     chown_tree,
     db_problems,
-    ensure_user,
     files_not_owned_by,
     full_rows,
-    need_root,
+    parse_mark,
     query,
     session_rows,
-    world_traversable_dir,
+    user_with_dir,
 )
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply, _hermes_engine
@@ -149,9 +147,9 @@ def run_child(home, opts, target=None, occurrence=1, delay_for=None, rng=None, t
 
     def reader():
         for line in proc.stderr:
-            match = re.match(r"^@@ (.+) (\d+\.\d+)$", line.strip())
-            if match:
-                markers.append((match.group(1), float(match.group(2))))
+            mark = parse_mark(line)
+            if mark:
+                markers.append(mark[1:])
                 if target and sum(1 for m in markers if m[0] == target + " start") == occurrence:
                     entered.set()
             else:
@@ -315,10 +313,7 @@ def test_sigkill_at_random_points(reference, tmp_path):
 
 def test_killed_worker_is_reported_and_the_other_profiles_maintained(monkeypatch):
     """(root) On a user's home the work runs in a child switched to that user; SIGKILL it mid-prune."""
-    need_root()
-    uid, gid = ensure_user("hermes-ops-t1")
-    base = world_traversable_dir("hermes-ops-worker-")
-    try:
+    with user_with_dir("hermes-ops-t1", "hermes-ops-worker-") as (uid, gid, base):
         home = base / "home"
         specs = [
             {"id": "old%02d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
@@ -352,5 +347,3 @@ def test_killed_worker_is_reported_and_the_other_profiles_maintained(monkeypatch
         assert again["status"] == "ok" and again["sessions_pruned"] >= 1
         assert set(session_rows(home / "state.db")) == {"new"}
         assert files_not_owned_by(home, uid) == []
-    finally:
-        shutil.rmtree(str(base), ignore_errors=True)
