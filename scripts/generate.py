@@ -120,8 +120,12 @@ def bounds(option):
 
 
 def module_options(options, scope):
+    return option_docs(options.options_in(scope))
+
+
+def option_docs(selected):
     lines = []
-    for option in options.options_in(scope):
+    for option in selected:
         lines.append(option.name + ":")
         lines += yaml_description(option.doc, 2)
         lines.append("  type: %s" % option.type)
@@ -285,6 +289,9 @@ def blocks(options, results):
         ("plugins/doc_fragments/hermes.py", "options"): module_options(options, options.SHARED),
         ("plugins/modules/session_maintenance.py", "options"): module_options(options, options.MAINTENANCE),
         ("plugins/modules/session_maintenance.py", "return"): module_return(results.RUN_FIELDS, results.PROFILE_FIELDS),
+        ("plugins/modules/session_restore.py", "options"): option_docs(
+            [options.BY_NAME["busy_timeout"], options.BY_NAME["batch_pause"]]
+        ),
         ("plugins/modules/state_db_info.py", "return"): module_return(
             results.INFO_RUN_FIELDS, results.INFO_PROFILE_FIELDS
         ),

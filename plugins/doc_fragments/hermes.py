@@ -46,7 +46,8 @@ options:
     type: path
   busy_timeout:
     description:
-      - Seconds to wait for a lock held by Hermes before the profile is skipped.
+      - Seconds to wait for a lock held by Hermes before giving up on the profile (it is skipped; the next run takes
+        it up again).
     type: float
     default: 5
   # END GENERATED

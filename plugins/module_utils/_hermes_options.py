@@ -93,7 +93,8 @@ OPTIONS = (
         "Must be a real directory owned by the owner of C(state.db) and not writable by others.",
     )),
     Option("busy_timeout", "float", default=5.0, minimum=0, scope=SHARED, doc=(
-        "Seconds to wait for a lock held by Hermes before the profile is skipped.",
+        "Seconds to wait for a lock held by Hermes before giving up on the profile (it is skipped; the next run "
+        "takes it up again).",
     )),
     Option("end_reason", "str", default="startup_orphan_reap", doc=(
         "C(end_reason) written on closed zombies. The default is one Hermes treats as recoverable.",

@@ -55,17 +55,20 @@ options:
       - Check mode without it lists them all in RV(sessions).
     type: list
     elements: str
+  # BEGIN GENERATED: options (scripts/generate.py)
   busy_timeout:
     description:
-      - Seconds each transaction waits for the gateway's write lock before the restore stops (what was restored
-        stays; running it again completes it).
+      - Seconds to wait for a lock held by Hermes before giving up on the profile (it is skipped; the next run takes
+        it up again).
     type: float
     default: 5
-  pause:
+  batch_pause:
     description:
-      - Seconds between two write transactions, so the gateway's writes go in between.
+      - Seconds to pause between transactions, so that a live gateway's writes get the lock.
+      - A waiting writer polls the lock every 25 ms or more, so a pause shorter than that can starve it.
     type: float
     default: 0.03
+  # END GENERATED
 seealso:
   - module: hermes_agent.ops.session_maintenance
   - module: hermes_agent.ops.state_db_restore
@@ -161,19 +164,20 @@ def main():
             archive=dict(type="str", required=True),
             sessions=dict(type="list", elements="str"),
             busy_timeout=option_spec("busy_timeout"),
-            pause=option_spec("batch_pause"),
+            batch_pause=option_spec("batch_pause"),
         ),
         supports_check_mode=True,
     )
     p = module.params
     db = os.path.join(p["hermes_home"], "state.db")
-    for name in ("busy_timeout", "pause"):
+    for name in ("busy_timeout", "batch_pause"):
         if p[name] < 0:
             module.fail_json(msg="%s must be >= 0, got %s" % (name, p[name]), db=db)
     try:
         result = restore_from_archive(
             p["hermes_home"], p["profile"], p["archive"], p["sessions"],
-            backup_dir=p["backup_dir"], check_mode=module.check_mode, busy_timeout=p["busy_timeout"], pause=p["pause"],
+            backup_dir=p["backup_dir"], check_mode=module.check_mode,
+            busy_timeout=p["busy_timeout"], pause=p["batch_pause"],
         )  # fmt: skip
     except (MaintenanceError, OSError) as exc:
         module.fail_json(msg="restore of sessions into %s: %s" % (db, exc), db=db)

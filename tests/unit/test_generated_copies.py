@@ -106,8 +106,10 @@ def test_one_new_option_row_reaches_every_copy(tmp_path):
     assert run_generate(root, "--check").returncode == 1
     assert run_generate(root).returncode == 0
     for path, _block in BLOCKS:
-        if path == "plugins/doc_fragments/hermes.py" or "results" in _block or _block == "return":
-            continue  # shared options only / result blocks
+        if path in ("plugins/doc_fragments/hermes.py", "plugins/modules/session_restore.py"):
+            continue  # shared options only / the two options the restore of sessions takes
+        if "results" in _block or _block == "return":
+            continue
         assert "sample_limit" in (root / path).read_text(), path
     assert "sample_limit" not in (root / "plugins/doc_fragments/hermes.py").read_text()
 
@@ -190,3 +192,49 @@ def test_state_db_info_documents_every_key_of_a_profile(tmp_path):
     (profile,) = gather_info({"hermes_home": [str(tmp_path)]})["profiles"]
     assert profile["status"] == "ok", profile["error"]
     assert sorted(profile) == sorted(field.module_key for field in RESULTS.INFO_PROFILE_FIELDS)
+
+
+# Records of measured runs (they name the settings each run used), not copies of a default.
+RECORDS = ("docs/benchmarks.md",)
+
+
+def hand_written_lines(text):
+    """The lines of ``text`` outside its generated blocks."""
+    inside = False
+    for line in text.splitlines():
+        if GENERATE.BEGIN.search(line) or GENERATE.END.search(line):
+            inside = not inside and bool(GENERATE.BEGIN.search(line))
+            continue
+        if not inside:
+            yield line
+
+
+def default_spellings(value):
+    spellings = {repr(value), str(value)}
+    if isinstance(value, bool):
+        spellings |= {str(value).lower()}
+    if isinstance(value, float) and value == int(value):
+        spellings |= {str(int(value))}
+    return spellings
+
+
+@pytest.mark.parametrize(
+    "option", [o for o in OPTIONS.OPTIONS if o.default is not None and not isinstance(o.default, list)], ids=str
+)
+def test_each_default_is_written_once_outside_the_generated_blocks(option):
+    """``name: default``, ``name=default`` or ``"name": default`` in the product's files (not
+    the tests, which pick their own values): only the option table's row may say it."""
+    spellings = "|".join(re.escape(s) for s in sorted(default_spellings(option.default), key=len, reverse=True))
+    setting = re.compile(r"\b%s\b[\"']?\s*[:=]\s*(?:\w+\()?[\"']?(?:%s)(?![\w.])" % (re.escape(option.name), spellings))
+    row = re.compile(r"Option\(\"%s\".*\bdefault=[\"']?(?:%s)(?![\w.])" % (re.escape(option.name), spellings))
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    found = []
+    for path in tracked:
+        if path.startswith(("tests/", "changelogs/")) or path in RECORDS or not (REPO / path).is_file():
+            continue
+        try:
+            text = (REPO / path).read_text()
+        except UnicodeDecodeError:
+            continue
+        found += [(path, line.strip()) for line in hand_written_lines(text) if setting.search(line) or row.search(line)]
+    assert [path for path, _line in found] == ["plugins/module_utils/_hermes_options.py"], found
