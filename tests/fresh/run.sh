@@ -18,7 +18,9 @@
 # the line between the README's `<!-- prerequisites -->` markers, `git clone` of (2),
 # then the two commands, as a new user would type them. Each one's wall time is printed;
 # the container's output is kept in build/fresh/<suite>-<part>.log.
-# Env: FRESH_MIRROR (default: read from the apt sources), FRESH_REBUILD=1 (new rootfs).
+# Env: FRESH_MIRROR (default: read from the apt sources), FRESH_REBUILD=1 (new rootfs),
+# FRESH_CACHE (where the rootfs is kept, default .cache/fresh; an empty directory times the
+# job as CI runs it, from a clean clone with no cache).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
@@ -30,7 +32,7 @@ case "$part" in
     *) echo "usage: $0 [SUITE] [fast|full]" >&2; exit 2 ;;
 esac
 image=localhost/hermes-ops-fresh:$suite
-cache=$repo/.cache/fresh
+cache=${FRESH_CACHE:-$repo/.cache/fresh}
 rootfs_tar=$cache/$suite-rootfs.tar
 logdir=$repo/build/fresh
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$repo/tests/fleet/containers.conf}
@@ -82,11 +84,14 @@ if [ "${FRESH_REBUILD:-0}" = 1 ] || [ ! -s "$rootfs_tar" ]; then
     trap - EXIT
     "${podman[@]}" rmi -f "$image" >/dev/null 2>&1 || true
 fi
-if [ "$(cat "$cache/$suite.image-id" 2>/dev/null)" != "$(stat -c %Y "$rootfs_tar")" ] \
+# The stamp pairs the tar's mtime with the image podman holds under the tag: another cache
+# directory's run (FRESH_CACHE) re-tags the image, and this one must then import its own again.
+image_stamp() { echo "$(stat -c %Y "$rootfs_tar") $("${podman[@]}" image inspect --format '{{.Id}}' "$image" 2>/dev/null)"; }
+if [ "$(cat "$cache/$suite.image-id" 2>/dev/null)" != "$(image_stamp)" ] \
     || ! "${podman[@]}" image exists "$image"; then
     say "podman import $rootfs_tar -> $image"
     "${podman[@]}" import --quiet --change 'ENV LANG=C.UTF-8' "$rootfs_tar" "$image" >/dev/null
-    stat -c %Y "$rootfs_tar" >"$cache/$suite.image-id"
+    image_stamp >"$cache/$suite.image-id"
 fi
 
 # 2. a clean clone of HEAD ----------------------------------------------------------------

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hermes_reliability import init_script
 
 from hermes_fixtures import layout_available, make_big_home, missing_venv_message
 
@@ -233,14 +234,9 @@ def service(world):
     run = world["base"] / "service"
     run.mkdir()
     name = "hermes-ops-test-optimize-%d" % os.getpid()
-    script = Path("/etc/init.d") / name
-    script.write_text(SERVICE_SCRIPT.format(run=run))
-    script.chmod(0o755)
-    (run / "running").touch()
-    try:
+    with init_script(name, SERVICE_SCRIPT.format(run=run)):
+        (run / "running").touch()
         yield {"name": name, "events": run / "events"}
-    finally:
-        script.unlink()
 
 
 def test_maintain_service_window_runs_optimize_storage_as_the_user_after_a_backup(ansible_playbook, world, service):

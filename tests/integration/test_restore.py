@@ -19,7 +19,14 @@ import time
 from pathlib import Path
 
 import pytest
-from hermes_reliability import chown_tree, ensure_user, files_not_owned_by, need_root, world_traversable_dir
+from hermes_reliability import (
+    chown_tree,
+    ensure_user,
+    files_not_owned_by,
+    init_script,
+    need_root,
+    world_traversable_dir,
+)
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from hermes_fixtures import build_home, layout_available, missing_venv_message, open_with_release, standard_scenario
@@ -108,8 +115,8 @@ class Gateway:
 def world(tmp_path):
     """A Hermes home of USER with two backups (an old .gz, a newer plain one), a gateway service."""
     need_root()
-    if not os.path.exists("/etc/init.d") or not shutil.which("setpriv") or not os.path.exists(SYSTEM_PYTHON):
-        pytest.skip("needs /etc/init.d, setpriv and %s" % SYSTEM_PYTHON)
+    if not shutil.which("setpriv") or not os.path.exists(SYSTEM_PYTHON):
+        pytest.skip("needs setpriv and %s" % SYSTEM_PYTHON)
     uid, gid = ensure_user(USER)
     layout = "hermes-0.19.0" if layout_available("hermes-0.19.0") else "v30"
     base = world_traversable_dir("hermes-ops-restore-")
@@ -146,30 +153,27 @@ def world(tmp_path):
     (run / "marker").write_text("live-in-wal")
     os.chmod(str(run), 0o777)
     name = "hermes-ops-test-gw-%d" % os.getpid()
-    script = Path("/etc/init.d") / name
-    script.write_text(INIT_SCRIPT.format(run=run, uid=uid, gid=gid, python=SYSTEM_PYTHON, db=db))
-    os.chmod(str(script), 0o755)
     gateway = Gateway(run, name)
-    try:
-        yield {
-            "home": home,
-            "db": db,
-            "uid": uid,
-            "gid": gid,
-            "layout": layout,
-            "original": original,
-            "pruned_state": pruned_state,
-            "gz": first["backup"]["path"],
-            "plain": second["backup"]["path"],
-            "damaged": str(damaged),
-            "gateway": gateway,
-            "service": name,
-            "expected": expected,
-        }
-    finally:
-        gateway.ctl("stop")
-        script.unlink()
-        subprocess.run(["rm", "-rf", str(base)], check=False)
+    with init_script(name, INIT_SCRIPT.format(run=run, uid=uid, gid=gid, python=SYSTEM_PYTHON, db=db)):
+        try:
+            yield {
+                "home": home,
+                "db": db,
+                "uid": uid,
+                "gid": gid,
+                "layout": layout,
+                "original": original,
+                "pruned_state": pruned_state,
+                "gz": first["backup"]["path"],
+                "plain": second["backup"]["path"],
+                "damaged": str(damaged),
+                "gateway": gateway,
+                "service": name,
+                "expected": expected,
+            }
+        finally:
+            gateway.ctl("stop")
+            subprocess.run(["rm", "-rf", str(base)], check=False)
 
 
 def play_vars(world, **extra):

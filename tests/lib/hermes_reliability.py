@@ -228,6 +228,32 @@ def ensure_user(name):
     return pw.pw_uid, pw.pw_gid
 
 
+@contextlib.contextmanager
+def init_script(name, text):
+    """/etc/init.d/NAME holding text (mode 0755) for the test's duration; root only.
+
+    A minimal Debian 13 has no /etc/init.d at all (no package there ships an init script):
+    the directory is then made for the test and removed after it, unless another test's
+    script is still in it."""
+    need_root()
+    init_d = Path("/etc/init.d")
+    try:
+        init_d.mkdir(mode=0o755)
+        made = True
+    except FileExistsError:
+        made = False
+    script = init_d / name
+    script.write_text(text)
+    script.chmod(0o755)
+    try:
+        yield script
+    finally:
+        script.unlink()
+        if made:
+            with contextlib.suppress(OSError):
+                init_d.rmdir()
+
+
 def world_traversable_dir(prefix):
     """A fresh directory that other users can traverse (pytest's tmp_path is root-only)."""
     path = tempfile.mkdtemp(prefix=prefix)
