@@ -53,6 +53,11 @@ BAD_CASES = textwrap.dedent(
           loop: "{{ cases }}"
           ignore_errors: true
           register: refused
+        # Asked of Ansible's own `failed` test: the JSON record of a failed loop item differs
+        # between ansible-core releases (2.21 leaves its `failed` key out).
+        - name: Which restores failed
+          ansible.builtin.debug:
+            msg: "{{ refused.results | select('failed') | map(attribute='item.name') | list }}"
     """
 )
 
@@ -178,8 +183,9 @@ def test_restore_sessions_playbook_beside_a_live_hermes(ansible_playbook, live, 
         "unknown session": "does not hold session(s) no-such-session",
         "whole-file backup": "is not an archive of this collection",
     }
+    assert sorted(out.result("Which restores failed")["msg"]) == sorted(expected)
     for name, text in expected.items():
-        assert results[name]["failed"] is True and text in results[name]["msg"], (name, results[name]["msg"])
+        assert text in results[name]["msg"], (name, results[name]["msg"])
     assert session_ids(db) == before and archived[2] not in before
 
     # Every session of the archive: the two already there are counted, the rest put back.
