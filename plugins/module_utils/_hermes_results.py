@@ -134,6 +134,7 @@ PROFILE_FIELDS = (
     )),
 )
 
+
 def _field_of(fields, name):
     return next(field for field in fields if field.name == name)
 

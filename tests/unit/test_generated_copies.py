@@ -10,6 +10,7 @@ from the role or maintain.yml, allow_foreign_owner described differently) each h
 """
 
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -209,6 +210,18 @@ def hand_written_lines(text):
             yield line
 
 
+def product_files():
+    """The collection's own files, as paths relative to REPO (a walk: ansible-test units runs
+    on a copy that is no git checkout); not the tests, changelogs, bench, caches or builds."""
+    skip = {"tests", "changelogs", "bench", "build", "node_modules", "__pycache__"}
+    for top, dirs, files in os.walk(str(REPO)):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in skip]
+        for name in files:
+            path = os.path.relpath(os.path.join(top, name), str(REPO))
+            if path not in RECORDS:
+                yield path
+
+
 def default_spellings(value):
     spellings = {repr(value), str(value)}
     if isinstance(value, bool):
@@ -227,11 +240,8 @@ def test_each_default_is_written_once_outside_the_generated_blocks(option):
     spellings = "|".join(re.escape(s) for s in sorted(default_spellings(option.default), key=len, reverse=True))
     setting = re.compile(r"\b%s\b[\"']?\s*[:=]\s*(?:\w+\()?[\"']?(?:%s)(?![\w.])" % (re.escape(option.name), spellings))
     row = re.compile(r"Option\(\"%s\".*\bdefault=[\"']?(?:%s)(?![\w.])" % (re.escape(option.name), spellings))
-    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     found = []
-    for path in tracked:
-        if path.startswith(("tests/", "changelogs/")) or path in RECORDS or not (REPO / path).is_file():
-            continue
+    for path in product_files():
         try:
             text = (REPO / path).read_text()
         except UnicodeDecodeError:
