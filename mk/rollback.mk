@@ -7,10 +7,12 @@
 #   make bench-rollback     bench/run.py --rollback: 0.22.2's own prune vs ours in DELETE mode at
 #                           50k / 200k / 800k messages; writes its section of docs/benchmarks.md
 #                           (run it under `flock /tmp/hermes-host.lock` on a shared machine)
+#   make bench-current-wal  bench/run.py --current-wal: the same rows in WAL mode, on Debian sid's
+#                           libsqlite3 3.53.4 (free of the WAL-reset bug; scripts/build_sqlite.sh)
 
 ROLLBACK_BENCH_ARGS ?=
 
-.PHONY: live-full-delete bench-rollback
+.PHONY: live-full-delete bench-rollback bench-current-wal
 
 live-full-delete: $(STAMP) collection-link ## live test in DELETE mode at full size (120k messages, real 0.22.2 writer)
 	@HERMES_LIVE_SIZE=full bash scripts/pytest.sh $(BIN)/pytest tests/unit/plugins/module_utils/test_live_rollback.py \
@@ -18,3 +20,7 @@ live-full-delete: $(STAMP) collection-link ## live test in DELETE mode at full s
 
 bench-rollback: $(STAMP) collection-link ## DELETE-mode bench rows: 0.22.2 prune vs ours (writes its section of docs/benchmarks.md)
 	$(BIN)/python bench/run.py --rollback $(ROLLBACK_BENCH_ARGS)
+
+bench-current-wal: $(STAMP) collection-link ## WAL-mode bench rows on a fixed SQLite: 0.22.2 prune vs ours (writes its section)
+	@lib=$$(bash scripts/build_sqlite.sh sid | tail -n 1) && LD_LIBRARY_PATH=$$lib \
+		$(BIN)/python bench/run.py --current-wal $(ROLLBACK_BENCH_ARGS)
