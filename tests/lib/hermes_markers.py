@@ -15,6 +15,8 @@ MARKERS = (
     "root: needs root: switches users, chowns (skipped otherwise)",
     "releases: runs a real Hermes release from .cache/venvs (tests/setup_hermes_venvs.sh)",
     "heavy: any of slow, crash, tmpfs, root, releases; `pytest -m 'not heavy'` is the fast set",
+    "timing: timing-sensitive (live writers, stall bounds, race-dependent crash trials): runs alone, one at a time,"
+    " never beside a parallel run (`make test`'s timing step)",
 )
 HEAVY = ("slow", "crash", "tmpfs", "root", "releases")
 RELEASE_LAYOUT_PREFIX = "hermes-"  # the fixture layouts that a real release builds
