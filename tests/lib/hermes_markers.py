@@ -19,6 +19,23 @@ MARKERS = (
     " never beside a parallel run (`make test`'s timing step)",
 )
 HEAVY = ("slow", "crash", "tmpfs", "root", "releases")
+# Test modules whose every test depends on timing: a live writer's latency, a stall bound, a
+# second process racing ours, a SIGKILL at a chosen step. Each of their tests gets ``timing``
+# (a single such test elsewhere carries @pytest.mark.timing itself). CI runs them one at a
+# time on an otherwise idle machine (scripts/pytest_split.sh), everything else with -n 2.
+TIMING_MODULES = (
+    "test_archive_crash",
+    "test_backup_under_writes",
+    "test_contention",
+    "test_crash_safety",
+    "test_identity_guards",
+    "test_live_hermes",
+    "test_live_rollback",
+    "test_live_writer",
+    "test_restore_sessions",
+    "test_session_restore",
+    "test_writer_turn",
+)
 RELEASE_LAYOUT_PREFIX = "hermes-"  # the fixture layouts that a real release builds
 
 
@@ -33,10 +50,13 @@ def _uses_a_release_layout(item):
 
 
 def mark_heavy(items):
-    """A layout parameter built by a real release marks the test ``releases``; heavy ones get ``heavy``."""
+    """A layout parameter built by a real release marks the test ``releases``; heavy ones get
+    ``heavy``; the tests of TIMING_MODULES get ``timing``."""
     import pytest
 
     for item in items:
+        if item.path.stem in TIMING_MODULES and not item.get_closest_marker("timing"):
+            item.add_marker(pytest.mark.timing)
         if _uses_a_release_layout(item) and not item.get_closest_marker("releases"):
             item.add_marker(pytest.mark.releases)
         if any(item.get_closest_marker(name) for name in HEAVY):

@@ -13,6 +13,7 @@ symlink to the repo root there if it is missing, as ``make collection-link`` doe
 at a real ``ansible_collections/hermes_agent/ops`` path, which is used as is.
 """
 
+import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -27,14 +28,29 @@ def pytest_configure(config):
     hermes_markers.register(config)
 
 
-def pytest_collection_modifyitems(items):
+def _under_ansible_test():
+    return "ansible_pytest_collections" in os.environ.get("PYTEST_PLUGINS", "")
+
+
+def pytest_collection_modifyitems(config, items):
     hermes_markers.mark_heavy(items)
+    # ansible-test units runs its tests on -n auto workers and takes no marker expression:
+    # the timing tests (which must run alone) are left to `make unit-timing`, on the same
+    # Python, one at a time.
+    if _under_ansible_test():
+        timing = [item for item in items if item.get_closest_marker("timing")]
+        if timing:
+            config.hook.pytest_deselected(items=timing)
+            items[:] = [item for item in items if not item.get_closest_marker("timing")]
 
 
 def pytest_report_header(config):
     # the support matrix records which Python and which SQLite library each run tested
-    return "hermes_agent.ops: Python %s (%s), SQLite %s" % (
+    header = "hermes_agent.ops: Python %s (%s), SQLite %s" % (
         sys.version.split()[0],
         sys.executable,
         sqlite3.sqlite_version,
     )
+    if _under_ansible_test():
+        header += "; under ansible-test: the timing tests are deselected (make unit-timing runs them)"
+    return header

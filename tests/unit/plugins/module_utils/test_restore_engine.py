@@ -217,6 +217,7 @@ print(json.dumps(restore(plan, force=True)["restored"]))
 """
 
 
+@pytest.mark.timing
 def test_sigkill_during_restore_never_leaves_less_than_before(tmp_path):
     """Kill the restore at seeded random moments: state.db is always a whole database, old or new."""
     trials = int(os.environ.get("HERMES_RESTORE_CRASH_TRIALS", "8"))
