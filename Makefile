@@ -27,6 +27,11 @@ HERMES_VENVS_STAMP := build/.hermes-venvs-stamp
 # pytest selection: the default run leaves out the `matrix` marker (see `make matrix`).
 PYTEST_MARKERS ?= not matrix
 PYTEST_ARGS ?=
+PYTEST_WORKERS ?= 2
+export PYTEST_WORKERS
+# pip: a slow or failing mirror is retried, then named, not waited on for ever
+export PIP_DEFAULT_TIMEOUT ?= 60
+export PIP_RETRIES ?= 5
 
 # Environment for anything that runs Ansible from this tree.
 ANSIBLE_ENV := ANSIBLE_COLLECTIONS_PATH=$(COLLECTIONS_ROOT) \
@@ -36,7 +41,7 @@ ANSIBLE_ENV := ANSIBLE_COLLECTIONS_PATH=$(COLLECTIONS_ROOT) \
 	PATH=$(BIN):$$PATH
 
 .PHONY: fmt help setup setup-test hermes-venvs matrix-controller-run collection-link lint ruff-check ruff-format ansible-lint changelog-lint \
-	unit units integration matrix matrix-python matrix-controller setup-313 sanity docs-lint changelog-check \
+	prepare prepare-venvs prepare-matrix prepare-sqlite prepare-images unit unit-timing units integration matrix matrix-python matrix-controller setup-313 sanity docs-lint changelog-check \
 	release-check test demo changelog changelog-release build requirements-lock clean distclean
 
 help: ## list targets
@@ -101,11 +106,18 @@ changelog-lint: $(STAMP)
 # ---------------------------------------------------------------------------- tests
 # pytest exits 5 when it collects nothing; that is a failure here, not a pass.
 
-unit: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## engine unit tests (pytest tests/unit)
-	@bash scripts/pytest.sh $(BIN)/pytest tests/unit -m "$(PYTEST_MARKERS)" $(PYTEST_ARGS)
+# Each pytest step runs in two passes (scripts/pytest_split.sh): the tests not marked `timing`
+# on PYTEST_WORKERS (2) xdist workers, then the `timing` ones alone, one at a time.
+PYTEST_SPLIT := bash scripts/pytest_split.sh
 
-integration: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## ansible-playbook runs on localhost (pytest tests/integration)
-	@$(ANSIBLE_ENV) bash scripts/pytest.sh $(BIN)/pytest tests/integration -m "$(PYTEST_MARKERS)" $(PYTEST_ARGS)
+unit: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## engine unit tests (pytest tests/unit; -n 2, then the timing tests alone)
+	@$(PYTEST_SPLIT) build/logs/unit-pytest "$(PYTEST_MARKERS)" $(BIN)/pytest -- tests/unit $(PYTEST_ARGS)
+
+unit-timing: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## only the timing tests of tests/unit, one at a time (make test: `units` runs the rest)
+	@bash scripts/pytest.sh $(BIN)/pytest tests/unit -m "($(PYTEST_MARKERS)) and timing" -p no:xdist $(PYTEST_ARGS)
+
+integration: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## ansible-playbook runs on localhost (pytest tests/integration; -n 2, then the timing tests alone)
+	@$(ANSIBLE_ENV) $(PYTEST_SPLIT) build/logs/integration-pytest "$(PYTEST_MARKERS)" $(BIN)/pytest -- tests/integration $(PYTEST_ARGS)
 
 matrix: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## the support-matrix tests only (marker `matrix`), not part of `make test`
 	@$(ANSIBLE_ENV) bash scripts/pytest.sh $(BIN)/pytest tests -m matrix $(PYTEST_ARGS)
@@ -113,8 +125,8 @@ matrix: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## the support-matrix tes
 sanity: $(STAMP) ## ansible-test sanity --venv (controller Python; compile/import on 3.8-3.13) on a clean copy of the tracked tree
 	@PATH=$(BIN):$$PATH bash scripts/sanity.sh $(BIN)/ansible-test
 
-units: $(STAMP) $(HERMES_VENVS_STAMP) ## ansible-test units --venv on the controller Python, on a copy under build/units/...
-	@PATH=$(BIN):$$PATH bash scripts/units.sh $(BIN)/ansible-test --python $$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])') $(UNITS_ARGS)
+units: $(STAMP) $(HERMES_VENVS_STAMP) ## ansible-test units --venv on the controller Python (not the timing tests: unit-timing), on a copy under build/units/...
+	@PATH=$(BIN):$$PATH bash scripts/units.sh $(BIN)/ansible-test --python $$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])') --num-workers $(PYTEST_WORKERS) $(UNITS_ARGS)
 
 # ------------------------------------------------------------------- support matrix
 # Managed-node Pythons: the engine unit tests (tests/unit/plugins/module_utils) on each, in
@@ -122,6 +134,9 @@ units: $(STAMP) $(HERMES_VENVS_STAMP) ## ansible-test units --venv on the contro
 # (latency measurements under a live writer) run on 3.11 only, in `make unit` and `make units`.
 MATRIX_PYTHONS ?= 3.8 3.9 3.10 3.11 3.12 3.13
 MATRIX_MARKERS ?= not matrix and not slow
+# 1: a leg on the controller venv's own Python and SQLite is not run again (units + unit-timing
+# run the whole suite there); MATRIX_DEDUP=0 runs it anyway.
+MATRIX_DEDUP ?= 1
 # Second controller: the newest ansible-core (requirements/controller-py313.txt) on Python 3.13.
 ifeq ($(origin PYTHON313),undefined)
 PYTHON313 := $(shell bash scripts/find_python.sh 3.13)
@@ -131,7 +146,7 @@ BIN313 := $(CURDIR)/$(VENV313)/bin
 STAMP313 := $(VENV313)/.setup-stamp
 
 matrix-python: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## engine unit tests on Python 3.8-3.13 (pyenv), each with the SQLite it links
-	@bash scripts/matrix_python.sh "$(MATRIX_PYTHONS)" "$(MATRIX_MARKERS)" $(PYTEST_ARGS)
+	@MATRIX_SAME_AS=$(if $(filter 1,$(MATRIX_DEDUP)),$(BIN)/python) bash scripts/matrix_python.sh "$(MATRIX_PYTHONS)" "$(MATRIX_MARKERS)" $(PYTEST_ARGS)
 
 $(STAMP313): requirements/controller-py313.txt
 	@test -n "$(PYTHON313)" || { echo "error: no Python 3.13 (pyenv versions/3.13.* or python3.13 on PATH; or PYTHON313=...)" >&2; exit 1; }
@@ -160,7 +175,7 @@ matrix-controller-run: $(STAMP313)
 	@echo "+ controller: $$($(BIN313)/ansible --version | head -1), $$($(BIN313)/python --version)"
 	@ANSIBLE_COLLECTIONS_PATH=$(COLLECTIONS_ROOT) ANSIBLE_LOCAL_TEMP=$(CURDIR)/build/ansible-tmp-313 \
 		ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0 PATH=$(BIN313):$$PATH \
-		bash scripts/pytest.sh $(BIN313)/pytest tests/integration -m "($(PYTEST_MARKERS)) and not managed_node" -p no:cacheprovider $(PYTEST_ARGS)
+		$(PYTEST_SPLIT) build/logs/matrix-controller-pytest "($(PYTEST_MARKERS)) and not managed_node" $(BIN313)/pytest -- tests/integration -p no:cacheprovider $(PYTEST_ARGS)
 
 # ----------------------------------------------------------------- docs and release
 
@@ -174,12 +189,38 @@ changelog-check: $(STAMP) ## generate the changelog on a scratch copy (fragments
 release-check: $(STAMP) $(HERMES_VENVS_STAMP) ## build the artifact, check its contents, install it, smoke-run the installed maintain.yml --check
 	@$(BIN)/python scripts/release_smoke.py
 
-# Steps of `make test`, in order: quick checks first, the long matrix last.
-TEST_STEPS ?= lint docs-lint changelog-check unit integration metrics ee-context sanity units release-check matrix-controller \
-	matrix-python matrix-sqlite
+# Steps of `make test`, in order: the checks (joined by "+": they run at the same time; none
+# runs a timing test), then the test suites one after another. Each step's budget and
+# baseline are in .ci/budgets. The engine suite on the controller's Python is `units`
+# (ansible-test, all but the timing tests) + `unit-timing`; `make unit` runs both passes itself
+# (the fresh-machine job uses it) and so is not a step here again.
+TEST_STEPS ?= lint+docs-lint+changelog-check+metrics+ee-context+release-check+sanity units unit-timing integration \
+	matrix-controller matrix-python matrix-sqlite
 
-test: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## THE test run (CI): lint, docs, unit, integration, sanity, units, release, support matrix
-	@bash scripts/run_steps.sh "$(MAKE)" $(TEST_STEPS)
+test: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## THE test run (CI): lint, docs, sanity, units, integration, release, support matrix
+	@STEPS_TITLE="make test" bash scripts/run_steps.sh "$(MAKE)" $(TEST_STEPS)
+
+# Everything the steps need that is slow to make or fetched from a registry, made up front
+# in parallel lanes, so a slow or failing mirror is named in the first minutes, not inside
+# some test half an hour in. Each lane is idempotent; `make test` makes whatever is missing.
+PREPARE_LANES ?= prepare-venvs+prepare-matrix+prepare-sqlite
+
+prepare: ## make every venv, SQLite build (and with PREPARE_LANES, image and rootfs) the tests need, in parallel lanes
+	@STEPS_TITLE="make prepare" bash scripts/run_steps.sh "$(MAKE)" $(PREPARE_LANES)
+
+prepare-venvs: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## lane: controller venv, Hermes release venvs, the second controller's venv, the fleet's collections
+	@if [ -n "$(PYTHON313)" ]; then $(MAKE) setup-313; fi
+	@$(MAKE) fleet-collections
+
+prepare-matrix: ## lane: the managed-node matrix venvs, the metrics and execution-environment tool venvs
+	@bash scripts/matrix_python.sh --setup-only "$(MATRIX_PYTHONS)"
+	@$(MAKE) metrics-setup $(EE_VENV)/.stamp
+
+prepare-sqlite: ## lane: Debian's SQLite builds of the SQLite matrix, the Python linking a fixed SQLite
+	@$(MAKE) sqlite-builds fixed-python
+
+prepare-images: ## lane (root, podman): the fleet's and the fresh-machine job's Debian images
+	@$(MAKE) fleet-image fresh-image
 
 # ------------------------------------------------------------------------ use/build
 

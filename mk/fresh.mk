@@ -9,7 +9,10 @@
 FRESH_SUITE ?= bookworm
 FRESH_PART ?= fast
 
-.PHONY: fresh-machine
+.PHONY: fresh-machine fresh-image
+
+fresh-image: ## only build (or find cached) the fresh-machine job's Debian image (make prepare's images lane)
+	@bash tests/fresh/run.sh $(FRESH_SUITE) image
 
 fresh-machine: ## README's apt line + make demo + make test in a plain Debian container (FRESH_SUITE, FRESH_PART=fast|full)
 	@bash tests/fresh/run.sh $(FRESH_SUITE) $(FRESH_PART)

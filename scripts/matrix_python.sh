@@ -9,8 +9,15 @@
 # (tests/unit/conftest.py); a summary table follows. A version with no interpreter here
 # is a leg that could not run (scripts/missing_leg.sh: in the summary; an error with CI=true).
 #
+# A leg whose interpreter and SQLite are the controller venv's own (MATRIX_SAME_AS: that venv's
+# python) is not run again: `make units` + `make unit-timing` run the whole suite there; its
+# row says so. Each leg runs scripts/pytest_split.sh's two passes (-n 2, then timing alone).
+#
 # Usage: scripts/matrix_python.sh "3.8 3.9 ..." "MARKERS" [extra pytest args...]
+#        scripts/matrix_python.sh --setup-only "3.8 3.9 ..."    only make the venvs (make prepare)
 set -uo pipefail
+setup_only=0
+if [ "${1:-}" = --setup-only ]; then setup_only=1; shift; set -- "$1" ""; fi
 versions=$1
 markers=$2
 shift 2
@@ -54,12 +61,22 @@ for ver in $versions; do
     fi
     full=$("$venv/bin/python" -c 'import sys; print(sys.version.split()[0])')
     sqlite=$("$venv/bin/python" -c 'import sqlite3; print(sqlite3.sqlite_version)')
-    echo "+ pytest tests/unit/plugins/module_utils -m \"$markers\" $* (Python $full at $py, SQLite $sqlite)"
-    leg_pytest "$logdir/py$ver.log" "Python $ver" "$venv/bin/python" \
-        tests/unit/plugins/module_utils -m "$markers" -p no:cacheprovider "$@"
+    if [ "$setup_only" = 1 ]; then
+        echo "Python $ver: $venv ready (Python $full, SQLite $sqlite)"
+        continue
+    fi
+    if [ -n "${MATRIX_SAME_AS:-}" ] && [ "$(leg_identity "$venv/bin/python")" = "$(leg_identity "$MATRIX_SAME_AS")" ]; then
+        echo "+ Python $ver is the controller venv's own interpreter with SQLite $sqlite: covered by make units + make unit-timing"
+        rows+=("$(printf '%-6s %-10s %-8s %-8s %5ss  %s' "$ver" "$full" "$sqlite" "covered" 0 "by units + unit-timing (same Python, same SQLite)")")
+        continue
+    fi
+    echo "+ pytest tests/unit/plugins/module_utils -m \"$markers\" $* in two passes (Python $full at $py, SQLite $sqlite)"
+    leg_pytest "$logdir/py$ver.log" "Python $ver" "$venv/bin/python" "$markers" \
+        tests/unit/plugins/module_utils -p no:cacheprovider "$@"
     rows+=("$(printf '%-6s %-10s %-8s %-8s %5ss  %s' "$ver" "$full" "$sqlite" "$leg_status" $(($(date +%s) - start)) "$leg_counts")")
 done
 
+[ "$setup_only" = 1 ] && exit "$failed"
 matrix_summary "managed-node Python matrix" '%-6s %-10s %-8s %-8s %6s  %s' python version sqlite result time tests
 if [ "$failed" -ne 0 ]; then
     echo "matrix-python: $failed of $(wc -w <<<"$versions") Pythons FAILED (logs in $logdir/)"

@@ -85,7 +85,7 @@ sys.exit(0 if {"ENABLE_FTS5", "ENABLE_FTS4"} <= options else 1)'; then
     fi
     echo "+ LD_LIBRARY_PATH=$libdir pytest tests/unit/plugins/module_utils -m \"$markers\" $* (SQLite $version; Hermes 0.22 picks journal_mode=$mode)"
     log=$logdir/$entry.log
-    leg_pytest "$log" "SQLite $entry" "$python" tests/unit/plugins/module_utils -m "$markers" -p no:cacheprovider "$@"
+    leg_pytest "$log" "SQLite $entry" "$python" "$markers" tests/unit/plugins/module_utils -p no:cacheprovider "$@"
     rows+=("$(printf '%-8s %-8s %-7s %-8s %5ss  %s' "$entry" "$version" "$mode" "$leg_status" $(($(date +%s) - start)) "$leg_counts")")
 done
 

@@ -1,70 +1,239 @@
 #!/usr/bin/env bash
-# Run each make target in turn (all of them, even after a failure), each with its output
-# in build/logs/<target>.log: a passing step prints one line, a failing one the end of its
-# log. Then the summary a newcomer reads: one row per step, and what could not run here
-# and why (legs whose interpreter or program is missing: scripts/missing_leg.sh; tests
-# pytest skipped for want of a privilege the machine does not give, e.g. in a container).
-# Exits non-zero if any step failed. With CI=true a privilege skip fails the run too.
+# Run make targets in turn (all of them, even after a failure), each with its output in
+# build/logs/<target>.log, each bounded by its budget, the whole run by a deadline: a passing
+# step prints one line, a failing one the end of its log. Then the summary a newcomer reads:
+# one row per step (time, budget, baseline), the steps that ran 1.5x over their baseline, and
+# what could not run here and why (legs whose interpreter or program is missing:
+# scripts/missing_leg.sh; tests pytest skipped for want of a privilege the machine does not
+# give, e.g. in a container). The summary is printed on any exit, a signal included.
+# Exits non-zero if any step failed, overran its budget or did not run. With CI=true a
+# privilege skip fails the run too.
 #
-#   scripts/run_steps.sh MAKE TARGET...        env: STEP_TAIL (lines shown of a failed log, 60)
+#   scripts/run_steps.sh MAKE STEP...
+#     STEP is a make target, or targets joined by "+" to run them at the same time (only for
+#     steps that share no host state and run no timing-sensitive test: see .ci/budgets).
+#   env: STEPS_TITLE (the summary's name, "make test"), STEPS_DEADLINE (seconds for the whole
+#        run; default: the "total" line of the budgets file), STEPS_BUDGETS (.ci/budgets),
+#        STEPS_TIMES (per-step times, merged into build/logs/times.json), STEP_TAIL (lines of a
+#        failed log shown, 60), STEPS_HANG (a step name: that step first runs `sleep 100000`,
+#        to prove that a hung step is stopped and named).
 set -uo pipefail
 make_cmd=$1
 shift
 logs=build/logs
 mkdir -p "$logs"
-: >"$logs/missing-legs.txt"
-: >"$logs/privilege-skips.txt"
+budgets_file=${STEPS_BUDGETS:-.ci/budgets}
+times_file=${STEPS_TIMES:-$logs/times.json}
+title=${STEPS_TITLE:-make test}
 tail_lines=${STEP_TAIL:-60}
+# -k: inside a step, independent parts still run after one fails (all lint findings at once);
+# .ci/run gives "" so its jobs are the plain commands the README names.
+make_flags=${STEPS_MAKE_FLAGS--k}
+unset STEPS_MAKE_FLAGS
+grace=15  # seconds between SIGTERM and SIGKILL of a step that overran
 # pytest's -ra lines for tests that need what a container or a non-root user lacks
 privilege_skip='^SKIPPED \[[0-9]+\] [^ ]+: (needs root|cannot mount a tmpfs)'
+if [ -z "${STEPS_NESTED:-}" ]; then
+    : >"$logs/missing-legs.txt"
+    : >"$logs/privilege-skips.txt"
+fi
+export STEPS_NESTED=1  # a run_steps.sh started by one of these steps keeps the lists above
 
-declare -a results=()
+# budgets file: "step baseline_seconds budget_seconds" per line; "total - DEADLINE".
+budget_of() { awk -v s="$1" '$1 == s { print $3; exit }' "$budgets_file" 2>/dev/null; }
+baseline_of() { awk -v s="$1" '$1 == s { print $2; exit }' "$budgets_file" 2>/dev/null; }
+deadline=${STEPS_DEADLINE:-$(budget_of total)}
+deadline=${deadline:-5100}
+default_budget=1800
+
+declare -a results=() drift=() overran=()
+declare -A pid_of=() start_of=() budget_for=()
 failed=0
+passed=0
 total_start=$(date +%s)
-for target in "$@"; do
-    log=$logs/$target.log
-    start=$(date +%s)
-    printf '%-24s ... ' "make $target"
-    # -k: inside a step, independent parts still run after one fails (all lint findings at once)
-    if $make_cmd -k "$target" >"$log" 2>&1; then status=ok; else status=FAILED; failed=$((failed + 1)); fi
-    secs=$(($(date +%s) - start))
-    echo "$status (${secs}s)"
-    if [ "$status" = FAILED ]; then
-        echo "---- last $tail_lines lines of $log"
-        tail -n "$tail_lines" "$log"
-        echo "---- end of $log"
-    fi
-    grep -E "$privilege_skip" "$log" | sed "s/^/$target: /" >>"$logs/privilege-skips.txt" || true
-    results+=("$(printf '%-18s %-7s %5ss' "$target" "$status" "$secs")")
-done
+summary_done=0
 
-echo
-echo "================================================================ summary"
-printf '%-18s %-7s %6s\n' step result time
-printf '%s\n' "${results[@]}"
-printf '%-18s %-7s %5ss  (logs: %s/<step>.log)\n' total "" "$(($(date +%s) - total_start))" "$logs"
-if [ -s "$logs/missing-legs.txt" ] || [ -s "$logs/privilege-skips.txt" ]; then
-    echo
-    echo "Could not run on this machine (CI=true makes these failures):"
-    sed 's/^/  /' "$logs/missing-legs.txt"
-    # "unit: SKIPPED [1] tests/lib/x.py:171: cannot mount a tmpfs here: mount: /tmp/x: denied" lines,
-    # one per test, become "unit: 8 tests skipped: cannot mount a tmpfs here: mount: denied"
-    awk '{
-        step = $1; n = $3; gsub(/[][]/, "", n)
-        reason = $0; sub(/^[^ ]+ SKIPPED \[[0-9]+\] [^ ]+ /, "", reason); gsub(/ \/[^ :]*:/, "", reason)
-        key = step " " reason
-        if (!(key in count)) order[++keys] = key
-        count[key] += n
-    } END { for (i = 1; i <= keys; i++) { k = order[i]; split(k, parts, " ")
-        printf "  %s %d test%s skipped: %s\n", parts[1], count[k], count[k] == 1 ? "" : "s", substr(k, length(parts[1]) + 2) } }' \
-        "$logs/privilege-skips.txt"
-    if [ "${CI:-}" = true ] && [ -s "$logs/privilege-skips.txt" ]; then
-        echo "error: CI=true: tests were skipped for want of a privilege CI has to give (root, tmpfs mounts)"
-        failed=$((failed + 1))
+kill_step() {  # kill_step STEP: its whole process group, TERM then KILL
+    local pid=${pid_of[$1]:-}
+    [ -n "$pid" ] || return 0
+    kill -TERM -- "-$pid" 2>/dev/null
+    local i
+    for ((i = 0; i < grace; i++)); do
+        kill -0 -- "-$pid" 2>/dev/null || return 0
+        sleep 1
+    done
+    kill -KILL -- "-$pid" 2>/dev/null
+}
+
+record() {  # record STEP STATUS SECONDS
+    local step=$1 status=$2 secs=$3 base budget
+    base=$(baseline_of "$step")
+    budget=${budget_for[$step]:-$(budget_of "$step")}
+    results+=("$(printf '%-18s %-8s %5ss %7s %8s' "$step" "$status" "$secs" "${budget:--}s" "${base:--}s")")
+    if [ -n "$base" ] && [ "$secs" -gt 30 ] && [ $((secs * 2)) -gt $((base * 3)) ]; then
+        drift+=("$step took ${secs}s, $(awk -v a="$secs" -v b="$base" 'BEGIN { printf "%.1f", a / b }')x its baseline of ${base}s")
     fi
-fi
-if [ "$failed" -ne 0 ]; then
-    echo "make test: FAILED (${failed} of $# steps; see the logs above)"
+    python3 - "$times_file" "$step" "$status" "$secs" "${budget:-0}" "${base:-0}" <<'PY' || true
+import json, os, sys
+path, step, status, secs, budget, base = sys.argv[1:]
+try:
+    with open(path) as f:
+        data = json.load(f)
+except (OSError, ValueError):
+    data = {}
+data.setdefault("steps", {})[step] = {
+    "seconds": int(secs), "status": status, "budget": int(budget), "baseline": int(base) or None}
+tmp = path + ".tmp"
+with open(tmp, "w") as f:
+    json.dump(data, f, indent=1, sort_keys=True)
+os.replace(tmp, path)
+PY
+}
+
+summary() {
+    [ "$summary_done" = 1 ] && return
+    summary_done=1
+    echo
+    echo "================================================================ summary: $title"
+    printf '%-18s %-8s %6s %7s %8s\n' step result time budget baseline
+    printf '%s\n' "${results[@]}"
+    printf '%-18s %-8s %5ss %7s  (logs: %s/<step>.log; times: %s)\n' total "" "$(($(date +%s) - total_start))" \
+        "${deadline}s" "$logs" "$times_file"
+    if [ "${#overran[@]}" -gt 0 ]; then
+        echo
+        echo "Stopped (a budget, the deadline or a signal):"
+        printf '  %s\n' "${overran[@]}"
+    fi
+    if [ "${#drift[@]}" -gt 0 ]; then
+        echo
+        echo "Slower than their baseline (1.5x or more; .ci/budgets):"
+        printf '  %s\n' "${drift[@]}"
+    fi
+    if [ -s "$logs/missing-legs.txt" ] || [ -s "$logs/privilege-skips.txt" ]; then
+        echo
+        echo "Could not run on this machine (CI=true makes these failures):"
+        sed 's/^/  /' "$logs/missing-legs.txt"
+        # "unit: SKIPPED [1] tests/lib/x.py:171: cannot mount a tmpfs here: mount: /tmp/x: denied" lines,
+        # one per test, become "unit: 8 tests skipped: cannot mount a tmpfs here: mount: denied"
+        awk '{
+            step = $1; n = $3; gsub(/[][]/, "", n)
+            reason = $0; sub(/^[^ ]+ SKIPPED \[[0-9]+\] [^ ]+ /, "", reason); gsub(/ \/[^ :]*:/, "", reason)
+            key = step " " reason
+            if (!(key in count)) order[++keys] = key
+            count[key] += n
+        } END { for (i = 1; i <= keys; i++) { k = order[i]; split(k, parts, " ")
+            printf "  %s %d test%s skipped: %s\n", parts[1], count[k], count[k] == 1 ? "" : "s", substr(k, length(parts[1]) + 2) } }' \
+            "$logs/privilege-skips.txt"
+        if [ "${CI:-}" = true ] && [ -s "$logs/privilege-skips.txt" ]; then
+            echo "error: CI=true: tests were skipped for want of a privilege CI has to give (root, tmpfs mounts)"
+            failed=$((failed + 1))
+        fi
+    fi
+    if [ "$failed" -ne 0 ]; then
+        echo "$title: FAILED (${failed} of $nsteps steps; see the logs above)"
+    else
+        echo "$title: all $nsteps steps passed"
+    fi
+    # the plain closing line (steps that did not run count as failed)
+    echo "steps: $passed passed, $((nsteps - passed)) failed"
+}
+
+on_signal() {
+    local sig=$1 step now
+    now=$(date +%s)
+    echo
+    echo "$title: got SIG$sig: stopping the running steps"
+    for step in "${!pid_of[@]}"; do
+        kill_step "$step"
+        overran+=("$step: stopped by SIG$sig after $((now - start_of[$step]))s; the end of $logs/$step.log:")
+        while IFS= read -r line; do overran+=("    $line"); done < <(tail -n 15 "$logs/$step.log" 2>/dev/null)
+        record "$step" KILLED $((now - start_of[$step]))
+        failed=$((failed + 1))
+    done
+    pid_of=()
+    summary
     exit 1
-fi
-echo "make test: all $# steps passed"
+}
+for sig in TERM INT HUP; do
+    # shellcheck disable=SC2064  # the signal's name is fixed here, at trap time
+    trap "on_signal $sig" "$sig"
+done
+trap 'summary' EXIT
+
+# start_step STEP: in its own process group (setsid), so that stopping it stops all it started.
+start_step() {
+    local step=$1 hang=""
+    [ "${STEPS_HANG:-}" = "$step" ] && hang="echo 'STEPS_HANG=$step: sleeping 100000 s' && sleep 100000 && "
+    budget_for[$step]=$(budget_of "$step")
+    budget_for[$step]=${budget_for[$step]:-$default_budget}
+    start_of[$step]=$(date +%s)
+    # shellcheck disable=SC2016  # $0 and $1 are the inner shell's
+    setsid bash -c "${hang}"'exec $0 $1 "$2"' "$make_cmd" "$make_flags" "$step" >"$logs/$step.log" 2>&1 </dev/null &
+    pid_of[$step]=$!
+}
+
+finish_step() {  # finish_step STEP STATUS
+    local step=$1 status=$2 secs
+    secs=$(($(date +%s) - start_of[$step]))
+    unset "pid_of[$step]"
+    printf '%-24s %s (%ss)\n' "make $step" "$status" "$secs"
+    if [ "$status" = ok ]; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "---- last $tail_lines lines of $logs/$step.log"
+        tail -n "$tail_lines" "$logs/$step.log"
+        echo "---- end of $logs/$step.log"
+    fi
+    grep -E "$privilege_skip" "$logs/$step.log" | sed "s/^/$step: /" >>"$logs/privilege-skips.txt" || true
+    record "$step" "$status" "$secs"
+}
+
+nsteps=0
+for group in "$@"; do
+    IFS=+ read -r -a members <<<"$group"
+    nsteps=$((nsteps + ${#members[@]}))
+done
+for group in "$@"; do
+    IFS=+ read -r -a members <<<"$group"
+    now=$(date +%s)
+    if [ $((now - total_start)) -ge "$deadline" ]; then
+        for step in "${members[@]}"; do
+            printf '%-24s %s\n' "make $step" "NOT RUN (the ${deadline}s deadline had passed)"
+            record "$step" "NOT-RUN" 0
+            failed=$((failed + 1))
+        done
+        continue
+    fi
+    for step in "${members[@]}"; do start_step "$step"; done
+    # Watch the group: a step ends, overruns its budget, or the whole run its deadline.
+    while [ "${#pid_of[@]}" -gt 0 ]; do
+        sleep 1
+        now=$(date +%s)
+        for step in "${!pid_of[@]}"; do
+            pid=${pid_of[$step]}
+            if ! kill -0 "$pid" 2>/dev/null; then
+                wait "$pid"
+                rc=$?
+                if [ "$rc" -eq 0 ]; then finish_step "$step" ok; else finish_step "$step" FAILED; fi
+                continue
+            fi
+            elapsed=$((now - start_of[$step]))
+            why=""
+            if [ "$elapsed" -ge "${budget_for[$step]}" ]; then
+                why="overran its budget of ${budget_for[$step]}s"
+            elif [ $((now - total_start)) -ge "$deadline" ]; then
+                why="was running at the ${deadline}s deadline of $title"
+            fi
+            [ -n "$why" ] || continue
+            echo "$title: $step $why: stopping it"
+            kill_step "$step"
+            wait "$pid" 2>/dev/null
+            overran+=("$step $why (stopped after ${elapsed}s); the end of $logs/$step.log:")
+            while IFS= read -r line; do overran+=("    $line"); done < <(tail -n 15 "$logs/$step.log")
+            finish_step "$step" TIMEOUT
+        done
+    done
+done
+summary
+[ "$failed" -eq 0 ]
