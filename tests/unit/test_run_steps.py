@@ -1,0 +1,100 @@
+# Copyright: contributors to hermes_agent.ops
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""scripts/run_steps.sh, the runner of `make test` and `.ci/run`: budgets, the deadline, the
+summary on any exit, per-step times against a baseline. Real make, real processes, a budgets
+file of a few seconds (the committed one is .ci/budgets)."""
+
+import json
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+RUN_STEPS = Path(__file__).resolve().parents[2] / "scripts" / "run_steps.sh"
+
+MAKEFILE = """\
+quick:
+\t@echo quick-output
+slow:
+\t@echo slow-output; sleep 60
+broken:
+\t@echo broken-output; exit 3
+drifting:
+\t@sleep 3
+"""
+
+BUDGETS = """\
+# step baseline budget
+total - 40
+quick 5 20
+slow 1 4
+broken 1 20
+drifting 1 20
+"""
+
+
+def _tree(tmp_path):
+    (tmp_path / "Makefile").write_text(MAKEFILE)
+    (tmp_path / "budgets").write_text(BUDGETS)
+    return tmp_path
+
+
+def _run(tree, *steps, **env):
+    full_env = {"PATH": "/usr/bin:/bin", "STEPS_BUDGETS": str(tree / "budgets"), "STEPS_TITLE": "trial"}
+    full_env.update(env)
+    return subprocess.Popen(
+        ["bash", str(RUN_STEPS), "make", *steps],
+        cwd=str(tree),
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _processes_running(pattern):
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True, check=False).returncode == 0
+
+
+def test_a_step_over_its_budget_is_stopped_and_named_with_the_end_of_its_log(tmp_path):
+    tree = _tree(tmp_path)
+    started = time.monotonic()
+    out, _ = _run(tree, "quick", "slow", "broken").communicate(timeout=60)
+    assert time.monotonic() - started < 30, out  # the 60 s sleep did not run out
+    assert "make slow                TIMEOUT" in out, out
+    assert "slow overran its budget of 4s" in out and "slow-output" in out.split("Stopped")[1], out
+    assert "make broken              FAILED" in out and "broken-output" in out, out
+    assert out.rstrip().endswith("steps: 1 passed, 2 failed"), out
+    times = json.loads((tree / "build" / "logs" / "times.json").read_text())["steps"]
+    assert times["quick"]["status"] == "ok" and times["slow"]["status"] == "TIMEOUT", times
+    assert times["slow"]["budget"] == 4 and times["broken"]["status"] == "FAILED", times
+    assert not _processes_running("sleep 60"), "the stopped step's process group is still running"
+
+
+def test_a_hung_step_is_stopped_and_the_summary_printed_on_a_signal(tmp_path):
+    tree = _tree(tmp_path)
+    proc = _run(tree, "quick", "drifting", STEPS_HANG="drifting")
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=40)
+    assert proc.returncode != 0
+    assert "STEPS_HANG=drifting: sleeping 100000 s" in out, out
+    assert "drifting: stopped by SIGTERM" in out and "summary: trial" in out, out
+    assert not _processes_running("sleep 100000"), "the hung step survived its runner"
+
+
+def test_the_deadline_stops_the_run_and_the_rest_does_not_run(tmp_path):
+    tree = _tree(tmp_path)
+    out, _ = _run(tree, "drifting", "quick", STEPS_DEADLINE="2").communicate(timeout=60)
+    assert "drifting was running at the 2s deadline of trial" in out, out
+    assert "make quick               NOT RUN (the 2s deadline had passed)" in out, out
+    assert out.rstrip().endswith("steps: 0 passed, 2 failed"), out
+
+
+def test_a_step_much_slower_than_its_baseline_is_named(tmp_path):
+    tree = _tree(tmp_path)
+    out, _ = _run(tree, "drifting", "quick", STEPS_DRIFT_MIN="0").communicate(timeout=60)
+    assert "Slower than their baseline" in out, out
+    assert re.search(r"drifting took [345]s, [345]\.0x its baseline of 1s", out), out
+    assert "quick took" not in out, out
