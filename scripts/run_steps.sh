@@ -173,7 +173,7 @@ start_step() {
     # shellcheck disable=SC2016  # $0 and $1 are the inner shell's
     setsid bash -c "${hang}"'exec $0 $1 "$2"' "$make_cmd" "$make_flags" "$step" >"$logs/$step.log" 2>&1 </dev/null &
     pid_of[$step]=$!
-    [ -n "$hang$STEPS_QUIET" ] || printf '%-24s started (%ss into %s; budget %ss)\n' "make $step" \
+    [ -n "$STEPS_QUIET" ] || printf '%-24s started (%ss into %s; budget %ss)\n' "make $step" \
         $((start_of[$step] - total_start)) "$title" "${budget_for[$step]}"
 }
 
