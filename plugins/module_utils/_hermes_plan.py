@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 
+from ._hermes_catalogue import ledgered_sessions, referenced_sessions
 from ._hermes_db import MaintenanceError
 
 DAY = 86400.0
@@ -244,6 +245,9 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False):
 
     routed = routed_sessions(conn, schema)
     protected = {s.id for s in sessions.values() if s.bad or s.pinned or s.id in leased or s.id in routed}
+    catalogue = schema.get("catalogue")
+    if catalogue:  # the gateway runtime's work in flight; rows of a foreign key the engine does not know
+        protected |= ledgered_sessions(conn, schema) | referenced_sessions(conn, catalogue["unknown"])
     protected |= _continuations([s for s in sessions.values() if s.pinned or s.id in leased], children)
     zombie_sources = set(options["zombie_sources"])
     zombies = set()

@@ -228,9 +228,31 @@ profiles:
     sessions_left_alone:
       description: Planned sessions that stopped qualifying during the run (resumed by Hermes) and were kept.
       type: int
+    sessions_refused:
+      description:
+        - Deletes Hermes's own store refused, each kept and named. V(session), V(by) (the trigger whose
+          C(RAISE(ABORT)) or C(RAISE(FAIL)) stopped it, or the runtime ledger's C(ON DELETE RESTRICT) key) and
+          V(message). The profile stays V(ok); they are counted in RV(profiles[].sessions_left_alone) too.
+      type: list
+      elements: dict
     bad_time_rows:
       description: Sessions never selected because a time value in them is not unix seconds.
       type: int
+    database_backend:
+      description:
+        - Where Hermes stores this profile's sessions, read from its C(config.yaml) (untrusted text, no YAML
+          library). V(backend) is V(sqlite), or V(postgres) and the profile is V(skipped) untouched; V(source) is
+          the file that said so.
+      returned: when the file was found
+      type: dict
+    catalogue:
+      description:
+        - The file's own catalogue, matched against the objects this collection knows. V(unknown) (foreign keys to
+          C(sessions)/C(messages) and triggers on their deletes or updates it does not know; then the profile
+          refuses what they could affect and fails, naming them), V(known) and V(runtime_ledger) (whether the
+          gateway runtime ledger of upstream Hermes is there).
+      returned: when the schema was read
+      type: dict
     schema_version:
       description: Hermes's C(schema_version) of the file.
       returned: when the schema was read
