@@ -125,8 +125,7 @@ def refusal(unknown):
         held = "the sessions their rows reference were kept"
     return (
         "this state.db has %s, which this collection does not know (a newer Hermes?): %s. Upgrade "
-        "hermes_agent.ops, or set unknown_schema=release_rules to let the installed Hermes's own prune decide"
-        % ("; ".join(describe(o) for o in unknown), held)
+        "hermes_agent.ops to a release that knows it" % ("; ".join(describe(o) for o in unknown), held)
     )
 
 

@@ -44,6 +44,7 @@ from ._hermes_inspect import check_version, inspect_schema, quick_check, quick_c
 from ._hermes_options import BY_NAME, OPTIONS, check_option, defaults
 from ._hermes_plan import DAY, build_plan
 from ._hermes_reclaim import reclaim, wal_budget
+from ._hermes_release import release_prune_set
 from ._hermes_results import new_profile_result
 
 LOCK_SUFFIX = ".auto-maintenance.lock"  # the file Hermes's own auto-maintenance locks
@@ -65,6 +66,10 @@ def normalize_options(options):
         problem = check_option(option, opts[option.name])
         if problem:
             raise MaintenanceError(problem)
+    if opts["unknown_schema"] == "release_rules" and not opts["hermes_python"]:
+        raise MaintenanceError(
+            "unknown_schema=release_rules needs hermes_python: the interpreter of the Hermes installed on the host"
+        )
     if float(opts["zombie_days"]) > float(opts["prune_days"]):
         raise MaintenanceError(
             "zombie_days (%s) is larger than prune_days (%s): a zombie would be pruned before it could be closed; "
@@ -162,7 +167,7 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
         conn = db.conn if db else open_rw(db_path, float(opts["busy_timeout"]))
         result["preflight"] = preflight_check(conn, db_path)
         schema = inspect_schema(conn, home)
-        check_version(schema, opts["allow_unknown_schema"])
+        release_rules = check_version(schema, opts["allow_unknown_schema"], opts["unknown_schema"])
         schema["catalogue"] = read_catalogue(conn)
         result["catalogue"] = summary(schema["catalogue"])
         schema["litestream"] = result["litestream"] = litestream_tables(conn)
@@ -172,7 +177,12 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
         result["fts_layout"] = schema["fts_layout"]
         short_reads = result["preflight"]["live_rollback"]
         result["before"] = stats(conn, db_path, short_reads)
-        plan = build_plan(conn, schema, opts, now, sessions_dir(db_path), short_reads)
+        allowed = None
+        if release_rules:  # only what the installed Hermes's own prune deletes too
+            answer = release_prune_set(conn, opts["hermes_python"], opts["prune_days"])
+            allowed = answer.pop("deleted")
+            result["release_rules"] = dict(answer, release_pruned=len(allowed))
+        plan = build_plan(conn, schema, opts, now, sessions_dir(db_path), short_reads, allowed)
         result["bad_time_rows"] = plan.bad_time_rows
         unknown = schema["catalogue"]["unknown"]
         if unknown:

@@ -95,6 +95,11 @@ PROFILE_FIELDS = (
         "refuses what they could affect and fails, naming them), V(known) and V(runtime_ledger) (whether the "
         "gateway runtime ledger of upstream Hermes is there).",
     )),
+    Field("release_rules", "dict", returned="with unknown_schema=release_rules on a newer schema", doc=(
+        "Which Hermes decided beside this collection's rules. V(release) (its package and version), V(python), "
+        "V(guards) (its prune kept rows under live write guards) and V(release_pruned) (sessions its own prune "
+        "deleted from the scratch copy); only sessions in both selections were pruned.",
+    )),
     Field("schema_version", "int", returned="when the schema was read", doc=(
         "Hermes's C(schema_version) of the file.",
     )),

@@ -177,7 +177,7 @@ def test_an_object_it_does_not_know_refuses_what_it_could_affect(home, case):
     assert digest(db) == before
     real = run(home)
     for p in (check, real):
-        assert p["status"] == "failed" and named in p["error"] and "unknown_schema=release_rules" in p["error"]
+        assert p["status"] == "failed" and named in p["error"] and "Upgrade hermes_agent.ops" in p["error"]
         assert p["catalogue"]["unknown"] == [named]
         assert p["zombies_closed"] == zombies
         assert p["sessions_pruned"] == len(SPECS) - len(kept)
