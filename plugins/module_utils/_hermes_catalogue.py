@@ -27,8 +27,14 @@ RUNTIME_LEDGER = (
 
 FK = "foreign key"
 TRIGGER = "trigger"
-# The writes of a maintenance run, per table: a trigger on any other event cannot fire.
-WRITES = {"sessions": ("DELETE", "UPDATE"), "messages": ("DELETE",)}
+# The writes of a maintenance run, per table (a cascade deletes too): a trigger on any other
+# event cannot fire.
+_DELETE = ("DELETE",)
+WRITES = dict(
+    {"sessions": ("DELETE", "UPDATE"), "messages": _DELETE, "system_prompts": _DELETE},
+    **{t: _DELETE for t in ("session_model_usage", "telegram_dm_topic_bindings")},
+    **{t: _DELETE for t in ("session_admissions", "worker_executions", "worker_receipts")},
+)
 REFERENCED = ("sessions", "messages")
 
 
@@ -92,17 +98,17 @@ def read_catalogue(conn):
                 unknown.append(dict(entry, column=column, parent=parent, affects="deletes"))
     for name, table, sql in conn.execute("SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger'"):
         head = _TRIGGER_HEAD.match(sql or "")
-        event = head.group(1).upper() if head else None
+        event = head.group(1).upper() if head else "an event this engine cannot read"
         for _kind, message in _RAISE.findall(sql or ""):
             raises[message.replace("''", "'")] = name
-        if event not in WRITES.get(table, ()):
+        if table not in WRITES or (head and event not in WRITES[table]):
             continue
         entry = {"kind": TRIGGER, "table": table, "name": name, "event": event}
         hit = _BY_KEY.get((TRIGGER, table, name))
         if hit:
             known.append(dict(entry, rule=hit.rule))
         else:
-            affects = "zombie closes and deletes" if (table, event) == ("sessions", "UPDATE") else "deletes"
+            affects = "zombie closes and deletes" if table == "sessions" and event != "DELETE" else "deletes"
             unknown.append(dict(entry, affects=affects))
     ledger = any(k["rule"] == RUNTIME_LEDGER for k in known)
     return {"known": known, "unknown": unknown, "raises": raises, "ledger": ledger}

@@ -155,6 +155,20 @@ UNKNOWN = {
         {"recent", "plain", "settled", "queued", "unknown", "working", "zombie"},
         0,
     ),
+    "cascade trigger": (
+        "CREATE TABLE audit(session_id TEXT); CREATE TRIGGER usage_gone AFTER DELETE ON session_model_usage "
+        "BEGIN INSERT INTO audit VALUES (OLD.session_id); END;",
+        "trigger usage_gone on session_model_usage DELETE",
+        {"recent", "plain", "settled", "queued", "unknown", "working", "zombie"},
+        1,
+    ),
+    "trigger name it cannot parse": (
+        'CREATE TABLE audit(session_id TEXT); CREATE TRIGGER "audit close" AFTER UPDATE ON sessions '
+        "BEGIN INSERT INTO audit VALUES (NEW.id); END;",
+        "trigger audit close on sessions an event this engine cannot read",
+        {"recent", "plain", "settled", "queued", "unknown", "working", "zombie"},
+        0,
+    ),
     "foreign key": (
         "CREATE TABLE session_notes(session_id TEXT REFERENCES sessions(id) ON DELETE CASCADE, note TEXT); "
         "INSERT INTO session_notes VALUES ('plain', 'keep me');",
