@@ -12,6 +12,7 @@ import sqlite3
 import time
 
 import pytest
+from hermes_markers import release_module_marks
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import PruneResult, prune
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_catalogue import read_catalogue
@@ -23,15 +24,13 @@ from hermes_fixtures import (
     RUNTIME_GUARD,
     add_runtime_ledger,
     build_home,
-    layout_available,
-    missing_venv_message,
     older_release_delete,
     open_with_release,
     query_one,
 )
 
 LAYOUT = "hermes-0.22.2.post1"
-pytestmark = pytest.mark.skipif(not layout_available(LAYOUT), reason=missing_venv_message(LAYOUT))
+pytestmark = release_module_marks("0.22.2.post1")
 
 OLD = dict(started_days_ago=40, ended_days_ago=39, messages=3)
 SPECS = [

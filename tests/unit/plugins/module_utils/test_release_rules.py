@@ -156,6 +156,8 @@ def hermes_python_for(layout, base):
     return str(wrapper)
 
 
+@pytest.mark.root
+@pytest.mark.releases
 @pytest.mark.skipif(os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK), reason="root, system python3")
 def test_release_rules_prune_only_what_the_installed_hermes_prunes_too(tmp_path, monkeypatch):
     """unknown_schema=release_rules: with schema 31 forgotten, a real 0.22.2 home is pruned by the
