@@ -15,6 +15,7 @@ import os
 import sqlite3
 import time
 
+from ._hermes_catalogue import retire_ledger
 from ._hermes_db import write_transaction, writer_probe
 from ._hermes_plan import ORPHAN_REAP, leased_conversation, live_leases, routed_sessions
 
@@ -72,10 +73,12 @@ class PruneResult:
         self.prompts = 0
         self.left_alone = set()  # sessions that stopped qualifying while we worked
         self.stopped = None  # why the prune stopped before the end of its plan (the next run goes on)
+        self.refused = []  # {"session", "by", "message"}: deletes Hermes's own store refused (trigger, RESTRICT)
 
     def add(self, other):
         for name in ("sessions", "messages", "orphaned", "transcripts", "prompts"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.refused += other.refused
 
 
 def poll_gap(waited):
@@ -252,26 +255,23 @@ def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts,
             if sid in skipped or sid in routed or not _still_prunable(conn, sid, plan, schema, leased):
                 _skip_with_ancestors(sid, plan, skipped)
                 continue
-            if chunk:  # a slice of a session larger than batch_size, oldest messages first
-                counts.messages += conn.execute(
-                    "DELETE FROM messages WHERE id IN "
-                    "(SELECT id FROM messages WHERE session_id = ? ORDER BY timestamp, id LIMIT ?)",
-                    (sid, chunk),
-                ).rowcount
+            one = PruneResult()
+            conn.execute("SAVEPOINT hermes_ops_session")  # a refused delete is undone alone
+            try:
+                _delete_session(conn, schema, sid, chunk, has_prompts, one)
+            except sqlite3.IntegrityError as exc:
+                refused_by = _refused_by(exc, schema)
+                if refused_by is None or not conn.in_transaction:
+                    raise
+                conn.execute("ROLLBACK TO hermes_ops_session")
+                conn.execute("RELEASE hermes_ops_session")
+                counts.refused.append({"session": sid, "by": refused_by, "message": str(exc)})
+                _skip_with_ancestors(sid, plan, skipped)
                 continue
-            prompt = _prompt_hash(conn, sid) if has_prompts else None
-            counts.orphaned += conn.execute(
-                "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = ?", (sid,)
-            ).rowcount
-            counts.messages += conn.execute("DELETE FROM messages WHERE session_id = ?", (sid,)).rowcount
-            conn.execute("DELETE FROM sessions WHERE id = ?", (sid,))
-            if prompt is not None:
-                counts.prompts += conn.execute(
-                    "DELETE FROM system_prompts WHERE hash = ? AND NOT EXISTS "
-                    "(SELECT 1 FROM sessions WHERE system_prompt_hash = ?)",
-                    (prompt, prompt),
-                ).rowcount
-            done.append(sid)
+            conn.execute("RELEASE hermes_ops_session")
+            counts.add(one)
+            if not chunk:
+                done.append(sid)
         files = {sid: list(plan.transcripts.get(sid, ())) for sid in done if plan.transcripts.get(sid)}
         if files:  # a kill after the COMMIT must not leave these behind for good
             _write_pending(pending, files)
@@ -279,6 +279,46 @@ def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts,
         committing = time.monotonic()
     budget.commit = time.monotonic() - committing
     return done, counts, files
+
+
+def _delete_session(conn, schema, sid, chunk, has_prompts, counts):
+    """One session's statements: ``chunk`` > 0 deletes only that many of its oldest messages."""
+    if chunk:  # a slice of a session larger than batch_size, oldest messages first
+        counts.messages += conn.execute(
+            "DELETE FROM messages WHERE id IN "
+            "(SELECT id FROM messages WHERE session_id = ? ORDER BY timestamp, id LIMIT ?)",
+            (sid, chunk),
+        ).rowcount
+        return
+    prompt = _prompt_hash(conn, sid) if has_prompts else None
+    if schema.get("catalogue", {}).get("ledger"):
+        retire_ledger(conn, schema, sid)
+    counts.orphaned += conn.execute(
+        "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = ?", (sid,)
+    ).rowcount
+    counts.messages += conn.execute("DELETE FROM messages WHERE session_id = ?", (sid,)).rowcount
+    conn.execute("DELETE FROM sessions WHERE id = ?", (sid,))
+    if prompt is not None:
+        counts.prompts += conn.execute(
+            "DELETE FROM system_prompts WHERE hash = ? AND NOT EXISTS "
+            "(SELECT 1 FROM sessions WHERE system_prompt_hash = ?)",
+            (prompt, prompt),
+        ).rowcount
+
+
+def _refused_by(exc, schema):
+    """The trigger whose RAISE(ABORT|FAIL) refused a delete, or the ledger's RESTRICT foreign key;
+    None for any other integrity error (a bug: the profile fails)."""
+    catalogue = schema.get("catalogue") or {}
+    message = str(exc)
+    trigger = (catalogue.get("raises") or {}).get(message)
+    if trigger:
+        return "trigger %s" % trigger
+    if getattr(exc, "sqlite_errorname", None) == "SQLITE_CONSTRAINT_TRIGGER":
+        return "a trigger"
+    if catalogue.get("ledger") and message == "FOREIGN KEY constraint failed":
+        return "the runtime ledger's foreign key (ON DELETE RESTRICT)"
+    return None
 
 
 def _write_pending(path, files):

@@ -20,6 +20,7 @@ import traceback
 from ._hermes_apply import PruneResult, close_zombies, prune
 from ._hermes_archive import list_archives, take_archive
 from ._hermes_backup import apply_retention, check_backup_dir, list_backups, take_backup
+from ._hermes_catalogue import read_catalogue, refusal, refuses_deletes, refuses_zombie_closes, summary
 from ._hermes_db import (
     MB,
     MaintenanceError,
@@ -33,6 +34,7 @@ from ._hermes_db import (
 from ._hermes_hazards import (
     auto_maintenance_meta,
     auto_prune_setting,
+    database_backend,
     held_hermes_locks,
     litestream_tables,
     no_checkpoint_on_close,
@@ -42,6 +44,7 @@ from ._hermes_inspect import check_version, inspect_schema, quick_check, quick_c
 from ._hermes_options import BY_NAME, OPTIONS, check_option, defaults
 from ._hermes_plan import DAY, build_plan
 from ._hermes_reclaim import reclaim, wal_budget
+from ._hermes_release import release_prune_set
 from ._hermes_results import new_profile_result
 
 LOCK_SUFFIX = ".auto-maintenance.lock"  # the file Hermes's own auto-maintenance locks
@@ -63,6 +66,10 @@ def normalize_options(options):
         problem = check_option(option, opts[option.name])
         if problem:
             raise MaintenanceError(problem)
+    if opts["unknown_schema"] == "release_rules" and not opts["hermes_python"]:
+        raise MaintenanceError(
+            "unknown_schema=release_rules needs hermes_python: the interpreter of the Hermes installed on the host"
+        )
     if float(opts["zombie_days"]) > float(opts["prune_days"]):
         raise MaintenanceError(
             "zombie_days (%s) is larger than prune_days (%s): a zombie would be pruned before it could be closed; "
@@ -151,13 +158,18 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
     try:
         st = check_db_file(db_path)
         _check_owner(db_path, st, opts)
+        result["database_backend"] = backend = database_backend(home, db_path)
+        if backend["backend"] != "sqlite":
+            raise ProfileSkipped(_elsewhere(backend))  # before the lock: nothing is written
         lock = ProfileLock(db_path, check_mode=check_mode)
         refuse_during_hermes_operation(db_path)
         db = ReadOnlyDB(db_path, opts["busy_timeout"]) if check_mode else None
         conn = db.conn if db else open_rw(db_path, float(opts["busy_timeout"]))
         result["preflight"] = preflight_check(conn, db_path)
         schema = inspect_schema(conn, home)
-        check_version(schema, opts["allow_unknown_schema"])
+        release_rules = check_version(schema, opts["allow_unknown_schema"], opts["unknown_schema"])
+        schema["catalogue"] = read_catalogue(conn)
+        result["catalogue"] = summary(schema["catalogue"])
         schema["litestream"] = result["litestream"] = litestream_tables(conn)
         if schema["litestream"] and not check_mode:
             no_checkpoint_on_close(conn)
@@ -165,8 +177,20 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
         result["fts_layout"] = schema["fts_layout"]
         short_reads = result["preflight"]["live_rollback"]
         result["before"] = stats(conn, db_path, short_reads)
-        plan = build_plan(conn, schema, opts, now, sessions_dir(db_path), short_reads)
+        allowed = None
+        if release_rules:  # only what the installed Hermes's own prune deletes too
+            answer = release_prune_set(conn, opts["hermes_python"], opts["prune_days"])
+            allowed = answer.pop("deleted")
+            result["release_rules"] = dict(answer, release_pruned=len(allowed))
+        plan = build_plan(conn, schema, opts, now, sessions_dir(db_path), short_reads, allowed)
         result["bad_time_rows"] = plan.bad_time_rows
+        unknown = schema["catalogue"]["unknown"]
+        if unknown:
+            result["error"] = refusal(unknown)
+            if refuses_zombie_closes(unknown):
+                plan.zombies = []
+            if refuses_deletes(unknown):
+                _drop_deletes(plan)
         broken_fts = unusable_fts(schema)
         if broken_fts and plan.delete_order:
             # Deleting a message fires every FTS trigger; one missing tokenizer fails them all.
@@ -175,7 +199,7 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
                 "run with a Python whose SQLite has the tokenizer (trigram needs 3.34+), or install Hermes's "
                 "CJK extension" % ("; ".join(broken_fts), sqlite3.sqlite_version)
             )
-            plan.delete_order, plan.messages, plan.transcripts, plan.prompts, plan.orphaned = [], {}, {}, 0, 0
+            _drop_deletes(plan)
         backup_dir = backups_of(home, opts["backup_dir"])
         backup_due = opts["backup"] and (plan.has_changes or _interval_due(opts, backup_dir, name, now))
         if backup_due:
@@ -225,6 +249,18 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             lock.release()
     result["duration"] = round(time.time() - started, 3)
     return result
+
+
+def _drop_deletes(plan):
+    plan.delete_order, plan.messages, plan.transcripts, plan.prompts, plan.orphaned = [], {}, {}, 0, 0
+
+
+def _elsewhere(backend):
+    return (
+        "%s selects database.backend: %s: Hermes keeps its sessions there and this state.db gets no writes, "
+        "so maintaining it would be pointless and misleading; skipped, nothing written"
+        % (backend["source"], backend["backend"])
+    )
 
 
 def preflight_check(conn, db_path):
@@ -356,6 +392,7 @@ def _apply(result, conn, plan, schema, opts, *, db_path, backup_due, backup_dir,
             transcripts_removed=pruned.transcripts,
             prompts_collected=pruned.prompts,
             sessions_left_alone=len(pruned.left_alone),
+            sessions_refused=pruned.refused,
             changed=result["changed"] or bool(closed or pruned.sessions),
         )
     result["stopped_early"] = pruned.stopped
@@ -484,8 +521,11 @@ def profile_info(home, name, db_path, opts, check_mode, now):
     db = None
     try:
         st = check_db_file(db_path)
+        info["database_backend"] = database_backend(home, db_path)
         db = ReadOnlyDB(db_path, opts["busy_timeout"])
         schema = inspect_schema(db.conn, home)
+        schema["catalogue"] = read_catalogue(db.conn)
+        info["catalogue"] = summary(schema["catalogue"])
         info.update(stats(db.conn, db_path))
         info.update(
             schema_version=schema["schema_version"],

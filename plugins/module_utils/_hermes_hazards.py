@@ -118,21 +118,49 @@ _KEY = re.compile(r"^( *)([A-Za-z_][A-Za-z0-9_]*) *:(.*)$")
 def auto_prune_setting(home):
     """``sessions.auto_prune`` and its companions as HOME/config.yaml gives them.
 
-    The file belongs to the Hermes user, so it is untrusted input: read at most 1 MB, with
-    no YAML library and nothing evaluated; only plain ``key: scalar`` lines under the
-    top-level ``sessions:`` block are understood. Anything else leaves Hermes's default and
-    says so in ``source``.
+    Anything the file does not say plainly leaves Hermes's default and says so in ``source``.
     """
     path = os.path.join(home, "config.yaml")
     setting = dict(AUTO_PRUNE_DEFAULTS, source="Hermes default (no %s)" % path)
+    values = _config_block(path, "sessions", AUTO_PRUNE_DEFAULTS)
+    if values is not None:
+        setting.update(values, source=path)
+    return setting
+
+
+# Hermes 0.22+ (website/docs/developer-guide/session-storage.md): ``database.backend: postgres``
+# with HERMES_DATABASE_URL keeps sessions in PostgreSQL; state.db then gets no writes.
+BACKEND_DEFAULTS = {"backend": "sqlite"}
+
+
+def database_backend(home, db_path):
+    """Where this profile's Hermes stores its sessions: ``{"backend", "source"}``.
+
+    The profile's own config.yaml (beside its state.db) says it, else the home's; ``backend``
+    is the value in lower case (``sqlite`` when neither file says).
+    """
+    for directory in dict.fromkeys((os.path.dirname(os.path.abspath(db_path)), home)):
+        path = os.path.join(directory, "config.yaml")
+        values = _config_block(path, "database", BACKEND_DEFAULTS)
+        if values and values.get("backend"):
+            return {"backend": values["backend"].lower(), "source": path}
+    return dict(BACKEND_DEFAULTS, source="Hermes default (no database.backend in config.yaml)")
+
+
+def _config_block(path, block, wanted):
+    """Plain ``key: scalar`` lines of top-level ``block:`` in a config.yaml, for the keys of
+    ``wanted`` (parsed to the type of their value there); None when the file cannot be read.
+
+    The file belongs to the Hermes user, so it is untrusted input: read at most 1 MB, with
+    no YAML library and nothing evaluated; any other line is ignored.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as handle:
             text = handle.read(CONFIG_MAX_BYTES).decode("utf-8", "replace")
     except OSError:
-        return setting
-    setting["source"] = path
-    in_sessions, indent = False, None
+        return None
+    found, inside, indent = {}, False, None
     for raw in text.splitlines():
         line = raw.split(" #", 1)[0].rstrip()
         if not line.strip() or line.lstrip().startswith("#"):
@@ -142,20 +170,23 @@ def auto_prune_setting(home):
             continue
         depth, key, value = len(match.group(1)), match.group(2), match.group(3).strip()
         if depth == 0:
-            in_sessions, indent = key == "sessions" and not value, None
+            inside, indent = key == block and not value, None
             continue
-        if not in_sessions:
+        if not inside:
             continue
         indent = depth if indent is None else indent
-        if depth == indent and key in AUTO_PRUNE_DEFAULTS:
-            parsed = _scalar(value, type(AUTO_PRUNE_DEFAULTS[key]))
+        if depth == indent and key in wanted:
+            parsed = _scalar(value, type(wanted[key]))
             if parsed is not None:
-                setting[key] = parsed
-    return setting
+                found[key] = parsed
+    return found
 
 
 def _scalar(value, kind):
-    value = value.strip().strip("'\"").lower()
+    value = value.strip().strip("'\"")
+    if kind is str:
+        return value or None
+    value = value.lower()
     if kind is bool:
         return {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}.get(value)
     try:

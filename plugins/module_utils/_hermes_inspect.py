@@ -108,14 +108,20 @@ def unusable_fts(schema):
     return ["%s (tokenize=%s): %s" % (f["name"], f["tokenizer"], f["error"]) for f in schema["fts"] if f["error"]]
 
 
-def check_version(schema, allow_unknown):
+def check_version(schema, allow_unknown, unknown_schema=None):
+    """Refuse a schema_version newer than KNOWN_MAX_SCHEMA; True when the installed Hermes's own
+    rules are to decide instead (``unknown_schema="release_rules"``)."""
     version = schema["schema_version"]
-    if isinstance(version, int) and version > KNOWN_MAX_SCHEMA and not allow_unknown:
-        raise MaintenanceError(
-            "schema_version %d is newer than any this collection knows (up to %d): nothing was changed; "
-            "upgrade hermes_agent.ops, or set allow_unknown_schema=true after checking the release notes"
-            % (version, KNOWN_MAX_SCHEMA)
-        )
+    if not (isinstance(version, int) and version > KNOWN_MAX_SCHEMA) or allow_unknown:
+        return False
+    if unknown_schema == "release_rules":
+        return True
+    raise MaintenanceError(
+        "schema_version %d is newer than any this collection knows (up to %d): nothing was changed; "
+        "upgrade hermes_agent.ops, set unknown_schema=release_rules (with hermes_python) to prune only what the "
+        "installed Hermes's own prune would, or allow_unknown_schema=true after checking the release notes"
+        % (version, KNOWN_MAX_SCHEMA)
+    )
 
 
 def quick_check(conn, path):

@@ -163,6 +163,17 @@ OPTIONS = (
     Option("allow_unknown_schema", "bool", default=False, doc=(
         "Maintain a C(schema_version) newer than any this collection knows. Refused by default.",
     )),
+    Option("unknown_schema", "str", default="refuse", choices=("refuse", "release_rules"), doc=(
+        "What to do with a C(schema_version) newer than any this collection knows (unless O(allow_unknown_schema)).",
+        "V(refuse) leaves the profile untouched and fails it. V(release_rules) asks the Hermes installed on the "
+        "host (O(hermes_python), run as the Hermes user, never as root) which sessions its own C(prune_sessions) "
+        "would delete, on a private scratch copy of the file, and prunes only the sessions both it and this "
+        "collection's rules select; RV(profiles[].release_rules) says which release answered.",
+    )),
+    Option("hermes_python", "path", unset="none", doc=(
+        "The Python interpreter of the Hermes installed on the host (the one its C(hermes) entry point names), "
+        "needed when O(unknown_schema) is V(release_rules).",
+    )),
     Option("allow_foreign_owner", "bool", default=False, doc=(
         "Work on a C(state.db) owned by another user when not running as root.",
     )),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 
+from ._hermes_catalogue import ledgered_sessions, referenced_sessions
 from ._hermes_db import MaintenanceError
 
 DAY = 86400.0
@@ -220,8 +221,13 @@ def _refuse_if_mostly_bad(conn, table, column, bad, total, now, example=None):
     )
 
 
-def build_plan(conn, schema, options, now, sessions_dir, short_reads=False):
-    """Select zombies and the prune set for one profile (reads only); ``short_reads``: see load_sessions."""
+def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allowed=None):
+    """Select zombies and the prune set for one profile (reads only); ``short_reads``: see load_sessions.
+
+    ``allowed``: when given, only these sessions may be deleted (unknown_schema=release_rules: the
+    ones the installed Hermes's own prune deletes): a subset of what the rules alone select, the
+    same sessions where the two agree, and a delegate the release keeps is orphaned as it does.
+    """
     plan = Plan()
     plan.now = now
     plan.zombie_cutoff = now - float(options["zombie_days"]) * DAY
@@ -244,6 +250,9 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False):
 
     routed = routed_sessions(conn, schema)
     protected = {s.id for s in sessions.values() if s.bad or s.pinned or s.id in leased or s.id in routed}
+    catalogue = schema.get("catalogue")
+    if catalogue:  # the gateway runtime's work in flight; rows of a foreign key the engine does not know
+        protected |= ledgered_sessions(conn, schema) | referenced_sessions(conn, catalogue["unknown"])
     protected |= _continuations([s for s in sessions.values() if s.pinned or s.id in leased], children)
     zombie_sources = set(options["zombie_sources"])
     zombies = set()
@@ -257,16 +266,18 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False):
         if s.id not in protected and (s.ended is not None or s.id in zombies) and prune_age(s) < plan.prune_cutoff
     }
     units = {c: _delegate_closure(c, delegates) for c in candidates}
+    if allowed is not None:
+        candidates &= allowed
     while True:
         doomed = set()
         for c in candidates:
-            doomed |= units[c]
+            doomed |= units[c] if allowed is None else units[c] & allowed  # a delegate it keeps is orphaned
         blocked = {c for c in candidates if _blocked(units[c], sessions, protected, zombies, doomed, children)}
         if not blocked:
             break
         candidates -= blocked
     for c in candidates:
-        for member in units[c] - {c}:
+        for member in (units[c] & doomed) - {c}:
             plan.delegate_root.setdefault(member, c)
     plan.delete_order = _children_first(doomed, sessions)
     for sid in plan.delete_order:

@@ -76,8 +76,29 @@ PROFILE_FIELDS = (
     Field("sessions_left_alone", "int", initial=0, doc=(
         "Planned sessions that stopped qualifying during the run (resumed by Hermes) and were kept.",
     )),
+    Field("sessions_refused", "list", initial=[], elements="dict", doc=(
+        "Deletes Hermes's own store refused, each kept and named. V(session), V(by) (the trigger whose "
+        "C(RAISE(ABORT)) or C(RAISE(FAIL)) stopped it, or the runtime ledger's C(ON DELETE RESTRICT) key) and "
+        "V(message). The profile stays V(ok); they are counted in RV(profiles[].sessions_left_alone) too.",
+    )),
     Field("bad_time_rows", "int", initial=0, doc=(
         "Sessions never selected because a time value in them is not unix seconds.",
+    )),
+    Field("database_backend", "dict", returned="when the file was found", doc=(
+        "Where Hermes stores this profile's sessions, read from its C(config.yaml) (untrusted text, no YAML "
+        "library). V(backend) is V(sqlite), or V(postgres) and the profile is V(skipped) untouched; V(source) is "
+        "the file that said so.",
+    )),
+    Field("catalogue", "dict", returned="when the schema was read", doc=(
+        "The file's own catalogue, matched against the objects this collection knows. V(unknown) (foreign keys "
+        "to C(sessions)/C(messages) and triggers on their deletes or updates it does not know; then the profile "
+        "refuses what they could affect and fails, naming them), V(known) and V(runtime_ledger) (whether the "
+        "gateway runtime ledger of upstream Hermes is there).",
+    )),
+    Field("release_rules", "dict", returned="with unknown_schema=release_rules on a newer schema", doc=(
+        "Which Hermes decided beside this collection's rules. V(release) (its package and version), V(python), "
+        "V(guards) (its prune kept rows under live write guards) and V(release_pruned) (sessions its own prune "
+        "deleted from the scratch copy); only sessions in both selections were pruned.",
     )),
     Field("schema_version", "int", returned="when the schema was read", doc=(
         "Hermes's C(schema_version) of the file.",
@@ -192,6 +213,8 @@ INFO_PROFILE_FIELDS = (
         "C(config.yaml) (V(auto_prune), V(retention_days), V(min_interval_hours), V(vacuum_after_prune), "
         "V(min_vacuum_interval_days), V(source)).",
     )),
+    _field_of(PROFILE_FIELDS, "database_backend"),
+    _field_of(PROFILE_FIELDS, "catalogue"),
     Field("sqlite", "dict", doc=("The SQLite that read the profile, as RV(sqlite).",)),
     Field("newest_backup", "dict", doc=("Newest backup of this collection (V(path), V(age_days)), or null.",)),
     Field("backups", "int", doc=("Number of this collection's backups of the profile.",)),

@@ -123,6 +123,21 @@ options:
       - Maintain a C(schema_version) newer than any this collection knows. Refused by default.
     type: bool
     default: false
+  unknown_schema:
+    description:
+      - What to do with a C(schema_version) newer than any this collection knows (unless O(allow_unknown_schema)).
+      - V(refuse) leaves the profile untouched and fails it. V(release_rules) asks the Hermes installed on the host
+        (O(hermes_python), run as the Hermes user, never as root) which sessions its own C(prune_sessions) would
+        delete, on a private scratch copy of the file, and prunes only the sessions both it and this collection's
+        rules select; RV(profiles[].release_rules) says which release answered.
+    type: str
+    choices: [refuse, release_rules]
+    default: refuse
+  hermes_python:
+    description:
+      - The Python interpreter of the Hermes installed on the host (the one its C(hermes) entry point names), needed
+        when O(unknown_schema) is V(release_rules).
+    type: path
   allow_foreign_owner:
     description:
       - Work on a C(state.db) owned by another user when not running as root.
@@ -228,9 +243,38 @@ profiles:
     sessions_left_alone:
       description: Planned sessions that stopped qualifying during the run (resumed by Hermes) and were kept.
       type: int
+    sessions_refused:
+      description:
+        - Deletes Hermes's own store refused, each kept and named. V(session), V(by) (the trigger whose
+          C(RAISE(ABORT)) or C(RAISE(FAIL)) stopped it, or the runtime ledger's C(ON DELETE RESTRICT) key) and
+          V(message). The profile stays V(ok); they are counted in RV(profiles[].sessions_left_alone) too.
+      type: list
+      elements: dict
     bad_time_rows:
       description: Sessions never selected because a time value in them is not unix seconds.
       type: int
+    database_backend:
+      description:
+        - Where Hermes stores this profile's sessions, read from its C(config.yaml) (untrusted text, no YAML
+          library). V(backend) is V(sqlite), or V(postgres) and the profile is V(skipped) untouched; V(source) is
+          the file that said so.
+      returned: when the file was found
+      type: dict
+    catalogue:
+      description:
+        - The file's own catalogue, matched against the objects this collection knows. V(unknown) (foreign keys to
+          C(sessions)/C(messages) and triggers on their deletes or updates it does not know; then the profile
+          refuses what they could affect and fails, naming them), V(known) and V(runtime_ledger) (whether the
+          gateway runtime ledger of upstream Hermes is there).
+      returned: when the schema was read
+      type: dict
+    release_rules:
+      description:
+        - Which Hermes decided beside this collection's rules. V(release) (its package and version), V(python),
+          V(guards) (its prune kept rows under live write guards) and V(release_pruned) (sessions its own prune
+          deleted from the scratch copy); only sessions in both selections were pruned.
+      returned: with unknown_schema=release_rules on a newer schema
+      type: dict
     schema_version:
       description: Hermes's C(schema_version) of the file.
       returned: when the schema was read

@@ -149,6 +149,21 @@ profiles:
           C(config.yaml) (V(auto_prune), V(retention_days), V(min_interval_hours), V(vacuum_after_prune),
           V(min_vacuum_interval_days), V(source)).
       type: dict
+    database_backend:
+      description:
+        - Where Hermes stores this profile's sessions, read from its C(config.yaml) (untrusted text, no YAML
+          library). V(backend) is V(sqlite), or V(postgres) and the profile is V(skipped) untouched; V(source) is
+          the file that said so.
+      returned: when the file was found
+      type: dict
+    catalogue:
+      description:
+        - The file's own catalogue, matched against the objects this collection knows. V(unknown) (foreign keys to
+          C(sessions)/C(messages) and triggers on their deletes or updates it does not know; then the profile
+          refuses what they could affect and fails, naming them), V(known) and V(runtime_ledger) (whether the
+          gateway runtime ledger of upstream Hermes is there).
+      returned: when the schema was read
+      type: dict
     sqlite:
       description: The SQLite that read the profile, as RV(sqlite).
       type: dict

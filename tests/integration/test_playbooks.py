@@ -116,6 +116,7 @@ def test_report(ansible_playbook, tmp_path):
     broken = home / "profiles" / "broken"
     broken.mkdir()
     (broken / "state.db").write_bytes(b"not a database\n")
+    (home / "profiles" / "research" / "config.yaml").write_text("database:\n  backend: postgres\n")
     md, csv_path = tmp_path / "report.md", tmp_path / "report.csv"
     extra = dict(common_vars(home), hermes_report_markdown=str(md), hermes_report_csv=str(csv_path))
     rc, out = ansible_playbook("playbooks/report.yml", extra_vars=extra)
@@ -132,6 +133,8 @@ def test_report(ansible_playbook, tmp_path):
     assert by_name["broken"]["note"].startswith("FAILED")
     assert int(by_name["default"]["prunable"]) > 0
     assert by_name["default"]["newest_backup"] == "none"
+    assert by_name["research"]["note"].startswith("backend: postgres (%s" % (home / "profiles" / "research"))
+    assert by_name["default"]["note"] == "" and "backend" not in by_name["work"]["note"]
     live = out.result("Print the live-Hermes table")["msg"]
     assert [c.strip() for c in live[0].split("|")[1:-1]] == [
         "host", "profile", "engine sqlite", "hermes auto_prune", "last auto prune", "last vacuum", "held by",

