@@ -133,7 +133,7 @@ units: $(STAMP) $(HERMES_VENVS_STAMP) ## ansible-test units --venv on the contro
 # small venvs .cache/matrix/py<ver> (requirements/matrix-python.txt). Tests marked `slow`
 # (latency measurements under a live writer) run on 3.11 only, in `make unit` and `make units`.
 MATRIX_PYTHONS ?= 3.8 3.9 3.10 3.11 3.12 3.13
-MATRIX_MARKERS ?= not matrix and not slow
+MATRIX_MARKERS ?= not matrix and not slow and not release_line
 # 1: a leg on the controller venv's own Python and SQLite is not run again (units + unit-timing
 # run the whole suite there); MATRIX_DEDUP=0 runs it anyway.
 MATRIX_DEDUP ?= 1

@@ -15,6 +15,8 @@ MARKERS = (
     "root: needs root: switches users, chowns (skipped otherwise)",
     "releases: runs a real Hermes release from .cache/venvs (tests/setup_hermes_venvs.sh)",
     "heavy: any of slow, crash, tmpfs, root, releases; `pytest -m 'not heavy'` is the fast set",
+    "release_line: a release between those every leg runs (0.20.0, 0.21.x): on the controller's Python and SQLite"
+    " only (`make units`), not again in the matrix legs",
     "timing: timing-sensitive (live writers, stall bounds, race-dependent crash trials): runs alone, one at a time,"
     " never beside a parallel run (`make test`'s timing step)",
 )
@@ -37,6 +39,9 @@ TIMING_MODULES = (
     "test_writer_turn",
 )
 RELEASE_LAYOUT_PREFIX = "hermes-"  # the fixture layouts that a real release builds
+# The releases users run between the matrix's anchors (0.19.0, 0.20.1, 0.22.2): their breadth
+# is in the controller's run; the matrix legs, which vary Python and SQLite, keep the anchors.
+RELEASE_LINE = ("hermes-0.20.0.post2", "hermes-0.21.0.post1", "hermes-0.21.3.post1", "hermes-0.21.5.post2")
 
 
 def register(config):
@@ -44,9 +49,13 @@ def register(config):
         config.addinivalue_line("markers", line)
 
 
-def _uses_a_release_layout(item):
+def _layout_params(item):
     params = getattr(getattr(item, "callspec", None), "params", {})
-    return any(isinstance(v, str) and v.startswith(RELEASE_LAYOUT_PREFIX) for v in params.values())
+    return [v for v in params.values() if isinstance(v, str) and v.startswith(RELEASE_LAYOUT_PREFIX)]
+
+
+def _uses_a_release_layout(item):
+    return bool(_layout_params(item))
 
 
 def mark_heavy(items):
@@ -59,6 +68,8 @@ def mark_heavy(items):
             item.add_marker(pytest.mark.timing)
         if _uses_a_release_layout(item) and not item.get_closest_marker("releases"):
             item.add_marker(pytest.mark.releases)
+        if any(layout.startswith(RELEASE_LINE) for layout in _layout_params(item)):
+            item.add_marker(pytest.mark.release_line)
         if any(item.get_closest_marker(name) for name in HEAVY):
             item.add_marker(pytest.mark.heavy)
 
