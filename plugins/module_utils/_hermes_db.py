@@ -9,6 +9,7 @@ runner and the tests all use this file as it is.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import shutil
@@ -59,8 +60,7 @@ def check_db_file(path):
     if st.st_size == 0:
         raise MaintenanceError("%s is empty (0 bytes), not a SQLite database: restore it from a backup" % path)
     try:
-        with open(path, "rb") as handle:
-            header = handle.read(len(SQLITE_HEADER))
+        header = read_db_bytes(path, len(SQLITE_HEADER))
     except PermissionError:
         raise MaintenanceError(
             "%s cannot be read (permission denied, mode %o): run as its owner (uid %d)"
@@ -77,6 +77,76 @@ def check_db_file(path):
     return st
 
 
+# Reading a database file's bytes. Closing ANY descriptor of a file drops every POSIX lock this
+# process holds on it, SQLite's own included (sqlite.org/howtocorrupt.html, 2.2): one
+# open()/close() of state.db beside a connection of ours gives away its SHARED lock (WAL mode:
+# held as long as the connection is open; it is what stops another process's close from
+# checkpointing and unlinking the -wal we still write). So every read of the bytes of
+# state.db, its -wal or -shm goes through db_file_fd; the connection itself (PRAGMAs,
+# sqlite_master) is the other way.
+
+
+@contextlib.contextmanager
+def db_file_fd(path):
+    """A descriptor to read ``path`` (state.db, -wal, -shm) with ``os.pread``/``os.sendfile``.
+
+    SQLite's own descriptor when this process has the file open (positional reads and
+    sendfile with an offset leave its file offset alone), never closed here. Else one opened
+    for the read and closed after it: a process with no descriptor of a file holds no lock
+    on it, so that close drops nothing. Keep the body to reads: a connection opened inside it
+    would take its locks while ours is still open.
+    """
+    fd = _own_fd(path)
+    if fd is not None:
+        yield fd
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def read_db_bytes(path, count, offset=0):
+    """Up to ``count`` bytes of a database file from ``offset``, through ``db_file_fd``."""
+    with db_file_fd(path) as fd:
+        return os.pread(fd, count, offset)
+
+
+def copy_db_bytes(src_path, dst_path, step=16 * MB, flush=False):
+    """Copy a database file into the existing ``dst_path`` through ``db_file_fd``, in steps of
+    ``step`` bytes, each fdatasync'ed when ``flush`` (one big write-back at the end delayed
+    the gateway's own commits). A file that shrinks under the copy ends it there."""
+    with db_file_fd(src_path) as src:
+        dst = os.open(dst_path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            size, offset = os.fstat(src).st_size, 0
+            while offset < size:
+                sent = _copy_range(src, dst, offset, min(step, size - offset))
+                if sent == 0:
+                    break
+                offset += sent
+                if flush:
+                    os.fdatasync(dst)
+        finally:
+            os.close(dst)
+
+
+def _copy_range(src, dst, offset, count):
+    """Up to ``count`` bytes of descriptor ``src`` from ``offset`` written at the same offset of
+    ``dst``: in the kernel where it can (Linux sendfile between files), else through a buffer
+    (macOS sendfile wants a socket)."""
+    try:
+        os.lseek(dst, offset, os.SEEK_SET)
+        return os.sendfile(dst, src, offset, count)
+    except (AttributeError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSOCK, errno.EOPNOTSUPP):
+            raise
+    data = os.pread(src, count, offset)
+    os.pwrite(dst, data, offset)
+    return len(data)
+
+
 def sqlite_uri(path, **params):
     query = "&".join("%s=%s" % item for item in params.items())
     return "file:%s?%s" % (quote(os.path.abspath(path)), query)
@@ -88,8 +158,7 @@ _WAL_VERSIONS = b"\x02\x02"  # header bytes 18-19 (read/write versions): 2 is WA
 def _header_versions(path):
     """The header's read/write versions (bytes 18-19), or None when unreadable or too short."""
     try:
-        with open(path, "rb") as handle:
-            header = handle.read(20)
+        header = read_db_bytes(path, 20)
     except OSError:
         return None
     return header[18:20] if len(header) == 20 else None
@@ -124,9 +193,9 @@ class ReadOnlyDB:
         else:
             self._tmpdir = tempfile.mkdtemp(prefix="hermes-ops-ro-")
             copy = os.path.join(self._tmpdir, "state.db")
-            shutil.copyfile(path, copy)
-            if has[0]:
-                shutil.copyfile(path + "-wal", copy + "-wal")
+            for suffix in ("", "-wal"):
+                os.close(os.open(copy + suffix, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                copy_db_bytes(path + suffix, copy + suffix)
             uri = sqlite_uri(copy, mode="ro")
         self.conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout, isolation_level=None)
 
@@ -269,23 +338,15 @@ def lock_owner(path, start, length):
     from here, -1 for an open-file-description lock), or None when nobody holds one.
 
     ``F_GETLK`` needs no access to ``/proc``. It ignores this process's own (POSIX) locks,
-    and the probe reuses a descriptor our SQLite already has on the file: closing any
-    descriptor of a file drops all of this process's POSIX locks on it, SQLite's included.
+    and it asks through ``db_file_fd``: a descriptor our SQLite already has on the file
+    when there is one (closing another would drop SQLite's locks).
     """
-    fd, ours = _own_fd(path), True
-    if fd is None:
-        try:
-            fd, ours = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), False
-        except OSError:
-            return None
     try:
-        query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, start, length, 0)
-        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query + b"\0" * 16)
+        with db_file_fd(path) as fd:
+            query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, start, length, 0)
+            answer = fcntl.fcntl(fd, fcntl.F_GETLK, query + b"\0" * 16)
     except OSError:
         return None
-    finally:
-        if not ours:
-            os.close(fd)  # no connection of ours has this file open: nothing of ours to drop
     l_type, _whence, _start, _len, l_pid = struct.unpack(_FLOCK, answer[: struct.calcsize(_FLOCK)])
     return None if l_type == fcntl.F_UNLCK else l_pid
 
@@ -315,6 +376,7 @@ def writer_probe(path):
 
 
 def _own_fd(path):
+    """A readable descriptor this process already has on ``path``'s file (SQLite's), or None."""
     try:
         want = os.stat(path)
         names = os.listdir("/proc/self/fd")
@@ -322,11 +384,13 @@ def _own_fd(path):
         return None
     for name in names:
         try:
-            st = os.fstat(int(name))
+            fd = int(name)
+            st = os.fstat(fd)
+            readable = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_WRONLY
         except (OSError, ValueError):
             continue
-        if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino) and stat.S_ISREG(st.st_mode):
-            return int(name)
+        if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino) and stat.S_ISREG(st.st_mode) and readable:
+            return fd
     return None
 
 
