@@ -12,6 +12,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import shutil
 import sqlite3
 import stat
@@ -400,7 +401,8 @@ def holders(db_path, exclude_pids=None):
     Each is ``{"pid", "command", "evidence"}``: ``descriptor`` (its /proc/PID/fd points at
     the file), ``lock`` (it holds one of SQLite's locks on the file, seen with F_GETLK) or
     ``unreadable`` (a possible holder: its descriptors cannot be read from here, by /proc
-    permissions, hidepid or a missing CAP_SYS_PTRACE, and no lock probe rules it out).
+    permissions, hidepid or a missing CAP_SYS_PTRACE, and no lock probe rules it out) or
+    ``filesystem`` (the file is on a network or VM-shared filesystem: other hosts may hold it).
     In WAL mode the lock probe rules out every SQLite connection, however hidden; in
     rollback-journal mode an idle connection holds no lock, so nothing does.
     """
@@ -418,7 +420,104 @@ def holders(db_path, exclude_pids=None):
         found.append({"pid": pid if pid > 0 else None, "command": command, "evidence": "lock"})
     if not wal and not found:
         found.extend(hidden)  # an idle rollback-journal connection holds no lock: cannot rule them out
+    shared = shared_filesystem(db_path)
+    if shared:
+        found.append({"pid": None, "command": "processes on other hosts (%s)" % shared, "evidence": "filesystem"})
     return found
+
+
+# Filesystems whose locks or shared memory another host (or the VM host) takes part in:
+# POSIX locks may be missing, broken or local to one client (sqlite.org/howtocorrupt.html,
+# 2.1), and the WAL index is shared memory that processes elsewhere do not share
+# (sqlite.org/wal.html). Hermes refuses WAL on them (its issues #110847, #111433).
+SHARED_FILESYSTEMS = frozenset(
+    ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "virtiofs", "ceph", "glusterfs", "lustre", "afs", "gfs2", "ocfs2",
+     "davfs", "vboxsf", "vmhgfs", "prl_fs", "fuse.sshfs", "fuse.s3fs", "fuse.rclone", "fuse.gcsfuse", "fuse.glusterfs",
+     "fuse.cephfs", "fuse.ceph-fuse", "fuse.davfs2", "fuse.vmhgfs-fuse", "fuse.juicefs", "fuse.mergerfs")
+)  # fmt: skip
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def _unescape(field):
+    """mountinfo writes space, tab, newline and backslash as octal escapes (\\040 ...)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_mountinfo(text):
+    """Each mount of mountinfo text as {"dev", "mount_point", "type", "source"}, in its order."""
+    mounts = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or not tail:
+            continue
+        mounts.append(
+            {
+                "dev": fields[2],
+                "mount_point": _unescape(fields[4]),
+                "type": tail[0],
+                "source": _unescape(tail[1]) if len(tail) > 1 else "",
+            }
+        )
+    return mounts
+
+
+def filesystem_of(path, mountinfo_text=None):
+    """The mount ``path`` is on: {"type", "mount_point", "source"}, or None when unknown.
+
+    The mount with the file's own device number (``st_dev`` as major:minor) whose mount point
+    is the longest prefix of the real path; the longest prefix alone where no device matches
+    (btrfs subvolumes report their own). The last of equals wins: it is mounted over the others.
+    """
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+        if mountinfo_text is None:
+            with open(MOUNTINFO) as handle:
+                mountinfo_text = handle.read()
+    except OSError:
+        return None
+    dev = "%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
+
+    def under(mount):
+        point = mount["mount_point"].rstrip("/") + "/"
+        return real == mount["mount_point"] or real.startswith(point) or point == "/"
+
+    mounts = [m for m in parse_mountinfo(mountinfo_text) if under(m)]
+    same = [m for m in mounts if m["dev"] == dev] or mounts
+    best = None
+    for mount in same:
+        if best is None or len(mount["mount_point"]) >= len(best["mount_point"]):
+            best = mount
+    return {k: best[k] for k in ("type", "mount_point", "source")} if best else None
+
+
+def shared_filesystem(path, mountinfo_text=None):
+    """Why ``path``'s filesystem is shared with other hosts (network or VM share), or None.
+
+    There no process holding the file can be ruled out (other hosts are not in /proc, and
+    their locks may not reach us), so the engine treats such a file as held: see docs/safety.md.
+    """
+    fs = filesystem_of(path, mountinfo_text)
+    if not fs or fs["type"] not in SHARED_FILESYSTEMS:
+        return None
+    return (
+        "%s is on a %s filesystem (%s at %s): processes on other hosts may hold it unseen, and its locks and "
+        "shared memory may not reach them" % (path, fs["type"], fs["source"], fs["mount_point"])
+    )
+
+
+def refuse_wal_on_shared_filesystem(db_path, journal_mode):
+    """No write into a WAL file on a network or VM-shared filesystem: raise, naming why."""
+    shared = shared_filesystem(db_path)
+    if shared and journal_mode.lower() == "wal":
+        raise MaintenanceError(
+            "%s, and state.db is in WAL mode: its WAL index is shared memory that processes on other hosts do not "
+            "share (sqlite.org/wal.html), so no maintenance writes into it; nothing was changed. Move the Hermes "
+            "home to a local disk, or let Hermes run journal_mode=DELETE there (0.20+ does on such filesystems)"
+            % shared
+        )
+    return shared
 
 
 def _scan_proc(db_path, exclude):
@@ -529,6 +628,8 @@ def describe_holders(found, limit=5):
             words.append("%s (%s, %s)" % (h["command"], pid, why))
         elif h.get("evidence") == "lock":
             words.append("%s (%s, holds a SQLite lock on it)" % (h["command"], pid))
+        elif h.get("evidence") == "filesystem":
+            words.append(h["command"])
         else:
             words.append("%s (%s)" % (h["command"], pid))
     if len(found) > limit:
