@@ -211,14 +211,17 @@ class ReadOnlyDB:
 def open_rw(path, busy_timeout=BUSY_TIMEOUT):
     """Open for maintenance the way Hermes does: autocommit, foreign keys on.
 
-    ``synchronous=NORMAL`` (this connection only) skips the WAL fsync at each of our many
-    small commits. What it risks on power loss is that the last deletes or zombie closes
-    roll back, and the next run simply does them again; the backup is fsynced on its own.
+    In WAL mode ``synchronous=NORMAL`` (this connection only) skips the WAL fsync at each of
+    our many small commits. What it risks on power loss is that the last deletes or zombie
+    closes roll back, and the next run simply does them again; the backup is fsynced on its
+    own. A rollback-journal file keeps SQLite's FULL, as Hermes does: there NORMAL can corrupt
+    the file on a power loss at the wrong moment (sqlite.org/pragma.html#pragma_synchronous).
     """
     conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
     conn.execute("PRAGMA foreign_keys=ON")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    if sqlite_wal_reset_affected() and is_wal_file(path):
+    wal = is_wal_file(path)
+    conn.execute("PRAGMA synchronous=%s" % ("NORMAL" if wal else "FULL"))
+    if sqlite_wal_reset_affected() and wal:
         # No checkpoint at our commits from an SQLite with the WAL-reset bug: the one
         # checkpoint we may take is decided at the end (_hermes_reclaim.checkpoint_policy).
         # Closing does not checkpoint either while another process holds the file: SQLite

@@ -21,12 +21,14 @@ from hermes_reliability import full_rows, tiny_fs
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_db
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import (
+    MaintenanceError,
     filesystem_of,
     holders,
     parse_mountinfo,
     shared_filesystem,
 )
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_restore import plan_restore, restore
 from hermes_fixtures import hermes_python, make_big_home
 
 # From real hosts: a Debian VM (ext4 root, a 9p and a virtiofs share), an NFS client, an
@@ -125,6 +127,9 @@ def test_on_a_network_filesystem_only_what_is_safe(release, mode, tmp_path, monk
     now = time.time()
     home = tmp_path / "home"
     db = str(make_big_home(home, "hermes-" + release, n_sessions=30, msgs_per_session=4, old_fraction=0.5, now=now))
+    # a whole-file backup taken while the file is local, for the restore below
+    backed = run_maintenance({"hermes_home": [str(home)], "prune_days": 9999, "backup_interval_days": 0})
+    assert backed["profiles"][0]["backup"]["kind"] == "file"
     monkeypatch.setattr(_hermes_db, "MOUNTINFO", _as_nfs(tmp_path, home))
     assert "nfs4" in shared_filesystem(db)
     assert [h["evidence"] for h in holders(db)] == ["filesystem"]
@@ -133,6 +138,8 @@ def test_on_a_network_filesystem_only_what_is_safe(release, mode, tmp_path, monk
     result = run_maintenance(options)["profiles"][0]
     info = gather_info({"hermes_home": [str(home)]})["profiles"][0]
     assert info["status"] == "ok" and info["holders"][0]["evidence"] == "filesystem"
+    with pytest.raises(MaintenanceError, match="held open by processes on other hosts"):
+        restore(plan_restore(str(home), "default"))
     if mode == "wal":
         assert result["status"] == "failed" and "WAL mode" in result["error"] and "nfs4" in result["error"]
         assert full_rows(db) == before  # nothing changed
