@@ -194,7 +194,7 @@ class ReadOnlyDB:
         else:
             self._tmpdir = tempfile.mkdtemp(prefix="hermes-ops-ro-")
             copy = os.path.join(self._tmpdir, "state.db")
-            for suffix in ("", "-wal"):
+            for suffix in ("", "-wal") if has[0] else ("",):
                 os.close(os.open(copy + suffix, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
                 copy_db_bytes(path + suffix, copy + suffix)
             uri = sqlite_uri(copy, mode="ro")

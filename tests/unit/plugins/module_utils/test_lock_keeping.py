@@ -27,6 +27,7 @@ release's writes raise nothing (0.22.2's identity guards included).
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -35,6 +36,7 @@ import time
 import pytest
 from hermes_reliability import COLLECTIONS_ROOT, REPO_ROOT, db_problems, query
 
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import ReadOnlyDB
 from hermes_fixtures import hermes_python, make_big_home
 
 pytestmark = [pytest.mark.slow, pytest.mark.releases]
@@ -192,3 +194,30 @@ def test_a_process_that_closes_beside_our_run_loses_nothing(case, tmp_path, monk
     assert all(counts.get(sid) == 1 for sid in written)
     assert not set(counts) & pruned
     assert db_problems(db) == []
+
+
+@pytest.mark.parametrize("left", ["-wal", "-shm"])
+def test_check_mode_reads_a_lone_sidecar_pair_from_a_private_copy(left, tmp_path):
+    """A crash image (a -wal without its -shm, or a stray -shm) is read from a private copy made
+    through ``copy_db_bytes``: all committed rows seen, nothing created or changed beside state.db."""
+    live = tmp_path / "live"
+    live.mkdir()
+    conn = sqlite3.connect(str(live / "state.db"), isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY)")
+    conn.executemany("INSERT INTO sessions VALUES (?)", [("s%d" % i,) for i in range(50)])
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copyfile(str(live / "state.db"), str(home / "state.db"))  # as a crash leaves them
+    shutil.copyfile(str(live / ("state.db" + left)), str(home / ("state.db" + left)))
+    conn.close()
+    if left == "-shm":  # a checkpointed file beside a stray -shm
+        shutil.copyfile(str(live / "state.db"), str(home / "state.db"))
+    before = sorted((p.name, p.read_bytes()) for p in home.iterdir())
+    db = ReadOnlyDB(str(home / "state.db"))
+    try:
+        assert db.conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 50
+    finally:
+        db.close()
+    assert sorted((p.name, p.read_bytes()) for p in home.iterdir()) == before
