@@ -436,7 +436,7 @@ def holders(db_path, exclude_pids=None):
 SHARED_FILESYSTEMS = frozenset(
     ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "virtiofs", "ceph", "glusterfs", "lustre", "afs", "gfs2", "ocfs2",
      "davfs", "vboxsf", "vmhgfs", "prl_fs", "fuse.sshfs", "fuse.s3fs", "fuse.rclone", "fuse.gcsfuse", "fuse.glusterfs",
-     "fuse.cephfs", "fuse.ceph-fuse", "fuse.davfs2", "fuse.vmhgfs-fuse", "fuse.juicefs", "fuse.mergerfs")
+     "fuse.cephfs", "fuse.ceph-fuse", "fuse.davfs2", "fuse.vmhgfs-fuse", "fuse.juicefs")
 )  # fmt: skip
 MOUNTINFO = "/proc/self/mountinfo"
 
