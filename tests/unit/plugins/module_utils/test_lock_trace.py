@@ -252,3 +252,34 @@ def test_live_paths_keep_sqlite_locks(release, base_homes, tmp_path):
     }
     assert set(written["ids"]) <= kept  # every message Hermes wrote is in the file
     assert sqlite3.connect(db).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+CANNED = """\
+100 openat(AT_FDCWD</h>, "/h/state.db", O_RDWR|O_CREAT|O_NOFOLLOW|O_CLOEXEC, 0644) = 3</h/state.db>
+100 fcntl(3</h/state.db>, F_SETLK, {l_type=F_RDLCK, l_whence=SEEK_SET, l_start=1073741826, l_len=510}) = 0
+100 openat(AT_FDCWD</h>, "/h/state.db-shm", O_RDWR|O_CREAT|O_NOFOLLOW|O_CLOEXEC, 0644) = 4</h/state.db-shm>
+100 fcntl(4</h/state.db-shm>, F_SETLKW, {l_type=F_RDLCK, l_whence=SEEK_SET, l_start=128, l_len=1} <unfinished ...>
+100 <... fcntl resumed>) = 0
+100 openat(AT_FDCWD</nonexistent>, "/nonexistent-hermes-ops-mark/@@fork", O_RDONLY|O_CLOEXEC) = -1 ENOENT
+100 clone(child_stack=NULL, flags=CLONE_CHILD_CLEARTID|CLONE_CHILD_SETTID|SIGCHLD, child_tidptr=0x7f) = 101
+101 close(3</h/state.db>) = 0
+100 clone(child_stack=0x7f, flags=CLONE_VM|CLONE_FS|CLONE_FILES|CLONE_SIGHAND|CLONE_THREAD|CLONE_SYSVSEM) = 102
+100 openat(AT_FDCWD</nonexistent>, "/nonexistent-hermes-ops-mark/@@header read", O_RDONLY|O_CLOEXEC) = -1 ENOENT
+102 openat(AT_FDCWD</h>, "/h/state.db", O_RDONLY|O_CLOEXEC) = 5</h/state.db>
+102 close(5</h/state.db>) = 0
+100 openat(AT_FDCWD</nonexistent>, "/nonexistent-hermes-ops-mark/@@sqlite closes", O_RDONLY|O_CLOEXEC) = -1 ENOENT
+100 close(4</h/state.db-shm>) = 0
+100 fcntl(3</h/state.db>, F_SETLK, {l_type=F_UNLCK, l_whence=SEEK_SET, l_start=0, l_len=0}) = 0
+100 close(3</h/state.db>) = 0
+"""
+
+
+def test_the_parser_tells_sqlites_own_closes_from_lock_dropping_ones():
+    steps = check_trace(CANNED)["steps"]
+    # a forked child holds none of its parent's locks: its close drops nothing
+    assert steps["fork"] == {"closes": 1, "closes_while_locked": 0, "dropping": []}
+    # a thread's open()/close() of state.db drops its process's SHARED lock taken through fd 3
+    assert steps["header read"]["closes"] == 1 and len(steps["header read"]["dropping"]) == 1
+    assert "1073741826-1073742336 (fd 3)" in steps["header read"]["dropping"][0]
+    # SQLite's last -shm close (its lock taken through that descriptor), then state.db once unlocked
+    assert steps["sqlite closes"] == {"closes": 2, "closes_while_locked": 1, "dropping": []}
