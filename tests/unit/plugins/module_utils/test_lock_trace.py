@@ -13,7 +13,8 @@ WAL-reset bug such as this host's, in WAL mode on a fixed one):
   every entry point works in a child switched to the owner (strace follows it): state_db_info,
   check mode (preflight), a run with a backup by files, zombie close, prune, FTS merge, full
   VACUUM (switching to incremental) and checkpoint, a second run with the backup through the
-  backup API (WAL) and incremental VACUUM, then restore of the newest backup (as root);
+  backup API (WAL) and incremental VACUUM, restore of the newest backup (as root), then the
+  scheduled job's runner (``_hermes_runner.main``);
 * ``live`` (a real Hermes writer appends every 20 ms), in-process as the owner: the archive
   (in rollback-journal mode the run's own; in WAL mode ``take_archive`` called on the live
   file), the run beside the writer, session_restore of the archive, state_db_info and check
@@ -98,6 +99,16 @@ for step in steps:
         out = restore.restore(restore.plan_restore(home, "default"))["restored"]
     elif kind == "archive":
         out = take_archive(step["ids"])
+    elif kind == "runner":  # the scheduled job's CLI, as the role installs it
+        import contextlib, io
+        from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_runner as runner
+        config = os.path.join(os.path.dirname(home), "maintenance.json")
+        with open(config, "w") as handle:
+            json.dump(options, handle)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            rc = runner.main(["--config", config, "--json", "--allow-root"])
+        out = {"rc": rc, "result": json.loads(printed.getvalue())}
     else:
         out = srestore.restore_from_archive(home, "default", newest_archive())
     print(json.dumps({"step": step["name"], "out": out}), flush=True)
@@ -120,6 +131,7 @@ QUIET = [
         "options": dict(BASE, prune_days=7, vacuum_mode="incremental"),
     },
     {"name": "restore", "kind": "restore"},
+    {"name": "runner (the scheduled job)", "kind": "runner", "options": dict(BASE, prune_days=7)},
 ]
 LIVE = [
     {"name": "preflight beside a live writer (check mode)", "kind": "maintain", "check_mode": True},
@@ -195,7 +207,7 @@ def test_quiet_paths_keep_sqlite_locks(release, base_homes, tmp_path):
     finally:
         shutil.rmtree(str(base), ignore_errors=True)
     assert_no_dropping_close(mode, summary)
-    info, check, first, second, restored = (results[s["name"]] for s in QUIET)
+    info, check, first, second, restored, scheduled = (results[s["name"]] for s in QUIET)
     assert info["status"] == check["status"] == "ok" and check["preflight"]["check"] == "quick_check"
     assert first["status"] == "ok" and first["zombies_closed"] >= 1 and first["sessions_pruned"] > 0, first["error"]
     assert first["backup"]["copied_by"] == "files" and first["reclaim"]["action"] == "full"
@@ -206,6 +218,7 @@ def test_quiet_paths_keep_sqlite_locks(release, base_homes, tmp_path):
     if mode == "wal":
         assert first["reclaim"]["checkpoint"] == second["reclaim"]["checkpoint"] == "TRUNCATE"
     assert restored["sessions"] > 0
+    assert scheduled["rc"] == 0 and scheduled["result"]["profiles"][0]["sessions_pruned"] > 0  # the restored ones
     if owner:
         assert first["sqlite"] and results[QUIET[0]["name"]]["sqlite"]  # worked in the owner's child
 
