@@ -23,7 +23,16 @@ import sqlite3
 import stat
 import time
 
-from ._hermes_db import BUSY_TIMEOUT, MB, MaintenanceError, file_size, free_bytes, fsync_path, read_snapshot
+from ._hermes_db import (
+    BUSY_TIMEOUT,
+    MB,
+    MaintenanceError,
+    copy_db_bytes,
+    file_size,
+    free_bytes,
+    fsync_path,
+    read_snapshot,
+)
 
 PREFIX = "hermes-ops_"
 BACKUP_STEP_BYTES = 16 * 1024 * 1024  # copied per step, then flushed (see _copy_files)
@@ -225,31 +234,10 @@ def _copy_files(conn, db_path, work, wal_mode, busy_timeout):
 
 
 def _paced_copy(src_path, dst_path, flush=True):
-    """``cp`` in steps of BACKUP_STEP_BYTES, each flushed to disk unless ``flush`` is False: one big
-    write-back at the end delayed the gateway's own commits."""
-    with open(src_path, "rb") as src, open(dst_path, "r+b") as dst:
-        size = os.fstat(src.fileno()).st_size
-        offset = 0
-        while offset < size:
-            sent = _copy_range(src, dst, offset, min(BACKUP_STEP_BYTES, size - offset))
-            if sent == 0:  # the file shrank under us (a checkpoint truncated it): the -wal replay covers it
-                break
-            offset += sent
-            if flush:
-                os.fdatasync(dst.fileno())
-
-
-def _copy_range(src, dst, offset, count):
-    """Up to ``count`` bytes of ``src`` from ``offset`` appended to ``dst``: in the kernel where it
-    can (Linux sendfile between files), else through a buffer (macOS sendfile wants a socket)."""
-    try:
-        return os.sendfile(dst.fileno(), src.fileno(), offset, count)
-    except (AttributeError, OSError) as exc:
-        if isinstance(exc, OSError) and exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSOCK, errno.EOPNOTSUPP):
-            raise
-    data = os.pread(src.fileno(), count, offset)
-    os.pwrite(dst.fileno(), data, offset)
-    return len(data)
+    """``cp`` through SQLite's own descriptor (``copy_db_bytes``: closing another would drop the
+    read snapshot's locks) in steps of BACKUP_STEP_BYTES, each flushed to disk unless ``flush`` is
+    False. A file that shrinks under the copy (a checkpoint truncated it) is covered by the -wal replay."""
+    copy_db_bytes(src_path, dst_path, step=BACKUP_STEP_BYTES, flush=flush)
 
 
 def _copy_snapshot(conn, target, work):

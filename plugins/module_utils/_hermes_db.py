@@ -9,8 +9,10 @@ runner and the tests all use this file as it is.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import re
 import shutil
 import sqlite3
 import stat
@@ -59,8 +61,7 @@ def check_db_file(path):
     if st.st_size == 0:
         raise MaintenanceError("%s is empty (0 bytes), not a SQLite database: restore it from a backup" % path)
     try:
-        with open(path, "rb") as handle:
-            header = handle.read(len(SQLITE_HEADER))
+        header = read_db_bytes(path, len(SQLITE_HEADER))
     except PermissionError:
         raise MaintenanceError(
             "%s cannot be read (permission denied, mode %o): run as its owner (uid %d)"
@@ -77,6 +78,76 @@ def check_db_file(path):
     return st
 
 
+# Reading a database file's bytes. Closing ANY descriptor of a file drops every POSIX lock this
+# process holds on it, SQLite's own included (sqlite.org/howtocorrupt.html, 2.2): one
+# open()/close() of state.db beside a connection of ours gives away its SHARED lock (WAL mode:
+# held as long as the connection is open; it is what stops another process's close from
+# checkpointing and unlinking the -wal we still write). So every read of the bytes of
+# state.db, its -wal or -shm goes through db_file_fd; the connection itself (PRAGMAs,
+# sqlite_master) is the other way.
+
+
+@contextlib.contextmanager
+def db_file_fd(path):
+    """A descriptor to read ``path`` (state.db, -wal, -shm) with ``os.pread``/``os.sendfile``.
+
+    SQLite's own descriptor when this process has the file open (positional reads and
+    sendfile with an offset leave its file offset alone), never closed here. Else one opened
+    for the read and closed after it: a process with no descriptor of a file holds no lock
+    on it, so that close drops nothing. Keep the body to reads: a connection opened inside it
+    would take its locks while ours is still open.
+    """
+    fd = _own_fd(path)
+    if fd is not None:
+        yield fd
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def read_db_bytes(path, count, offset=0):
+    """Up to ``count`` bytes of a database file from ``offset``, through ``db_file_fd``."""
+    with db_file_fd(path) as fd:
+        return os.pread(fd, count, offset)
+
+
+def copy_db_bytes(src_path, dst_path, step=16 * MB, flush=False):
+    """Copy a database file into the existing ``dst_path`` through ``db_file_fd``, in steps of
+    ``step`` bytes, each fdatasync'ed when ``flush`` (one big write-back at the end delayed
+    the gateway's own commits). A file that shrinks under the copy ends it there."""
+    with db_file_fd(src_path) as src:
+        dst = os.open(dst_path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            size, offset = os.fstat(src).st_size, 0
+            while offset < size:
+                sent = _copy_range(src, dst, offset, min(step, size - offset))
+                if sent == 0:
+                    break
+                offset += sent
+                if flush:
+                    os.fdatasync(dst)
+        finally:
+            os.close(dst)
+
+
+def _copy_range(src, dst, offset, count):
+    """Up to ``count`` bytes of descriptor ``src`` from ``offset`` written at the same offset of
+    ``dst``: in the kernel where it can (Linux sendfile between files), else through a buffer
+    (macOS sendfile wants a socket)."""
+    try:
+        os.lseek(dst, offset, os.SEEK_SET)
+        return os.sendfile(dst, src, offset, count)
+    except (AttributeError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSOCK, errno.EOPNOTSUPP):
+            raise
+    data = os.pread(src, count, offset)
+    os.pwrite(dst, data, offset)
+    return len(data)
+
+
 def sqlite_uri(path, **params):
     query = "&".join("%s=%s" % item for item in params.items())
     return "file:%s?%s" % (quote(os.path.abspath(path)), query)
@@ -88,8 +159,7 @@ _WAL_VERSIONS = b"\x02\x02"  # header bytes 18-19 (read/write versions): 2 is WA
 def _header_versions(path):
     """The header's read/write versions (bytes 18-19), or None when unreadable or too short."""
     try:
-        with open(path, "rb") as handle:
-            header = handle.read(20)
+        header = read_db_bytes(path, 20)
     except OSError:
         return None
     return header[18:20] if len(header) == 20 else None
@@ -124,9 +194,9 @@ class ReadOnlyDB:
         else:
             self._tmpdir = tempfile.mkdtemp(prefix="hermes-ops-ro-")
             copy = os.path.join(self._tmpdir, "state.db")
-            shutil.copyfile(path, copy)
-            if has[0]:
-                shutil.copyfile(path + "-wal", copy + "-wal")
+            for suffix in ("", "-wal") if has[0] else ("",):
+                os.close(os.open(copy + suffix, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                copy_db_bytes(path + suffix, copy + suffix)
             uri = sqlite_uri(copy, mode="ro")
         self.conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout, isolation_level=None)
 
@@ -141,14 +211,17 @@ class ReadOnlyDB:
 def open_rw(path, busy_timeout=BUSY_TIMEOUT):
     """Open for maintenance the way Hermes does: autocommit, foreign keys on.
 
-    ``synchronous=NORMAL`` (this connection only) skips the WAL fsync at each of our many
-    small commits. What it risks on power loss is that the last deletes or zombie closes
-    roll back, and the next run simply does them again; the backup is fsynced on its own.
+    In WAL mode ``synchronous=NORMAL`` (this connection only) skips the WAL fsync at each of
+    our many small commits. What it risks on power loss is that the last deletes or zombie
+    closes roll back, and the next run simply does them again; the backup is fsynced on its
+    own. A rollback-journal file keeps SQLite's FULL, as Hermes does: there NORMAL can corrupt
+    the file on a power loss at the wrong moment (sqlite.org/pragma.html#pragma_synchronous).
     """
     conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
     conn.execute("PRAGMA foreign_keys=ON")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    if sqlite_wal_reset_affected() and is_wal_file(path):
+    wal = is_wal_file(path)
+    conn.execute("PRAGMA synchronous=%s" % ("NORMAL" if wal else "FULL"))
+    if sqlite_wal_reset_affected() and wal:
         # No checkpoint at our commits from an SQLite with the WAL-reset bug: the one
         # checkpoint we may take is decided at the end (_hermes_reclaim.checkpoint_policy).
         # Closing does not checkpoint either while another process holds the file: SQLite
@@ -269,23 +342,15 @@ def lock_owner(path, start, length):
     from here, -1 for an open-file-description lock), or None when nobody holds one.
 
     ``F_GETLK`` needs no access to ``/proc``. It ignores this process's own (POSIX) locks,
-    and the probe reuses a descriptor our SQLite already has on the file: closing any
-    descriptor of a file drops all of this process's POSIX locks on it, SQLite's included.
+    and it asks through ``db_file_fd``: a descriptor our SQLite already has on the file
+    when there is one (closing another would drop SQLite's locks).
     """
-    fd, ours = _own_fd(path), True
-    if fd is None:
-        try:
-            fd, ours = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), False
-        except OSError:
-            return None
     try:
-        query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, start, length, 0)
-        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query + b"\0" * 16)
+        with db_file_fd(path) as fd:
+            query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, start, length, 0)
+            answer = fcntl.fcntl(fd, fcntl.F_GETLK, query + b"\0" * 16)
     except OSError:
         return None
-    finally:
-        if not ours:
-            os.close(fd)  # no connection of ours has this file open: nothing of ours to drop
     l_type, _whence, _start, _len, l_pid = struct.unpack(_FLOCK, answer[: struct.calcsize(_FLOCK)])
     return None if l_type == fcntl.F_UNLCK else l_pid
 
@@ -315,6 +380,7 @@ def writer_probe(path):
 
 
 def _own_fd(path):
+    """A readable descriptor this process already has on ``path``'s file (SQLite's), or None."""
     try:
         want = os.stat(path)
         names = os.listdir("/proc/self/fd")
@@ -322,11 +388,13 @@ def _own_fd(path):
         return None
     for name in names:
         try:
-            st = os.fstat(int(name))
+            fd = int(name)
+            st = os.fstat(fd)
+            readable = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_WRONLY
         except (OSError, ValueError):
             continue
-        if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino) and stat.S_ISREG(st.st_mode):
-            return int(name)
+        if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino) and stat.S_ISREG(st.st_mode) and readable:
+            return fd
     return None
 
 
@@ -336,7 +404,8 @@ def holders(db_path, exclude_pids=None):
     Each is ``{"pid", "command", "evidence"}``: ``descriptor`` (its /proc/PID/fd points at
     the file), ``lock`` (it holds one of SQLite's locks on the file, seen with F_GETLK) or
     ``unreadable`` (a possible holder: its descriptors cannot be read from here, by /proc
-    permissions, hidepid or a missing CAP_SYS_PTRACE, and no lock probe rules it out).
+    permissions, hidepid or a missing CAP_SYS_PTRACE, and no lock probe rules it out) or
+    ``filesystem`` (the file is on a network or VM-shared filesystem: other hosts may hold it).
     In WAL mode the lock probe rules out every SQLite connection, however hidden; in
     rollback-journal mode an idle connection holds no lock, so nothing does.
     """
@@ -354,7 +423,104 @@ def holders(db_path, exclude_pids=None):
         found.append({"pid": pid if pid > 0 else None, "command": command, "evidence": "lock"})
     if not wal and not found:
         found.extend(hidden)  # an idle rollback-journal connection holds no lock: cannot rule them out
+    shared = shared_filesystem(db_path)
+    if shared:
+        found.append({"pid": None, "command": "processes on other hosts (%s)" % shared, "evidence": "filesystem"})
     return found
+
+
+# Filesystems whose locks or shared memory another host (or the VM host) takes part in:
+# POSIX locks may be missing, broken or local to one client (sqlite.org/howtocorrupt.html,
+# 2.1), and the WAL index is shared memory that processes elsewhere do not share
+# (sqlite.org/wal.html). Hermes refuses WAL on them (its issues #110847, #111433).
+SHARED_FILESYSTEMS = frozenset(
+    ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "virtiofs", "ceph", "glusterfs", "lustre", "afs", "gfs2", "ocfs2",
+     "davfs", "vboxsf", "vmhgfs", "prl_fs", "fuse.sshfs", "fuse.s3fs", "fuse.rclone", "fuse.gcsfuse", "fuse.glusterfs",
+     "fuse.cephfs", "fuse.ceph-fuse", "fuse.davfs2", "fuse.vmhgfs-fuse", "fuse.juicefs")
+)  # fmt: skip
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def _unescape(field):
+    """mountinfo writes space, tab, newline and backslash as octal escapes (\\040 ...)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_mountinfo(text):
+    """Each mount of mountinfo text as {"dev", "mount_point", "type", "source"}, in its order."""
+    mounts = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or not tail:
+            continue
+        mounts.append(
+            {
+                "dev": fields[2],
+                "mount_point": _unescape(fields[4]),
+                "type": tail[0],
+                "source": _unescape(tail[1]) if len(tail) > 1 else "",
+            }
+        )
+    return mounts
+
+
+def filesystem_of(path, mountinfo_text=None):
+    """The mount ``path`` is on: {"type", "mount_point", "source"}, or None when unknown.
+
+    The mount with the file's own device number (``st_dev`` as major:minor) whose mount point
+    is the longest prefix of the real path; the longest prefix alone where no device matches
+    (btrfs subvolumes report their own). The last of equals wins: it is mounted over the others.
+    """
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+        if mountinfo_text is None:
+            with open(MOUNTINFO) as handle:
+                mountinfo_text = handle.read()
+    except OSError:
+        return None
+    dev = "%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
+
+    def under(mount):
+        point = mount["mount_point"].rstrip("/") + "/"
+        return real == mount["mount_point"] or real.startswith(point) or point == "/"
+
+    mounts = [m for m in parse_mountinfo(mountinfo_text) if under(m)]
+    same = [m for m in mounts if m["dev"] == dev] or mounts
+    best = None
+    for mount in same:
+        if best is None or len(mount["mount_point"]) >= len(best["mount_point"]):
+            best = mount
+    return {k: best[k] for k in ("type", "mount_point", "source")} if best else None
+
+
+def shared_filesystem(path, mountinfo_text=None):
+    """Why ``path``'s filesystem is shared with other hosts (network or VM share), or None.
+
+    There no process holding the file can be ruled out (other hosts are not in /proc, and
+    their locks may not reach us), so the engine treats such a file as held: see docs/safety.md.
+    """
+    fs = filesystem_of(path, mountinfo_text)
+    if not fs or fs["type"] not in SHARED_FILESYSTEMS:
+        return None
+    return (
+        "%s is on a %s filesystem (%s at %s): processes on other hosts may hold it unseen, and its locks and "
+        "shared memory may not reach them" % (path, fs["type"], fs["source"], fs["mount_point"])
+    )
+
+
+def refuse_wal_on_shared_filesystem(db_path, journal_mode):
+    """No write into a WAL file on a network or VM-shared filesystem: raise, naming why."""
+    shared = shared_filesystem(db_path)
+    if shared and journal_mode.lower() == "wal":
+        raise MaintenanceError(
+            "%s, and state.db is in WAL mode: its WAL index is shared memory that processes on other hosts do not "
+            "share (sqlite.org/wal.html), so no maintenance writes into it; nothing was changed. Move the Hermes "
+            "home to a local disk, or let Hermes run journal_mode=DELETE there (0.20+ does on such filesystems)"
+            % shared
+        )
+    return shared
 
 
 def _scan_proc(db_path, exclude):
@@ -465,6 +631,8 @@ def describe_holders(found, limit=5):
             words.append("%s (%s, %s)" % (h["command"], pid, why))
         elif h.get("evidence") == "lock":
             words.append("%s (%s, holds a SQLite lock on it)" % (h["command"], pid))
+        elif h.get("evidence") == "filesystem":
+            words.append(h["command"])
         else:
             words.append("%s (%s)" % (h["command"], pid))
     if len(found) > limit:

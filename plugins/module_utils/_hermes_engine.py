@@ -30,6 +30,7 @@ from ._hermes_db import (
     engine_sqlite,
     holders,
     open_rw,
+    refuse_wal_on_shared_filesystem,
 )
 from ._hermes_hazards import (
     auto_maintenance_meta,
@@ -273,8 +274,9 @@ def preflight_check(conn, db_path):
     the rows the prune deletes are checked through their archive.
     """
     mode = conn.execute("PRAGMA journal_mode").fetchone()[0].lower()  # a query: changes nothing
+    shared = refuse_wal_on_shared_filesystem(db_path, mode)
     others = holders(db_path) if mode != "wal" else []
-    report = {"journal_mode": mode, "live_rollback": bool(others), "holders": len(others)}
+    report = {"journal_mode": mode, "live_rollback": bool(others), "holders": len(others), "shared_filesystem": shared}
     if others:
         report["check"] = "tables"
         report["tables_checked"] = quick_check_small_tables(conn, db_path)

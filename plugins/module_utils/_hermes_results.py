@@ -137,7 +137,9 @@ PROFILE_FIELDS = (
         "How the file was checked before any change. V(journal_mode), V(holders) (other processes with the file "
         "open, counted in rollback-journal mode only), V(live_rollback) (both), V(check) (V(quick_check) of the "
         "whole file, or V(tables) for a quick_check of each small table in its own short read, beside a live "
-        "gateway in rollback-journal mode) and V(tables_checked).",
+        "gateway in rollback-journal mode), V(tables_checked) and V(shared_filesystem) (null, or why the file "
+        "counts as held by processes on other hosts, on a network or VM-shared filesystem such as NFS, SMB, "
+        "9p or virtiofs; then no whole-file copy and no full VACUUM, and a file in WAL mode is refused).",
     )),
     Field("reclaim", "dict", initial=None, doc=(
         "V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed), V(skipped_reason), V(fts_merge_steps), "
@@ -198,7 +200,8 @@ INFO_PROFILE_FIELDS = (
         "Processes holding the file open, or that may hold it (V(pid), V(command), V(evidence)).",
         "V(evidence) is V(descriptor) (its open file seen in C(/proc)), V(lock) (SQLite's own lock on the file or "
         "its C(-shm), seen with C(fcntl); V(pid) may then be null) or V(unreadable) (a process whose descriptors "
-        "cannot be read and that could open the file, so it cannot be ruled out).",
+        "cannot be read and that could open the file, so it cannot be ruled out) or V(filesystem) (the file is on a "
+        "network or VM-shared filesystem, where processes on other hosts may hold it unseen).",
     )),
     Field("hermes_locks_held", "list", elements="dict", doc=(
         "Hermes's own lock files held right now (V(file), V(operation)), such as C(state.db.repair.lock) while "

@@ -30,7 +30,16 @@ import sqlite3
 import stat
 
 from ._hermes_archive import is_archive_name, related_tables, restore_sessions
-from ._hermes_db import BATCH_PAUSE, BUSY_TIMEOUT, MaintenanceError, ProfileSkipped, ReadOnlyDB, sqlite_uri
+from ._hermes_db import (
+    BATCH_PAUSE,
+    BUSY_TIMEOUT,
+    MaintenanceError,
+    ProfileSkipped,
+    ReadOnlyDB,
+    is_wal_file,
+    refuse_wal_on_shared_filesystem,
+    sqlite_uri,
+)
 from ._hermes_engine import LOCK_SUFFIX, ProfileLock, backups_of, profile_path, run_as_owner
 from ._hermes_hazards import refuse_during_hermes_operation
 from ._hermes_inspect import quick_check_rows
@@ -247,6 +256,7 @@ def _work(db_path, archive_path, session_ids, check_mode, busy_timeout, pause):
         if check_mode or not plan["changed"]:
             return {"result": plan}
         wanted = [s["id"] for s in plan["sessions"] if not s["present"] or s["messages_missing"] or s["rows_missing"]]
+        refuse_wal_on_shared_filesystem(db_path, "wal" if is_wal_file(db_path) else "delete")
         try:
             done = restore_sessions(db_path, archive_path, wanted, busy_timeout=busy_timeout, pause=pause)
         except sqlite3.OperationalError as exc:

@@ -324,7 +324,9 @@ profiles:
         - How the file was checked before any change. V(journal_mode), V(holders) (other processes with the file
           open, counted in rollback-journal mode only), V(live_rollback) (both), V(check) (V(quick_check) of the
           whole file, or V(tables) for a quick_check of each small table in its own short read, beside a live
-          gateway in rollback-journal mode) and V(tables_checked).
+          gateway in rollback-journal mode), V(tables_checked) and V(shared_filesystem) (null, or why the file
+          counts as held by processes on other hosts, on a network or VM-shared filesystem such as NFS, SMB, 9p or
+          virtiofs; then no whole-file copy and no full VACUUM, and a file in WAL mode is refused).
       type: dict
     reclaim:
       description:

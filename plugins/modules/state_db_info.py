@@ -129,7 +129,8 @@ profiles:
         - Processes holding the file open, or that may hold it (V(pid), V(command), V(evidence)).
         - V(evidence) is V(descriptor) (its open file seen in C(/proc)), V(lock) (SQLite's own lock on the file or
           its C(-shm), seen with C(fcntl); V(pid) may then be null) or V(unreadable) (a process whose descriptors
-          cannot be read and that could open the file, so it cannot be ruled out).
+          cannot be read and that could open the file, so it cannot be ruled out) or V(filesystem) (the file is on a
+          network or VM-shared filesystem, where processes on other hosts may hold it unseen).
       type: list
       elements: dict
     hermes_locks_held:

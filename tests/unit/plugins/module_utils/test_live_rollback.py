@@ -167,6 +167,7 @@ def test_rollback_mode_without_holders_takes_the_whole_file_backup(base_db, tmp_
         "live_rollback": False,
         "holders": 0,
         "check": "quick_check",
+        "shared_filesystem": None,
     }
     assert profile["backup"]["kind"] == "file" and profile["backup_deferred"] is None
     assert profile["backup"]["sessions"] == SIZE[0]
