@@ -164,9 +164,7 @@ matrix-controller-run: $(STAMP313)
 
 # ----------------------------------------------------------------- docs and release
 
-docs-lint: $(STAMP) collection-link ## antsibull-docs lint-collection-docs (plugin and role docs, extra docs, references)
-	$(ANSIBLE_ENV) $(BIN)/antsibull-docs lint-collection-docs --plugin-docs --check-extra-docs-refs \
-		--validate-collection-refs all $(COLLECTION_LINK)
+# docs-lint and docs-site: mk/docs-site.mk.
 
 changelog-check: $(STAMP) ## generate the changelog on a scratch copy (fragments kept) and check every entry is in it
 	@bash scripts/changelog.sh $(BIN)/antsibull-changelog
