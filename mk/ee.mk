@@ -18,10 +18,13 @@ ee-context: $(STAMP) $(EE_VENV)/.stamp ## ansible-builder create on the example 
 
 # The image itself, built for real on a local Debian base (tests/ee/build-base-image.sh)
 # with podman, and the playbooks run from it (scripts/ee_run.sh). Not in CI: see docs/fleet.md.
-.PHONY: ee-image ee-run
+.PHONY: ee-image ee-run ee-run-fleet
 
 ee-image: $(EE_VENV)/.stamp ## build the EE image localhost/hermes-ops-ee:<version> (local base, ansible-builder, podman)
 	bash scripts/ee_image.sh $(EE_VENV)/bin
 
 ee-run: $(EE_VENV)/.stamp ## from the EE image: ansible-runner (process isolation) maintain.yml --check + report.yml on a generated home
 	bash scripts/ee_run.sh $(EE_VENV)/bin
+
+ee-run-fleet: $(EE_VENV)/.stamp ## the same against the running fleet (make fleet-create first), compared with the controller's runs
+	bash scripts/ee_run.sh $(EE_VENV)/bin fleet

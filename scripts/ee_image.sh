@@ -4,11 +4,12 @@
 #
 #   scripts/ee_image.sh BUILDER_VENV_BIN            image: EE_IMAGE (localhost/hermes-ops-ee:<version>)
 #
-# The definition used is extras/execution-environment/execution-environment.yml with three
+# The definition used is extras/execution-environment/execution-environment.yml with these
 # changes written into build/ee-image/ (the example itself stays as users copy it): the
 # local base image, ansible-builder's package manager pointed at the base's apt shim (and its
 # pip used as it is: Debian's python3 has no ensurepip), and
-# ansible-core / ansible-runner pinned as requirements/ee.txt pins them.
+# ansible-core / ansible-runner pinned as requirements/ee.txt pins them, and the podman
+# client as a system package (for the test fleet's connection, below).
 set -euo pipefail
 bin="$1"
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,6 +38,10 @@ ee["options"]["package_manager_path"] = "/usr/local/bin/ee-pkgmgr"
 ee["options"]["skip_pip_install"] = True  # Debian has no ensurepip; the base has python3-pip
 ee["dependencies"]["ansible_core"]["package_pip"] = "ansible-core==" + pins["ansible-core"]
 ee["dependencies"]["ansible_runner"]["package_pip"] = "ansible-runner==" + pins["ansible-runner"]
+# The podman client, for the test fleet's connection only (containers.podman: `podman
+# --remote exec` through the host's podman API socket; scripts/ee_run.sh). A real fleet is
+# reached over SSH and needs nothing from the image beyond ansible-core.
+ee["dependencies"]["system"] = ["podman"]
 with open(f"{work}/execution-environment.yml", "w") as f:
     yaml.safe_dump(ee, f, sort_keys=False)
 PY

@@ -124,6 +124,7 @@ def site(tmp_path_factory):
 
 
 def test_every_page_renders_with_no_broken_link(site, chromium):
+    """One test, so that a parallel run (xdist) builds the site once."""
     doms, broken = {}, []
     for page, title in _pages().items():
         dom = _parse(chromium("--dump-dom", (site / page).as_uri()))
@@ -151,9 +152,7 @@ def test_every_page_renders_with_no_broken_link(site, chromium):
     assert set(_pages()) - {"index.html"} <= index_links
     # the guides' cross-references became links to the other guides
     assert any(urlsplit(link).path == "guide_compatibility.html" for link in doms["docsite/guide_safety.html"].links)
-
-
-def test_screenshots(site, chromium):
+    # screenshots of what a reader sees first
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for name, page in (("index", "index.html"), ("session_maintenance", "session_maintenance_module.html")):
         png = SCREENSHOTS / f"{name}.png"
