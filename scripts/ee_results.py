@@ -1,4 +1,5 @@
-#!/usr/bin/env python3
+# Copyright: contributors to hermes_agent.ops
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """What a run's modules reported, from ansible-runner's job events (its artifacts dir).
 
     ee_results.py ARTIFACTS_DIR          prints JSON {host: {task action: {profile: [...]}}}

@@ -1,4 +1,5 @@
-#!/usr/bin/env python3
+# Copyright: contributors to hermes_agent.ops
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The guides (docs/*.md) as antsibull-docs extra docs, converted at build time.
 
     md_to_rst.py COLLECTION_DIR
@@ -14,7 +15,7 @@ AST; the links are rewritten before pandoc writes RST:
   lint-collection-docs --check-extra-docs-refs`` check every one;
 - to the role's README: the role's page;
 - to any other file of the repository: galaxy.yml's ``repository`` + ``/blob/main/``, or
-  the path as literal text when galaxy.yml names no repository.
+  the link's text and the path as literal text when galaxy.yml names no repository.
 """
 
 import json
@@ -110,7 +111,7 @@ class Converter:
         text, (target, _title) = node["c"][1], node["c"][2]
         if re.match(r"^[a-z]+:", target):
             return None
-        path, _, fragment = target.partition("#")
+        path, _sep, fragment = target.partition("#")
         name = os.path.normpath(os.path.join("docs", path)) if path else None
         if name is None or (name.startswith("docs/") and name[5:] in self.guides):
             target_guide = self.guides[name[5:]] if name else guide
@@ -125,7 +126,10 @@ class Converter:
         if self.repository:
             node["c"][2][0] = "%s/blob/main/%s%s" % (self.repository, name, "#" + fragment if fragment else "")
             return None
-        return {"t": "Code", "c": [["", [], []], name]}
+        # the link's text, then the path it named
+        code = {"t": "Code", "c": [["", [], []], name]}
+        path_note = [{"t": "Space"}, {"t": "Str", "c": "("}, code, {"t": "Str", "c": ")"}]
+        return {"t": "Span", "c": [["", [], []], text + path_note]}
 
     def fix(self, node, guide):
         if node.get("t") == "Link":
@@ -144,14 +148,14 @@ class Converter:
                 content[0] = raw("\\" + content[0]["c"])
         return None
 
-    def convert(self, md_file, guide):
-        doc = self.ast(md_file)
+    def convert(self, doc, md_file, guide):
         blocks = []
         for block, slug in zip(doc["blocks"], heading_slugs(doc["blocks"])):
             if block["t"] == "Header":
                 block["c"][1][0] = ""  # pandoc's own ids would become labels without the prefix
-                label = LABEL + guide if block["c"][0] == 1 else heading_label(guide, slug)
-                blocks.append({"t": "RawBlock", "c": ["rst", ".. _%s:" % label]})
+                if block["c"][0] == 1:  # the guide's title: the guide's own label too
+                    blocks.append({"t": "RawBlock", "c": ["rst", ".. _%s%s:" % (LABEL, guide)]})
+                blocks.append({"t": "RawBlock", "c": ["rst", ".. _%s:" % heading_label(guide, slug)]})
             blocks.append(block)
         doc["blocks"] = walk(blocks, lambda node: self.fix(node, guide))
         rst = pypandoc.convert_text(json.dumps(doc), "rst", format="json", extra_args=["--wrap=preserve"])
@@ -162,13 +166,14 @@ class Converter:
         return header + rst
 
     def run(self):
+        docs = {md_file: self.ast(md_file) for md_file in self.guides}
         for md_file, guide in self.guides.items():
-            self.slugs[guide] = set(filter(None, heading_slugs(self.ast(md_file)["blocks"])))
+            self.slugs[guide] = set(filter(None, heading_slugs(docs[md_file]["blocks"])))
         out_dir = os.path.join(self.collection, "docs", "docsite", "rst")
         os.makedirs(out_dir, exist_ok=True)
         for md_file, guide in self.guides.items():
             with open(os.path.join(out_dir, guide + ".rst"), "w", encoding="utf-8") as f:
-                f.write(self.convert(md_file, guide))
+                f.write(self.convert(docs[md_file], md_file, guide))
             print("md_to_rst: docs/%s -> docs/docsite/rst/%s.rst" % (md_file, guide))
 
 
