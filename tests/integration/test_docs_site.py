@@ -123,7 +123,7 @@ def site(tmp_path_factory):
     return work / "sphinx" / "build" / "html"
 
 
-def test_every_page_renders_with_no_broken_link(site, chromium):
+def test_every_page_renders_with_no_broken_link(chromium, site):
     """One test, so that a parallel run (xdist) builds the site once."""
     doms, broken = {}, []
     for page, title in _pages().items():
