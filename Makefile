@@ -175,13 +175,12 @@ matrix-controller-run: $(STAMP313)
 	@echo "+ controller: $$($(BIN313)/ansible --version | head -1), $$($(BIN313)/python --version)"
 	@ANSIBLE_COLLECTIONS_PATH=$(COLLECTIONS_ROOT) ANSIBLE_LOCAL_TEMP=$(CURDIR)/build/ansible-tmp-313 \
 		ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0 PATH=$(BIN313):$$PATH \
-		$(PYTEST_SPLIT) build/logs/matrix-controller-pytest "($(PYTEST_MARKERS)) and not managed_node" $(BIN313)/pytest -- tests/integration -p no:cacheprovider $(PYTEST_ARGS)
+		$(PYTEST_SPLIT) build/logs/matrix-controller-pytest "($(PYTEST_MARKERS)) and not managed_node" $(BIN313)/pytest -- \
+		tests/integration --deselect tests/integration/test_docs_site.py -p no:cacheprovider $(PYTEST_ARGS)
 
 # ----------------------------------------------------------------- docs and release
 
-docs-lint: $(STAMP) collection-link ## antsibull-docs lint-collection-docs (plugin and role docs, extra docs, references)
-	$(ANSIBLE_ENV) $(BIN)/antsibull-docs lint-collection-docs --plugin-docs --check-extra-docs-refs \
-		--validate-collection-refs all $(COLLECTION_LINK)
+# docs-lint and docs-site: mk/docs-site.mk.
 
 changelog-check: $(STAMP) ## generate the changelog on a scratch copy (fragments kept) and check every entry is in it
 	@bash scripts/changelog.sh $(BIN)/antsibull-changelog
@@ -212,9 +211,9 @@ prepare-venvs: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## lane: controlle
 	@if [ -n "$(PYTHON313)" ]; then $(MAKE) setup-313; fi
 	@$(MAKE) fleet-collections
 
-prepare-matrix: ## lane: the managed-node matrix venvs, the metrics and execution-environment tool venvs
+prepare-matrix: ## lane: the managed-node matrix venvs, the metrics, execution-environment and docs-site tool venvs
 	@bash scripts/matrix_python.sh --setup-only "$(MATRIX_PYTHONS)"
-	@$(MAKE) metrics-setup $(EE_VENV)/.stamp
+	@$(MAKE) metrics-setup $(EE_VENV)/.stamp docs-site-setup
 
 prepare-sqlite: ## lane: Debian's SQLite builds of the SQLite matrix, the Python linking a fixed SQLite
 	@$(MAKE) sqlite-builds fixed-python

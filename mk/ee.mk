@@ -2,7 +2,7 @@
 # definition extras/execution-environment/execution-environment.yml into a build context
 # with ansible-builder (from PyPI, in its own venv under .cache/) and checks the galaxy
 # and introspection steps of an image build on this host (scripts/ee_context.sh). Building
-# the image itself needs the base image from a registry.
+# the image itself: `make ee-image` (below), on a base image built locally.
 
 EE_VENV := $(CURDIR)/.cache/builder-venv
 
@@ -15,3 +15,16 @@ $(EE_VENV)/.stamp: requirements/ee.txt
 
 ee-context: $(STAMP) $(EE_VENV)/.stamp ## ansible-builder create on the example EE, then its galaxy + introspect steps
 	bash scripts/ee_context.sh $(EE_VENV)/bin/ansible-builder $(BIN)/ansible-galaxy $(EE_VENV)/bin/python
+
+# The image itself, built for real on a local Debian base (tests/ee/build-base-image.sh)
+# with podman, and the playbooks run from it (scripts/ee_run.sh). Not in CI: see docs/fleet.md.
+.PHONY: ee-image ee-run ee-run-fleet
+
+ee-image: $(EE_VENV)/.stamp ## build the EE image localhost/hermes-ops-ee:<version> (local base, ansible-builder, podman)
+	bash scripts/ee_image.sh $(EE_VENV)/bin
+
+ee-run: $(EE_VENV)/.stamp ## from the EE image: ansible-runner (process isolation) maintain.yml --check + report.yml on a generated home
+	bash scripts/ee_run.sh $(EE_VENV)/bin
+
+ee-run-fleet: $(EE_VENV)/.stamp ## the same against the running fleet (make fleet-create first), compared with the controller's runs
+	bash scripts/ee_run.sh $(EE_VENV)/bin fleet

@@ -33,4 +33,4 @@ deps="$("$python" "$work/context/_build/scripts/introspect.py" introspect "$work
 echo "ee: introspection of the installed collection:"; echo "$deps"
 [ "$(echo "$deps" | grep -v '^---$' | tr -d ' \n')" = "python:[]system:[]" ] \
     || { echo "ee: expected no Python or system requirements" >&2; exit 1; }
-echo "ee: ok (no image built: the base image needs a registry)"
+echo "ee: ok (the image itself: make ee-image, on a local base image)"
