@@ -27,6 +27,7 @@ import re
 import yaml
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
+
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import normalize_options
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_options import (
@@ -64,7 +65,14 @@ PLAYBOOK_VARIABLES = (
 )
 
 _KNOWN = None
-TYPE_WORDS = {"bool": "true or false", "int": "an integer", "float": "a number", "list": "a list", "str": "a string", "path": "a path"}
+TYPE_WORDS = {
+    "bool": "true or false",
+    "int": "an integer",
+    "float": "a number",
+    "list": "a list",
+    "str": "a string",
+    "path": "a path",
+}
 
 
 def role_variables():

@@ -44,6 +44,7 @@ from ._hermes_plan import DAY, build_plan
 from ._hermes_reclaim import reclaim, wal_budget
 from ._hermes_results import new_profile_result
 
+NO_PROFILES = "no_profiles"  # a home that exists but holds no state.db (a profile's status; a run's)
 LOCK_SUFFIX = ".auto-maintenance.lock"  # the file Hermes's own auto-maintenance locks
 
 DEFAULTS = defaults()  # the option table's defaults (_hermes_options.OPTIONS)
@@ -422,7 +423,8 @@ def _each_profile(opts, work, *, check_mode):
         profiles = discover_profiles(home, opts["profiles"])
         if not profiles:
             missing = new_profile_result(home, "default", os.path.join(home, "state.db"))
-            missing["status"] = "failed" if not os.path.isdir(home) else "skipped"
+            # A home with nothing to maintain is not a success: the run says so (no_profiles).
+            missing["status"] = "failed" if not os.path.isdir(home) else NO_PROFILES
             missing["error"] = (
                 "Hermes home %s does not exist: check hermes_home" % home
                 if not os.path.isdir(home)
@@ -453,6 +455,7 @@ def run_maintenance(options, check_mode=False):
     finally:
         os.umask(old_umask)
     return {
+        "status": run_status(profiles),
         "changed": any(p["changed"] for p in profiles),
         "profiles": profiles,
         "summary": [format_summary_line(p, check_mode) for p in profiles],
@@ -462,10 +465,16 @@ def run_maintenance(options, check_mode=False):
     }
 
 
+def run_status(profiles):
+    """``failed`` when a profile failed, ``no_profiles`` when a home held none to maintain, else ``ok``."""
+    statuses = {p["status"] for p in profiles}
+    return "failed" if "failed" in statuses else NO_PROFILES if NO_PROFILES in statuses else "ok"
+
+
 def format_summary_line(p, check_mode=False):
     """The seed script's line: ``default: zombies=3 pruned=12 freed=45MB remaining=...``."""
-    if p["status"] == "skipped":
-        return "%s: skipped: %s" % (p["name"], p["error"])
+    if p["status"] in ("skipped", NO_PROFILES):
+        return "%s: %s: %s" % (p["name"], p["status"], p["error"])
     if p["status"] == "failed" and not p["before"]:
         return "%s: FAILED: %s" % (p["name"], p["error"])
     before, after = p["before"], p["after"] or p["before"]

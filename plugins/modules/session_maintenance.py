@@ -172,6 +172,12 @@ EXAMPLES = r"""
 
 RETURN = r"""
 # BEGIN GENERATED: return (scripts/generate.py, from plugins/module_utils/_hermes_results.py)
+status:
+  description:
+    - V(ok), V(failed) (a profile failed) or V(no_profiles) (a home held no C(state.db)).
+    - V(no_profiles) means nothing was maintained in that home, which is never a success.
+  returned: always
+  type: str
 summary:
   description: One line per profile, in the form of the monthly script it replaces.
   returned: always
@@ -199,7 +205,9 @@ profiles:
       description: The C(state.db) path.
       type: str
     status:
-      description: V(ok), V(skipped) (lock held, database busy; nothing lost, the next run retries) or V(failed).
+      description:
+        - V(ok), V(skipped) (lock held, database busy; nothing lost, the next run retries), V(failed) or
+          V(no_profiles) (the home exists but holds no C(state.db); the entry stands for the home).
       type: str
     error:
       description: Why it was skipped or failed, naming the thing and what to do; null when ok.
@@ -320,7 +328,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support 
     maintenance_argument_spec,
 )
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import NO_PROFILES, run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_metrics import record_run
 
 
@@ -339,6 +347,7 @@ def main():
         except Exception as exc:  # the maintenance is done; its metrics are only its report
             module.warn("cannot write metrics to %s: %s" % (metrics_dir, getattr(exc, "strerror", None) or exc))
     output = dict(
+        status=result["status"],
         changed=result["changed"],
         profiles=result["profiles"],
         summary=result["summary"],
@@ -354,6 +363,9 @@ def main():
             % (len(failed), "; ".join("%s (%s): %s" % (p["name"], p["path"], p["error"]) for p in failed)),
             **output,
         )
+    for profile in result["profiles"]:
+        if profile["status"] == NO_PROFILES:  # nothing was maintained there: say so, never a plain success
+            module.warn("nothing to maintain: %s" % profile["error"])
     module.exit_json(**output)
 
 
