@@ -5,7 +5,8 @@
 The role and the playbooks call it on every ``hermes_maintenance_*``, ``hermes_restore_*``
 and ``hermes_gateway_*`` variable visible to the play, before they change anything::
 
-    {{ dict(names | zip(query('ansible.builtin.vars', *names))) | hermes_agent.ops.variable_problems }}
+    {{ dict(names | zip(query('ansible.builtin.vars', *names)))
+       | hermes_agent.ops.variable_problems(query('ansible.builtin.varnames', '^hermes_')) }}
 
 It returns one message per problem (an empty list when there is none): a name the collection
 does not know, with the closest known one (a misspelt ``hermes_maintenance_prune_day`` would
@@ -39,6 +40,8 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_options i
 ROLE_PREFIX = "hermes_maintenance_"
 # The name spaces checked: a variable in them that the collection does not know is a mistake.
 CHECKED = re.compile(r"^hermes_(maintenance|restore|gateway)_")
+# How close (difflib's ratio) a name outside them must be to a known one to count as misspelt.
+MISSPELT_SPACE = 0.9
 ARGUMENT_SPECS = os.path.join(
     os.path.dirname(__file__), "..", "..", "roles", "session_maintenance", "meta", "argument_specs.yml"
 )
@@ -91,10 +94,31 @@ def known_variables():
     return _KNOWN
 
 
+def closest(name, known):
+    """The known name ``name`` most likely meant: by the part after its name space
+    (``prune_day`` -> ``prune_days``), else, for a misspelt name space, by the whole name."""
+    space = CHECKED.match(name)
+    if space:
+        rest = {k[space.end() :]: k for k in known if k.startswith(space.group(0))}
+        close = difflib.get_close_matches(name[space.end() :], sorted(rest), n=1, cutoff=0.6)
+        if close:
+            return rest[close[0]]
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=MISSPELT_SPACE)
+    return close[0] if close else None
+
+
 def unknown_message(name, known):
-    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
-    hint = "did you mean %s?" % close[0] if close else "see roles/session_maintenance/README.md for the variables"
+    close = closest(name, known)
+    hint = "did you mean %s?" % close if close else "see roles/session_maintenance/README.md for the variables"
     return "unknown variable %s: %s" % (name, hint)
+
+
+def unknown(name, known):
+    """In the collection's name spaces, any name it does not know; elsewhere (another role's
+    hermes_* variable) only one so close to a known name that it is a misspelling."""
+    if name in known:
+        return False
+    return bool(CHECKED.match(name)) or bool(difflib.get_close_matches(name, known, n=1, cutoff=MISSPELT_SPACE))
 
 
 def _converted(option, value):
@@ -138,12 +162,13 @@ def value_problems(values):
     return problems
 
 
-def variable_problems(values, check_values=True):
-    """Messages for unknown names among ``values`` (name -> value), then for refused values."""
+def variable_problems(values, names=(), check_values=True):
+    """Messages for unknown names among ``values`` (name -> value) and ``names`` (every
+    hermes_* name, whose values are not needed), then for refused values."""
     if not isinstance(values, dict):
         raise AnsibleFilterError("variable_problems expects a dict of variable names and values")
     known = known_variables()
-    problems = [unknown_message(n, known) for n in sorted(values) if CHECKED.match(n) and n not in known]
+    problems = [unknown_message(n, known) for n in sorted(set(values) | set(names)) if unknown(n, known)]
     if check_values:
         problems += value_problems(values)
     return problems

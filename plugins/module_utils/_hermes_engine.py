@@ -424,11 +424,14 @@ def _each_profile(opts, work, *, check_mode):
         if not profiles:
             missing = new_profile_result(home, "default", os.path.join(home, "state.db"))
             # A home with nothing to maintain is not a success: the run says so (no_profiles).
-            missing["status"] = "failed" if not os.path.isdir(home) else NO_PROFILES
+            exists = os.path.isdir(home)
+            missing["status"] = NO_PROFILES if exists or opts["allow_empty_homes"] else "failed"
             missing["error"] = (
-                "Hermes home %s does not exist: check hermes_home" % home
-                if not os.path.isdir(home)
-                else "no state.db under %s (no profile matches %s)" % (home, opts["profiles"] or "any")
+                "no state.db under %s (no profile matches %s)" % (home, opts["profiles"] or "any")
+                if exists
+                else "no state.db under %s: the home does not exist yet (allow_empty_homes)" % home
+                if opts["allow_empty_homes"]
+                else "Hermes home %s does not exist: check hermes_home" % home
             )
             results.append(missing)
             continue

@@ -163,6 +163,11 @@ OPTIONS = (
     Option("allow_unknown_schema", "bool", default=False, doc=(
         "Maintain a C(schema_version) newer than any this collection knows. Refused by default.",
     )),
+    Option("allow_empty_homes", "bool", default=False, doc=(
+        "Accept a home that does not exist yet or holds no C(state.db) in it nor under C(profiles/) (a host where "
+        "Hermes is not set up yet). The run then reports V(no_profiles) for it, never success, instead of failing.",
+        "The role refuses such a home at apply time unless this is set (mostly it is a mistyped path).",
+    )),
     Option("allow_foreign_owner", "bool", default=False, doc=(
         "Work on a C(state.db) owned by another user when not running as root.",
     )),

@@ -123,6 +123,13 @@ options:
       - Maintain a C(schema_version) newer than any this collection knows. Refused by default.
     type: bool
     default: false
+  allow_empty_homes:
+    description:
+      - Accept a home that does not exist yet or holds no C(state.db) in it nor under C(profiles/) (a host where
+        Hermes is not set up yet). The run then reports V(no_profiles) for it, never success, instead of failing.
+      - The role refuses such a home at apply time unless this is set (mostly it is a mistyped path).
+    type: bool
+    default: false
   allow_foreign_owner:
     description:
       - Work on a C(state.db) owned by another user when not running as root.

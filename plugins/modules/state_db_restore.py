@@ -113,7 +113,6 @@ msg:
   type: str
 """
 
-import os
 
 from ansible.module_utils.basic import AnsibleModule
 
