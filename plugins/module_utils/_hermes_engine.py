@@ -461,7 +461,7 @@ def run_maintenance(options, check_mode=False):
         "status": run_status(profiles),
         "changed": any(p["changed"] for p in profiles),
         "profiles": profiles,
-        "summary": [format_summary_line(p, check_mode) for p in profiles],
+        "summary": [format_summary_line(p, check_mode, opts) for p in profiles],
         "failed": [p["name"] for p in profiles if p["status"] == "failed"],
         "check_mode": check_mode,
         "sqlite": engine_sqlite(),
@@ -474,8 +474,40 @@ def run_status(profiles):
     return "failed" if "failed" in statuses else NO_PROFILES if NO_PROFILES in statuses else "ok"
 
 
-def format_summary_line(p, check_mode=False):
-    """The seed script's line: ``default: zombies=3 pruned=12 freed=45MB remaining=...``."""
+def _days(value):
+    return "%gd" % float(value)
+
+
+def _relative(path, home):
+    """A backup path as the operator finds it: relative to its home when it lies under it."""
+    if home and path.startswith(home.rstrip(os.sep) + os.sep):
+        return path[len(home.rstrip(os.sep)) + 1 :]
+    return path
+
+
+def summary_details(p, opts):
+    """What was done and why, after the seed's words: retention, backup, reclaim, stopped early."""
+    words = ["retention " + _days(opts["prune_days"])]
+    backup = p["backup"]
+    if backup:
+        words.append("backup=%s %s" % (backup.get("kind") or "file", _relative(backup["path"], p["home"])))
+    if p["backup_deferred"]:
+        words.append("whole-file backup deferred: %s" % p["backup_deferred"])
+    elif not backup:
+        words.append("no backup (nothing changed)" if opts["backup"] else "no backup (backup is off)")
+    reclaim_ = p["reclaim"] or {}
+    if reclaim_.get("action"):
+        words.append("vacuum %s" % reclaim_["action"])
+    elif reclaim_.get("skipped_reason"):
+        words.append("vacuum skipped: %s" % reclaim_["skipped_reason"])
+    if p["stopped_early"]:
+        words.append("stopped early: %s" % p["stopped_early"])
+    return "; ".join(words)
+
+
+def format_summary_line(p, check_mode=False, opts=None):
+    """The seed script's line: ``default: zombies=3 pruned=12 freed=45MB remaining=...``, its
+    words first (scripts read them), then what was done and why (with ``opts``, the run's options)."""
     if p["status"] in ("skipped", NO_PROFILES):
         return "%s: %s: %s" % (p["name"], p["status"], p["error"])
     if p["status"] == "failed" and not p["before"]:
@@ -485,6 +517,8 @@ def format_summary_line(p, check_mode=False):
     line = "%s: zombies=%d pruned=%d freed=%dMB remaining=%d sessions, %d messages" % (
         p["name"], p["zombies_closed"], p["sessions_pruned"], round(freed / MB), after["sessions"], after["messages"],
     )  # fmt: skip
+    if opts is not None:
+        line += "; " + summary_details(p, opts)
     if p["status"] == "failed":
         line += " FAILED: %s" % p["error"]
     return line

@@ -23,7 +23,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import
 REPO = Path(__file__).resolve().parents[4]
 LINE = re.compile(
     r"^\d\d:\d\d:\d\d (?P<name>[\w-]+): zombies=(?P<z>\d+) pruned=(?P<p>\d+) freed=\d+MB "
-    r"remaining=\d+ sessions, \d+ messages$"
+    r"remaining=\d+ sessions, \d+ messages(?:; .*)?$"
 )
 PROFILES = ["default", "work", "research"]
 
@@ -95,9 +95,18 @@ def test_real_run_does_what_the_dry_run_predicted(tmp_path, home, capsys):
         return {m["name"]: (m["z"], m["p"]) for m in map(LINE.match, lines[1:-1])}
 
     assert counts(done) == counts(predicted)
+    # after the seed's words, the same words for what was (would be) done and why
+    stamp = re.compile(r"_(<timestamp>|\d{8}T\d{6}Z)\.db")
+    for lines in (predicted, done):
+        for line in lines[1:-1]:
+            name = LINE.match(line)["name"]
+            details = stamp.sub("_T.db", line.split("; ", 1)[1]).split("; ")
+            assert details[:2] == ["retention 90d", "backup=file backups/hermes-ops_%s_T.db" % name], line
+            assert details[2].startswith(("vacuum skipped: ", "vacuum full", "vacuum incremental")), line
     rc, again, err = _run(capsys, ["--config", cfg, "--dry-run"])
     assert rc == 0, err
     assert set(counts(again).values()) == {("0", "0")}
+    assert all("; retention 90d; no backup (nothing changed); vacuum " in line for line in again[1:-1]), again
 
 
 def test_json_output(tmp_path, home, capsys):
