@@ -8,9 +8,12 @@ Everything lives under tmp_path and belongs to the user running the tests."""
 
 import getpass
 import hashlib
+import os
 import subprocess
+from pathlib import Path
 
 import pytest
+from hermes_reliability import chown_tree, user_with_dir
 
 from hermes_fixtures import build_home, layout_available, missing_venv_message, standard_scenario
 
@@ -152,3 +155,39 @@ def test_empty_home_allowed_reports_no_profiles_never_success(ansible_playbook, 
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "default: no_profiles: " in proc.stdout, proc.stdout
     assert not (tmp_path / "not-yet").exists()
+
+
+def test_absent_after_the_user_was_deleted_removes_what_the_role_made(ansible_playbook, tmp_path):
+    """The system layout under /etc/hermes-ops/USER and the metrics directory's group (the
+    user's gid, which a later account may get) go, although the user is gone already."""
+    user = "hermes-ops-i22-%d" % os.getpid()  # unique: xdist workers, other engineers
+    lib, etc = Path("/usr/local/lib/hermes-ops") / user, Path("/etc/hermes-ops") / user
+    with user_with_dir(user, user + "-") as (uid, gid, base):
+        try:
+            hermes = base / "home" / ".hermes"
+            build_home(str(hermes), "v30", standard_scenario("v30")[0])
+            chown_tree(base / "home", uid, gid)
+            metrics = tmp_path / "textfile"
+            extra = {
+                "hermes_maintenance_user": user,
+                "hermes_maintenance_homes": [str(hermes)],
+                "hermes_maintenance_install_dir": str(base / "home" / "data"),
+                "hermes_maintenance_scheduler": "none",
+                "hermes_maintenance_syslog": False,
+                "hermes_maintenance_metrics_dir": str(metrics),
+                "hermes_maintenance_become": False,
+            }
+            rc, out = ansible_playbook("playbooks/schedule.yml", extra_vars=extra)
+            assert rc == 0, getattr(out, "text", out)
+            assert (etc / "maintenance.json").is_file() and metrics.stat().st_gid == gid
+            subprocess.run(["userdel", user], check=True)
+            rc, out = ansible_playbook(
+                "playbooks/schedule.yml", extra_vars=dict(extra, hermes_maintenance_state="absent")
+            )
+            assert rc == 0, getattr(out, "text", out)
+            assert not lib.exists() and not etc.exists()
+            assert metrics.is_dir() and metrics.stat().st_gid == 0
+            assert (hermes / "state.db").is_file()
+        finally:
+            subprocess.run(["userdel", user], capture_output=True, check=False)
+            subprocess.run(["rm", "-rf", str(lib), str(etc)], check=False)
