@@ -431,6 +431,8 @@ def _each_profile(opts, work, *, check_mode):
                 if exists
                 else "no state.db under %s: the home does not exist yet (allow_empty_homes)" % home
                 if opts["allow_empty_homes"]
+                else "%s is the database file; give its home, %s (hermes_home)" % (home, os.path.dirname(home))
+                if os.path.isfile(home) and os.path.basename(home) == "state.db"
                 else "Hermes home %s does not exist: check hermes_home" % home
             )
             results.append(missing)

@@ -59,7 +59,7 @@ NOT_SUCCESS = ("failed", "no_profiles")
 REASONS = (
     ("locked", ("holds", "stayed locked", "database is locked", "busy")),
     ("no_database", ("no state.db under",)),
-    ("missing_home", ("check hermes_home",)),
+    ("missing_home", ("check hermes_home", "give its home")),
     ("damaged", ("quick_check", "not a SQLite database", "malformed", "is empty", "not a regular file")),
     ("unknown_schema", ("newer than any this collection knows", "not a Hermes state.db")),
     ("wrong_owner", ("belongs to uid",)),
