@@ -249,3 +249,25 @@ def test_runs_as_plain_package_without_ansible(tmp_path, home):
         check=True,
     )
     assert check.stdout.strip() == "False"
+
+
+def test_summary_names_the_holder_that_kept_vacuum_from_running(tmp_path, home, capsys):
+    """The reason a reclaim was skipped, with the holder's name and pid, is on the summary
+    line (and predicted the same in a dry run), not only in the JSON."""
+    db = home / "state.db"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1]); "
+         "c.execute('SELECT COUNT(*) FROM sessions').fetchone(); print('open', flush=True); time.sleep(60)", str(db)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        cfg = _config(tmp_path, hermes_home=[str(home)], profiles=["default"], vacuum_mode="full", syslog=False)
+        for argv in (["--config", cfg, "--dry-run"], ["--config", cfg]):
+            rc, lines, err = _run(capsys, argv)
+            assert rc == 0, err
+            assert LINE.match(lines[1]), lines
+            assert "; vacuum skipped: held open by python" in lines[1] and "(pid %d)" % holder.pid in lines[1], lines
+    finally:
+        holder.kill()
+        holder.wait()
