@@ -142,35 +142,23 @@ def test_restore_error_names_the_profiles_file(ansible_playbook, home):
     assert msg.startswith("restore of %s: no backup of profile broken" % (home / "profiles" / "broken" / "state.db"))
 
 
-def test_empty_home_allowed_reports_no_profiles_never_success(ansible_playbook, tmp_path, home):
+def test_empty_home_allowed_then_absent_after_the_user_was_deleted(ansible_playbook, tmp_path):
     """hermes_maintenance_allow_empty_homes: a host where Hermes is not set up yet applies, with
-    nothing created under the home, and the scheduled run says no_profiles (exit 3)."""
-    later = tmp_path / "not-yet" / ".hermes"
-    extra = role_vars(tmp_path, home, hermes_maintenance_homes=[str(later)], hermes_maintenance_allow_empty_homes=True)
-    rc, out = ansible_playbook("playbooks/schedule.yml", extra_vars=extra)
-    assert rc == 0, getattr(out, "text", out)
-    assert not (tmp_path / "not-yet").exists()
-    wrapper = tmp_path / "install" / "bin" / "hermes-session-maintenance"
-    proc = subprocess.run([str(wrapper)], capture_output=True, text=True, check=False)
-    assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert "default: no_profiles: " in proc.stdout, proc.stdout
-    assert not (tmp_path / "not-yet").exists()
-
-
-def test_absent_after_the_user_was_deleted_removes_what_the_role_made(ansible_playbook, tmp_path):
-    """The system layout under /etc/hermes-ops/USER and the metrics directory's group (the
-    user's gid, which a later account may get) go, although the user is gone already."""
+    nothing created under the home, and the scheduled run says no_profiles (exit 3). Then absent,
+    with the user deleted first: the system layout under /etc/hermes-ops/USER and the metrics
+    directory's group (the user's gid, which a later account may get) go all the same."""
     user = "hermes-ops-i22-%d" % os.getpid()  # unique: xdist workers, other engineers
     lib, etc = Path("/usr/local/lib/hermes-ops") / user, Path("/etc/hermes-ops") / user
     with user_with_dir(user, user + "-") as (uid, gid, base):
         try:
-            hermes = base / "home" / ".hermes"
-            build_home(str(hermes), "v30", standard_scenario("v30")[0])
+            (base / "home").mkdir()
             chown_tree(base / "home", uid, gid)
+            hermes = base / "home" / ".hermes"  # Hermes is not set up yet
             metrics = tmp_path / "textfile"
             extra = {
                 "hermes_maintenance_user": user,
                 "hermes_maintenance_homes": [str(hermes)],
+                "hermes_maintenance_allow_empty_homes": True,
                 "hermes_maintenance_install_dir": str(base / "home" / "data"),
                 "hermes_maintenance_scheduler": "none",
                 "hermes_maintenance_syslog": False,
@@ -180,6 +168,12 @@ def test_absent_after_the_user_was_deleted_removes_what_the_role_made(ansible_pl
             rc, out = ansible_playbook("playbooks/schedule.yml", extra_vars=extra)
             assert rc == 0, getattr(out, "text", out)
             assert (etc / "maintenance.json").is_file() and metrics.stat().st_gid == gid
+            assert not hermes.exists()
+            proc = subprocess.run([str(lib / "bin" / "hermes-session-maintenance"), "--allow-root"],
+                                  capture_output=True, text=True, check=False)  # fmt: skip
+            assert proc.returncode == 3, proc.stdout + proc.stderr
+            assert "default: no_profiles: no state.db under %s" % hermes in proc.stdout, proc.stdout
+            assert not hermes.exists()
             subprocess.run(["userdel", user], check=True)
             rc, out = ansible_playbook(
                 "playbooks/schedule.yml", extra_vars=dict(extra, hermes_maintenance_state="absent")
@@ -187,7 +181,6 @@ def test_absent_after_the_user_was_deleted_removes_what_the_role_made(ansible_pl
             assert rc == 0, getattr(out, "text", out)
             assert not lib.exists() and not etc.exists()
             assert metrics.is_dir() and metrics.stat().st_gid == 0
-            assert (hermes / "state.db").is_file()
         finally:
             subprocess.run(["userdel", user], capture_output=True, check=False)
             subprocess.run(["rm", "-rf", str(lib), str(etc)], check=False)
