@@ -159,7 +159,7 @@ $(STAMP313): requirements/controller-py313.txt
 		|| { tail -n 25 build/logs/setup-313.log >&2; echo "error: pip install into $(VENV313) failed" >&2; exit 1; }
 	@$(BIN313)/python -m pip check
 	@touch $(STAMP313)
-	@echo "setup-313: done ($(VENV313) with $$($(BIN313)/ansible --version | head -1), $$($(BIN313)/python --version))"
+	@echo "setup-313: done ($(VENV313) with $$($(BIN313)/ansible --version | sed -n 1p), $$($(BIN313)/python --version))"
 
 setup-313: $(STAMP313) ## create .venv-313 (newest ansible-core on Python 3.13) for matrix-controller
 
@@ -172,7 +172,7 @@ matrix-controller: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## integration
 	else $(MAKE) matrix-controller-run; fi
 
 matrix-controller-run: $(STAMP313)
-	@echo "+ controller: $$($(BIN313)/ansible --version | head -1), $$($(BIN313)/python --version)"
+	@echo "+ controller: $$($(BIN313)/ansible --version | sed -n 1p), $$($(BIN313)/python --version)"
 	@ANSIBLE_COLLECTIONS_PATH=$(COLLECTIONS_ROOT) ANSIBLE_LOCAL_TEMP=$(CURDIR)/build/ansible-tmp-313 \
 		ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0 PATH=$(BIN313):$$PATH \
 		$(PYTEST_SPLIT) build/logs/matrix-controller-pytest "($(PYTEST_MARKERS)) and not managed_node" $(BIN313)/pytest -- \

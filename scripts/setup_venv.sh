@@ -59,4 +59,5 @@ pip_install -c requirements/constraints.txt pip
 pip_install -r requirements-dev.txt
 "$venv/bin/python" -m pip check >>"$log" 2>&1 || { tail -n 20 "$log" >&2; echo "error: pip check failed in $venv" >&2; exit 1; }
 touch "$stamp"
-echo "setup: done ($venv: $("$venv/bin/ansible" --version | head -1), Python $version)"
+# sed -n 1p reads all of it: `head -1` closed the pipe early and ansible printed a BrokenPipe traceback.
+echo "setup: done ($venv: $("$venv/bin/ansible" --version | sed -n 1p), Python $version)"

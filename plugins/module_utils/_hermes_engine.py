@@ -48,6 +48,7 @@ from ._hermes_reclaim import reclaim, wal_budget
 from ._hermes_release import release_prune_set
 from ._hermes_results import new_profile_result
 
+NO_PROFILES = "no_profiles"  # a home that exists but holds no state.db (a profile's status; a run's)
 LOCK_SUFFIX = ".auto-maintenance.lock"  # the file Hermes's own auto-maintenance locks
 
 DEFAULTS = defaults()  # the option table's defaults (_hermes_options.OPTIONS)
@@ -461,11 +462,17 @@ def _each_profile(opts, work, *, check_mode):
         profiles = discover_profiles(home, opts["profiles"])
         if not profiles:
             missing = new_profile_result(home, "default", os.path.join(home, "state.db"))
-            missing["status"] = "failed" if not os.path.isdir(home) else "skipped"
+            # A home with nothing to maintain is not a success: the run says so (no_profiles).
+            exists = os.path.isdir(home)
+            missing["status"] = NO_PROFILES if exists or opts["allow_empty_homes"] else "failed"
             missing["error"] = (
-                "Hermes home %s does not exist: check hermes_home" % home
-                if not os.path.isdir(home)
-                else "no state.db under %s (no profile matches %s)" % (home, opts["profiles"] or "any")
+                "no state.db under %s (no profile matches %s)" % (home, opts["profiles"] or "any")
+                if exists
+                else "no state.db under %s: the home does not exist yet (allow_empty_homes)" % home
+                if opts["allow_empty_homes"]
+                else "%s is the database file; give its home, %s (hermes_home)" % (home, os.path.dirname(home))
+                if os.path.isfile(home) and os.path.basename(home) == "state.db"
+                else "Hermes home %s does not exist: check hermes_home" % home
             )
             results.append(missing)
             continue
@@ -492,19 +499,58 @@ def run_maintenance(options, check_mode=False):
     finally:
         os.umask(old_umask)
     return {
+        "status": run_status(profiles),
         "changed": any(p["changed"] for p in profiles),
         "profiles": profiles,
-        "summary": [format_summary_line(p, check_mode) for p in profiles],
+        "summary": [format_summary_line(p, check_mode, opts) for p in profiles],
         "failed": [p["name"] for p in profiles if p["status"] == "failed"],
         "check_mode": check_mode,
         "sqlite": engine_sqlite(),
     }
 
 
-def format_summary_line(p, check_mode=False):
-    """The seed script's line: ``default: zombies=3 pruned=12 freed=45MB remaining=...``."""
-    if p["status"] == "skipped":
-        return "%s: skipped: %s" % (p["name"], p["error"])
+def run_status(profiles):
+    """``failed`` when a profile failed, ``no_profiles`` when a home held none to maintain, else ``ok``."""
+    statuses = {p["status"] for p in profiles}
+    return "failed" if "failed" in statuses else NO_PROFILES if NO_PROFILES in statuses else "ok"
+
+
+def _days(value):
+    return "%gd" % float(value)
+
+
+def _relative(path, home):
+    """A backup path as the operator finds it: relative to its home when it lies under it."""
+    if home and path.startswith(home.rstrip(os.sep) + os.sep):
+        return path[len(home.rstrip(os.sep)) + 1 :]
+    return path
+
+
+def summary_details(p, opts):
+    """What was done and why, after the seed's words: retention, backup, reclaim, stopped early."""
+    words = ["retention " + _days(opts["prune_days"])]
+    backup = p["backup"]
+    if backup:
+        words.append("backup=%s %s" % (backup.get("kind") or "file", _relative(backup["path"], p["home"])))
+    if p["backup_deferred"]:
+        words.append("whole-file backup deferred: %s" % p["backup_deferred"])
+    elif not backup:
+        words.append("no backup (nothing changed)" if opts["backup"] else "no backup (backup is off)")
+    reclaim_ = p["reclaim"] or {}
+    if reclaim_.get("action"):
+        words.append("vacuum %s" % reclaim_["action"])
+    elif reclaim_.get("skipped_reason"):
+        words.append("vacuum skipped: %s" % reclaim_["skipped_reason"])
+    if p["stopped_early"]:
+        words.append("stopped early: %s" % p["stopped_early"])
+    return "; ".join(words)
+
+
+def format_summary_line(p, check_mode=False, opts=None):
+    """The seed script's line: ``default: zombies=3 pruned=12 freed=45MB remaining=...``, its
+    words first (scripts read them), then what was done and why (with ``opts``, the run's options)."""
+    if p["status"] in ("skipped", NO_PROFILES):
+        return "%s: %s: %s" % (p["name"], p["status"], p["error"])
     if p["status"] == "failed" and not p["before"]:
         return "%s: FAILED: %s" % (p["name"], p["error"])
     before, after = p["before"], p["after"] or p["before"]
@@ -512,6 +558,8 @@ def format_summary_line(p, check_mode=False):
     line = "%s: zombies=%d pruned=%d freed=%dMB remaining=%d sessions, %d messages" % (
         p["name"], p["zombies_closed"], p["sessions_pruned"], round(freed / MB), after["sessions"], after["messages"],
     )  # fmt: skip
+    if opts is not None:
+        line += "; " + summary_details(p, opts)
     if p["status"] == "failed":
         line += " FAILED: %s" % p["error"]
     return line

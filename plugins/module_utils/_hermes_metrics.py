@@ -39,20 +39,27 @@ PROFILE_METRICS = (
     ("last_run_freed_bytes", "gauge", "Bytes the last run gave back (state.db plus WAL)."),
     ("last_run_duration_seconds", "gauge", "Seconds the last run spent on the profile."),
 )
-STATUS_METRIC = ("profile_status", "gauge", "1 for the last run's status of the profile (ok, skipped, failed) and why.")
+STATUS_METRIC = (
+    "profile_status",
+    "gauge",
+    "1 for the last run's status of the profile (ok, skipped, failed, no_profiles) and why.",
+)
 # (metric, type, help); per runner user.
 RUN_METRICS = (
     ("last_run_timestamp_seconds", "gauge", "Unix time the last maintenance run ended."),
     ("last_success_timestamp_seconds", "gauge", "Unix time the last run without a failed profile ended."),
     ("last_run_failed_profiles", "gauge", "Profiles that failed in the last run."),
+    ("last_run_config_error", "gauge", "1 when the last run refused its configuration and maintained nothing."),
 )
+# A profile status that is not a success: the last-success time stays where it was.
+NOT_SUCCESS = ("failed", "no_profiles")
 
 # The reason label: a fixed set, picked from the error text (never the text itself).
 # First match wins; the order puts the specific before the general.
 REASONS = (
     ("locked", ("holds", "stayed locked", "database is locked", "busy")),
     ("no_database", ("no state.db under",)),
-    ("missing_home", ("check hermes_home",)),
+    ("missing_home", ("check hermes_home", "give its home")),
     ("damaged", ("quick_check", "not a SQLite database", "malformed", "is empty", "not a regular file")),
     ("unknown_schema", ("newer than any this collection knows", "not a Hermes state.db")),
     ("wrong_owner", ("belongs to uid",)),
@@ -128,7 +135,7 @@ def profile_figures(profile, info, now):
     return figures
 
 
-def render(result, infos, user, finished, last_success):
+def render(result, infos, user, finished, last_success, config_error=False):
     """The whole .prom text of one run.
 
     ``infos`` maps (home, profile) to gather_info's entry; ``last_success`` is the time of
@@ -154,6 +161,7 @@ def render(result, infos, user, finished, last_success):
         "last_run_timestamp_seconds": round(finished, 3),
         "last_success_timestamp_seconds": None if last_success is None else round(last_success, 3),
         "last_run_failed_profiles": failed,
+        "last_run_config_error": 1 if config_error else 0,
     }
     for name, kind, help_text in RUN_METRICS:
         value = run_values[name]
@@ -171,7 +179,7 @@ def _family(name, kind, help_text, samples):
 
 
 def previous_last_success(path):
-    """The last-success time in an earlier file, so a failed run keeps it; None if none."""
+    """The last-success time in an earlier file, so a run that was no success keeps it; None if none."""
     try:
         with open(path) as handle:
             match = _LAST_SUCCESS.search(handle.read())
@@ -215,21 +223,35 @@ def metrics_filename(user):
     return "hermes_ops_%s.prom" % re.sub(r"[^A-Za-z0-9_.-]", "_", user)
 
 
-def record_run(directory, options, result, finished=None, user=None):
-    """Write the run's metrics to directory; returns the path written.
-
-    Raises OSError when the directory cannot be written (the caller reports it).
-    """
+def _check_directory(directory):
     if not os.path.isdir(directory):
         raise FileNotFoundError(
             errno.ENOENT,
             "metrics directory %s does not exist: create it (the role does) or unset metrics_dir" % directory,
         )
+
+
+def record_run(directory, options, result, finished=None, user=None):
+    """Write the run's metrics to directory; returns the path written.
+
+    Raises OSError when the directory cannot be written (the caller reports it).
+    """
+    _check_directory(directory)
     finished = time.time() if finished is None else finished
     user = user or _user_name()
     filename = metrics_filename(user)
-    failed = any(p.get("status") == "failed" for p in result.get("profiles") or [])
-    last_success = previous_last_success(os.path.join(directory, filename)) if failed else finished
+    success = not any(p.get("status") in NOT_SUCCESS for p in result.get("profiles") or [])
+    last_success = finished if success else previous_last_success(os.path.join(directory, filename))
     info = gather_info(options)
     infos = {(p.get("home"), p.get("name")): p for p in info["profiles"] if p.get("status") == "ok"}
     return write_atomically(directory, filename, render(result, infos, user, finished, last_success))
+
+
+def record_config_error(directory, finished=None, user=None):
+    """Metrics of a run that refused its configuration: no profile figures, the last success kept."""
+    _check_directory(directory)
+    finished = time.time() if finished is None else finished
+    filename = metrics_filename(user or _user_name())
+    last_success = previous_last_success(os.path.join(directory, filename))
+    text = render({"profiles": []}, {}, user or _user_name(), finished, last_success, config_error=True)
+    return write_atomically(directory, filename, text)

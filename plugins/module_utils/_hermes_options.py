@@ -174,6 +174,11 @@ OPTIONS = (
         "The Python interpreter of the Hermes installed on the host (the one its C(hermes) entry point names), "
         "needed when O(unknown_schema) is V(release_rules).",
     )),
+    Option("allow_empty_homes", "bool", default=False, doc=(
+        "Accept a home that does not exist yet or holds no C(state.db) in it nor under C(profiles/) (a host where "
+        "Hermes is not set up yet). The run then reports V(no_profiles) for it, never success, instead of failing.",
+        "The role refuses such a home at apply time unless this is set (mostly it is a mistyped path).",
+    )),
     Option("allow_foreign_owner", "bool", default=False, doc=(
         "Work on a C(state.db) owned by another user when not running as root.",
     )),

@@ -36,6 +36,10 @@ class Field:
 
 # fmt: off
 RUN_FIELDS = (
+    Field("status", "str", doc=(
+        "V(ok), V(failed) (a profile failed) or V(no_profiles) (a home held no C(state.db)).",
+        "V(no_profiles) means nothing was maintained in that home, which is never a success.",
+    )),
     Field("summary", "list", elements="str", doc=(
         "One line per profile, in the form of the monthly script it replaces.",
     )),
@@ -57,7 +61,8 @@ PROFILE_FIELDS = (
     Field("home", "str", initial=None, doc=("The Hermes home.",)),
     Field("path", "str", initial=None, doc=("The C(state.db) path.",)),
     Field("status", "str", initial="ok", doc=(
-        "V(ok), V(skipped) (lock held, database busy; nothing lost, the next run retries) or V(failed).",
+        "V(ok), V(skipped) (lock held, database busy; nothing lost, the next run retries), V(failed) or "
+        "V(no_profiles) (the home exists but holds no C(state.db); the entry stands for the home).",
     )),
     Field("error", "str", initial=None, doc=(
         "Why it was skipped or failed, naming the thing and what to do; null when ok.",

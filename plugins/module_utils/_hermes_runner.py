@@ -22,7 +22,9 @@ The log file has the same, with the date on the first line and, before the profi
 SQLite did the work (``04:00:01 SQLite 3.53.4 (free of the WAL-reset bug), python /usr/bin/python3``).
 
 Exit codes: 0 all profiles ok or skipped, 1 at least one profile failed (its
-error is printed on stderr), 2 bad configuration or refused to run.
+error is printed on stderr), 2 bad configuration or refused to run (also written to the log
+and, as ``hermes_ops_last_run_config_error 1``, to the metrics), 3 a home held no
+``state.db`` (``no_profiles``: nothing was maintained there, which is no success).
 
 Besides the engine options (the keys of ``DEFAULTS``), the JSON config may hold
 these runner keys:
@@ -46,7 +48,7 @@ import time
 
 from ._hermes_db import MaintenanceError
 from ._hermes_engine import DEFAULTS, run_as_owner, run_maintenance
-from ._hermes_metrics import record_run
+from ._hermes_metrics import record_config_error, record_run
 from ._hermes_options import BY_NAME
 
 try:
@@ -66,6 +68,7 @@ SYSLOG_IDENT = "hermes-maintenance"
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
+EXIT_NO_PROFILES = 3
 
 # Keys the runner itself understands, with their defaults and types.
 RUNNER_KEYS = {
@@ -304,22 +307,59 @@ def build_parser():
     return parser
 
 
+def _raw_settings(path):
+    """log_file, log_keep, syslog and metrics_dir of a config load_config refused, where readable."""
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError, TypeError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    settings = {k: data.get(k) for k in ("log_file", "metrics_dir") if isinstance(data.get(k), str)}
+    settings["log_keep"] = data["log_keep"] if isinstance(data.get("log_keep"), int) and data["log_keep"] > 0 else 12
+    settings["syslog"] = data.get("syslog") is not False
+    return {k: os.path.expanduser(v) if k in ("log_file", "metrics_dir") else v for k, v in settings.items()}
+
+
+def _write_run_log(runner, text):
+    try:
+        write_log(runner["log_file"], text, runner.get("log_keep") or 12)
+    except (OSError, MaintenanceError) as exc:
+        sys.stderr.write("hermes-session-maintenance: cannot write log file {}: {}\n".format(runner["log_file"], exc))
+
+
+def _config_error(runner, message, dry_run):
+    """A refused configuration goes to stderr, syslog, the log and the metrics: a cron job's
+    stderr is mail nobody may read, and the run maintained nothing."""
+    sys.stderr.write(f"hermes-session-maintenance: {message}\n")
+    if runner.get("syslog"):
+        _log_syslog([], [message], dry_run)
+    if runner.get("log_file"):
+        head = "{} {} {}\n".format(START, time.strftime("%Y-%m-%d"), _stamp())
+        _write_run_log(runner, head + f"{_stamp()} ERROR {message}\n{DONE}\n")
+    if runner.get("metrics_dir") and not dry_run:
+        _write_metrics(runner, lambda: record_config_error(runner["metrics_dir"]), dry_run)
+    return EXIT_CONFIG
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    runner = None
     try:
         options, runner = load_config(args.config)
         check_root(options["hermes_home"], args.allow_root or runner["allow_root"])
     except ConfigError as exc:
-        sys.stderr.write(f"hermes-session-maintenance: {exc}\n")
-        return EXIT_CONFIG
+        if runner is None:  # the config itself was refused: report where it says, if it can be read
+            runner = _raw_settings(args.config) if args.config else {}
+        return _config_error(runner, str(exc), args.dry_run)
 
     started = _stamp()
     try:
         result = run_maintenance(options, check_mode=args.dry_run)
     except OPTION_ERRORS as exc:
         where = (f"config {args.config}") if args.config else "options"
-        sys.stderr.write(f"hermes-session-maintenance: {where}: {exc}\n")
-        return EXIT_CONFIG
+        return _config_error(runner, f"{where}: {exc}", args.dry_run)
     except Exception as exc:  # an engine bug must still leave a readable trace
         sys.stderr.write(f"hermes-session-maintenance: maintenance failed: {type(exc).__name__}: {exc}\n")
         if runner.get("syslog"):
@@ -347,23 +387,20 @@ def main(argv=None):
         body = f"{_stamp()} {sqlite_line(result.get('sqlite') or {})}\n"
         body += "".join(f"{_stamp()} {line}\n" for line in summary)
         body += "".join(f"{_stamp()} ERROR {line}\n" for line in errors)
-        try:
-            write_log(runner["log_file"], head + body + DONE + "\n", runner["log_keep"])
-        except (OSError, MaintenanceError) as exc:
-            sys.stderr.write(
-                "hermes-session-maintenance: cannot write log file {}: {}\n".format(runner["log_file"], exc)
-            )
+        _write_run_log(runner, head + body + DONE + "\n")
 
     if runner.get("metrics_dir") and not args.dry_run:
-        _write_metrics(runner, options, result, args.dry_run)
+        _write_metrics(runner, lambda: record_run(runner["metrics_dir"], options, result), args.dry_run)
 
-    return EXIT_FAILED if (result.get("failed") or errors) else EXIT_OK
+    if result.get("failed") or errors:
+        return EXIT_FAILED
+    return EXIT_NO_PROFILES if result.get("status") == "no_profiles" else EXIT_OK
 
 
-def _write_metrics(runner, options, result, dry_run):
+def _write_metrics(runner, write, dry_run):
     """Metrics are a report of the run: failing to write them is said, never fatal."""
     try:
-        record_run(runner["metrics_dir"], options, result)
+        write()
     except Exception as exc:  # noqa: BLE001 - the run itself is done and reported
         detail = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
         message = "cannot write metrics to {}: {}".format(runner["metrics_dir"], detail)

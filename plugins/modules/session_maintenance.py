@@ -138,6 +138,13 @@ options:
       - The Python interpreter of the Hermes installed on the host (the one its C(hermes) entry point names), needed
         when O(unknown_schema) is V(release_rules).
     type: path
+  allow_empty_homes:
+    description:
+      - Accept a home that does not exist yet or holds no C(state.db) in it nor under C(profiles/) (a host where
+        Hermes is not set up yet). The run then reports V(no_profiles) for it, never success, instead of failing.
+      - The role refuses such a home at apply time unless this is set (mostly it is a mistyped path).
+    type: bool
+    default: false
   allow_foreign_owner:
     description:
       - Work on a C(state.db) owned by another user when not running as root.
@@ -187,6 +194,12 @@ EXAMPLES = r"""
 
 RETURN = r"""
 # BEGIN GENERATED: return (scripts/generate.py, from plugins/module_utils/_hermes_results.py)
+status:
+  description:
+    - V(ok), V(failed) (a profile failed) or V(no_profiles) (a home held no C(state.db)).
+    - V(no_profiles) means nothing was maintained in that home, which is never a success.
+  returned: always
+  type: str
 summary:
   description: One line per profile, in the form of the monthly script it replaces.
   returned: always
@@ -214,7 +227,9 @@ profiles:
       description: The C(state.db) path.
       type: str
     status:
-      description: V(ok), V(skipped) (lock held, database busy; nothing lost, the next run retries) or V(failed).
+      description:
+        - V(ok), V(skipped) (lock held, database busy; nothing lost, the next run retries), V(failed) or
+          V(no_profiles) (the home exists but holds no C(state.db); the entry stands for the home).
       type: str
     error:
       description: Why it was skipped or failed, naming the thing and what to do; null when ok.
@@ -366,7 +381,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support 
     maintenance_argument_spec,
 )
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import NO_PROFILES, run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_metrics import record_run
 
 
@@ -385,6 +400,7 @@ def main():
         except Exception as exc:  # the maintenance is done; its metrics are only its report
             module.warn("cannot write metrics to %s: %s" % (metrics_dir, getattr(exc, "strerror", None) or exc))
     output = dict(
+        status=result["status"],
         changed=result["changed"],
         profiles=result["profiles"],
         summary=result["summary"],
@@ -400,6 +416,9 @@ def main():
             % (len(failed), "; ".join("%s (%s): %s" % (p["name"], p["path"], p["error"]) for p in failed)),
             **output,
         )
+    for profile in result["profiles"]:
+        if profile["status"] == NO_PROFILES:  # nothing was maintained there: say so, never a plain success
+            module.warn("nothing to maintain: %s" % profile["error"])
     module.exit_json(**output)
 
 

@@ -113,12 +113,12 @@ msg:
   type: str
 """
 
-import os
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support import restore_argument_spec
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import profile_path
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_restore import plan_restore, restore
 
 
@@ -131,7 +131,7 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    db = os.path.join(p["hermes_home"], "state.db")
+    db = profile_path(p["hermes_home"], p["profile"])  # named in a failure before the plan knows it
     try:
         plan = plan_restore(p["hermes_home"], p["profile"], p["backup_dir"], p["backup"])
         db = plan["db"]

@@ -182,6 +182,7 @@ def play_vars(world, **extra):
         "hermes_gateway_service": world["service"],
         "hermes_gateway_service_manager": "sysvinit",
         "hermes_maintenance_become": False,  # already root
+        "hermes_restore_hosts": "localhost",  # restore.yml refuses without a chosen host
     }
     values.update(extra)
     return values

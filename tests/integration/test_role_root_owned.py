@@ -313,6 +313,8 @@ def test_upgrade_from_the_per_user_install_and_absent_removes_both(ansible_playb
     _apply(ansible_playbook, h, hermes_maintenance_state="absent")
     assert not LIB.exists() and not ETC.exists() and not h.data.exists()
     assert "hermes_agent.ops" not in _crontab(USER)
+    # the crontab held only the role's entry: no empty crontab is left behind
+    assert subprocess.run(["crontab", "-l", "-u", USER], capture_output=True, check=False).returncode != 0
     assert (h.hermes / "backups" / "default-state.db.older-backup").read_text() == "kept\n"
     assert (h.hermes / "state.db").is_file()
 

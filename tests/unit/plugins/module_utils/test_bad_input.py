@@ -159,6 +159,25 @@ def test_missing_home_is_an_error_the_other_home_still_runs(home, tmp_path_facto
     assert [p for p in result["profiles"] if p["home"] == str(home)][0]["sessions_pruned"] == 1
 
 
+def test_the_database_file_or_a_home_without_profiles_is_never_a_success(home, tmp_path_factory):
+    db, empty = str(home / "state.db"), tmp_path_factory.mktemp("empty")
+    result = run_maintenance({"hermes_home": [db, str(empty)]}, check_mode=True)
+    by_home = {p["home"]: p for p in result["profiles"]}
+    assert by_home[db]["status"] == "failed"
+    assert by_home[db]["error"].startswith("%s is the database file; give its home, %s" % (db, home))
+    assert by_home[str(empty)]["status"] == "no_profiles" and result["status"] == "failed"
+
+    later = str(empty / "not-yet")  # a host where Hermes is not set up yet, allowed
+    result = run_maintenance({"hermes_home": [str(empty), later], "allow_empty_homes": True})
+    assert result["status"] == "no_profiles" and result["failed"] == []
+    assert [p["status"] for p in result["profiles"]] == ["no_profiles", "no_profiles"]
+    assert (
+        result["summary"][1] == "default: no_profiles: no state.db under %s: the home does not exist yet "
+        "(allow_empty_homes)" % later
+    )
+    assert os.listdir(str(empty)) == []  # nothing created
+
+
 def test_held_lock_skips_the_profile(home):
     lock_path = str(home / "state.db.auto-maintenance.lock")
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)

@@ -246,3 +246,45 @@ def test_the_shipped_alert_rules_use_only_metrics_the_runner_writes():
     written = {metrics.PREFIX + m[0] for m in metrics.PROFILE_METRICS + metrics.RUN_METRICS + (metrics.STATUS_METRIC,)}
     used = set(re.findall(r"\bhermes_ops_[a-z_]+", rules))
     assert used and used <= written, used - written
+
+
+def _samples(text):
+    """{name: [(labels dict, value)]} of the text format, read by line (no parser needed)."""
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
+        if m:
+            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+            out.setdefault(m.group(1), []).append((labels, float(m.group(3))))
+    return out
+
+
+def test_no_profiles_and_config_errors_are_no_success(tmp_path, home, capsys):
+    """A home with no state.db (a typo) exits 3 and a refused config 2; neither bumps the
+    last-success time, both say so in the metrics and the config error in the log too."""
+    home, _expected = home
+    log = tmp_path / "maintenance.log"
+    assert _run(tmp_path, home, log_file=str(log))[0] == 0
+    success = _samples(_prom_file(tmp_path / "textfile").read_text())["hermes_ops_last_success_timestamp_seconds"]
+
+    typo = tmp_path / ".hermse"
+    typo.mkdir()
+    rc, metrics_dir = _run(tmp_path, typo, log_file=str(log))
+    assert rc == runner.EXIT_NO_PROFILES
+    assert "default: no_profiles: no state.db under %s" % typo in capsys.readouterr().out
+    samples = _samples(_prom_file(metrics_dir).read_text())
+    assert samples["hermes_ops_last_success_timestamp_seconds"] == success
+    assert samples["hermes_ops_profile_status"] == [
+        ({"home": str(typo), "profile": "default", "status": "no_profiles", "reason": "no_database"}, 1.0)
+    ]
+    assert not list(typo.iterdir())  # nothing created in it
+
+    rc, metrics_dir = _run(tmp_path, home, log_file=str(log), prune_days=-1)
+    assert rc == runner.EXIT_CONFIG
+    assert "prune_days must not be negative" in capsys.readouterr().err
+    samples = _samples(_prom_file(metrics_dir).read_text())
+    assert samples["hermes_ops_last_run_config_error"][0][1] == 1
+    assert samples["hermes_ops_last_success_timestamp_seconds"] == success
+    assert "hermes_ops_profile_status" not in samples
+    last_run = log.read_text().split("=== Session Maintenance Start")[-1]
+    assert "ERROR config %s: prune_days must not be negative" % (tmp_path / "maintenance.json") in last_run

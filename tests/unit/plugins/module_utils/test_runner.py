@@ -23,7 +23,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import
 REPO = Path(__file__).resolve().parents[4]
 LINE = re.compile(
     r"^\d\d:\d\d:\d\d (?P<name>[\w-]+): zombies=(?P<z>\d+) pruned=(?P<p>\d+) freed=\d+MB "
-    r"remaining=\d+ sessions, \d+ messages$"
+    r"remaining=\d+ sessions, \d+ messages(?:; .*)?$"
 )
 PROFILES = ["default", "work", "research"]
 
@@ -95,9 +95,18 @@ def test_real_run_does_what_the_dry_run_predicted(tmp_path, home, capsys):
         return {m["name"]: (m["z"], m["p"]) for m in map(LINE.match, lines[1:-1])}
 
     assert counts(done) == counts(predicted)
+    # after the seed's words, the same words for what was (would be) done and why
+    stamp = re.compile(r"_(<timestamp>|\d{8}T\d{6}Z)\.db")
+    for lines in (predicted, done):
+        for line in lines[1:-1]:
+            name = LINE.match(line)["name"]
+            details = stamp.sub("_T.db", line.split("; ", 1)[1]).split("; ")
+            assert details[:2] == ["retention 90d", "backup=file backups/hermes-ops_%s_T.db" % name], line
+            assert details[2].startswith(("vacuum skipped: ", "vacuum full", "vacuum incremental")), line
     rc, again, err = _run(capsys, ["--config", cfg, "--dry-run"])
     assert rc == 0, err
     assert set(counts(again).values()) == {("0", "0")}
+    assert all("; retention 90d; no backup (nothing changed); vacuum " in line for line in again[1:-1]), again
 
 
 def test_json_output(tmp_path, home, capsys):
@@ -240,3 +249,25 @@ def test_runs_as_plain_package_without_ansible(tmp_path, home):
         check=True,
     )
     assert check.stdout.strip() == "False"
+
+
+def test_summary_names_the_holder_that_kept_vacuum_from_running(tmp_path, home, capsys):
+    """The reason a reclaim was skipped, with the holder's name and pid, is on the summary
+    line (and predicted the same in a dry run), not only in the JSON."""
+    db = home / "state.db"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1]); "
+         "c.execute('SELECT COUNT(*) FROM sessions').fetchone(); print('open', flush=True); time.sleep(60)", str(db)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        cfg = _config(tmp_path, hermes_home=[str(home)], profiles=["default"], vacuum_mode="full", syslog=False)
+        for argv in (["--config", cfg, "--dry-run"], ["--config", cfg]):
+            rc, lines, err = _run(capsys, argv)
+            assert rc == 0, err
+            assert LINE.match(lines[1]), lines
+            assert "; vacuum skipped: held open by python" in lines[1] and "(pid %d)" % holder.pid in lines[1], lines
+    finally:
+        holder.kill()
+        holder.wait()

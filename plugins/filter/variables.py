@@ -1,0 +1,179 @@
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Filter ``hermes_agent.ops.variable_problems``: an operator's mistakes in the collection's variables.
+
+The role and the playbooks call it on every ``hermes_maintenance_*``, ``hermes_restore_*``
+and ``hermes_gateway_*`` variable visible to the play, before they change anything::
+
+    {{ dict(names | zip(query('ansible.builtin.vars', *names)))
+       | hermes_agent.ops.variable_problems(query('ansible.builtin.varnames', '^hermes_')) }}
+
+It returns one message per problem (an empty list when there is none): a name the collection
+does not know, with the closest known one (a misspelt ``hermes_maintenance_prune_day`` would
+otherwise leave the 7-day default pruning what the operator meant to keep), and a value the
+scheduled run would refuse, found with the engine's own checks (the option table's bounds and
+``normalize_options``), named by its role variable.
+
+The known names are read, not kept here: the role's variables from its
+``meta/argument_specs.yml`` and the option table, the playbooks' own from ``PLAYBOOK_VARIABLES``
+(a unit test checks that every such name a playbook uses is in it).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+
+import yaml
+from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
+
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import normalize_options
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_options import (
+    NUMBER_TYPES,
+    OPTIONS,
+    ROLE_NONE,
+)
+
+ROLE_PREFIX = "hermes_maintenance_"
+# The name spaces checked: a variable in them that the collection does not know is a mistake.
+CHECKED = re.compile(r"^hermes_(maintenance|restore|gateway)_")
+# How close (difflib's ratio) a name outside them must be to a known one to count as misspelt.
+MISSPELT_SPACE = 0.9
+ARGUMENT_SPECS = os.path.join(
+    os.path.dirname(__file__), "..", "..", "roles", "session_maintenance", "meta", "argument_specs.yml"
+)
+
+# The playbooks' own variables (not the role's): what each playbook's header documents.
+PLAYBOOK_VARIABLES = (
+    "hermes_maintenance_hosts",  # maintain.yml, schedule.yml: which hosts (default all)
+    "hermes_maintenance_serial",  # maintain.yml: hosts at a time
+    "hermes_maintenance_become",  # every playbook: become (default true)
+    "hermes_maintenance_optimize_storage",  # maintain.yml: Hermes's optimize-storage in the window
+    "hermes_maintenance_optimize_storage_timeout",
+    "hermes_maintenance_hermes_cli",  # maintain.yml: the user's Hermes CLI
+    "hermes_gateway_service",  # maintain.yml, restore*.yml: the gateway unit(s)
+    "hermes_gateway_service_manager",
+    "hermes_restore_hosts",  # restore*.yml
+    "hermes_restore_confirm",
+    "hermes_restore_home",
+    "hermes_restore_profile",
+    "hermes_restore_backup",
+    "hermes_restore_backup_dir",
+    "hermes_restore_force",
+    "hermes_restore_archive",
+    "hermes_restore_sessions",
+)
+
+_KNOWN = None
+TYPE_WORDS = {
+    "bool": "true or false",
+    "int": "an integer",
+    "float": "a number",
+    "list": "a list",
+    "str": "a string",
+    "path": "a path",
+}
+
+
+def role_variables():
+    """The role's variables: its argument specs (entry point main) and the option table's."""
+    with open(ARGUMENT_SPECS) as handle:
+        specs = yaml.safe_load(handle)
+    names = set(specs["argument_specs"]["main"]["options"])
+    names.update(ROLE_PREFIX + o.name for o in OPTIONS if o.role is not ROLE_NONE)
+    return names
+
+
+def known_variables():
+    global _KNOWN
+    if _KNOWN is None:
+        _KNOWN = frozenset(role_variables() | set(PLAYBOOK_VARIABLES))
+    return _KNOWN
+
+
+def closest(name, known):
+    """The known name ``name`` most likely meant: by the part after its name space
+    (``prune_day`` -> ``prune_days``), else, for a misspelt name space, by the whole name."""
+    space = CHECKED.match(name)
+    if space:
+        rest = {k[space.end() :]: k for k in known if k.startswith(space.group(0))}
+        close = difflib.get_close_matches(name[space.end() :], sorted(rest), n=1, cutoff=0.6)
+        if close:
+            return rest[close[0]]
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=MISSPELT_SPACE)
+    return close[0] if close else None
+
+
+def unknown_message(name, known):
+    close = closest(name, known)
+    hint = "did you mean %s?" % close if close else "see roles/session_maintenance/README.md for the variables"
+    return "unknown variable %s: %s" % (name, hint)
+
+
+def unknown(name, known):
+    """In the collection's name spaces, any name it does not know; elsewhere (another role's
+    hermes_* variable) only one so close to a known name that it is a misspelling."""
+    if name in known:
+        return False
+    return bool(CHECKED.match(name)) or bool(difflib.get_close_matches(name, known, n=1, cutoff=MISSPELT_SPACE))
+
+
+def _converted(option, value):
+    """``value`` as the runner's config holds it (the role's template converts the same way)."""
+    if option.type == "bool":
+        return boolean(value, strict=True)
+    if option.type == "list":
+        return [value] if isinstance(value, str) else list(value)
+    if option.type in NUMBER_TYPES:
+        if isinstance(value, bool):
+            raise ValueError(value)
+        number = float(value)
+        if option.type == "int" and not number.is_integer():
+            raise ValueError(value)
+        return int(number) if option.type == "int" else number
+    return str(value)
+
+
+def _role_names(text):
+    """The engine's message with each option named by its role variable."""
+    names = "|".join(sorted((o.name for o in OPTIONS if o.role is not ROLE_NONE), key=len, reverse=True))
+    return re.sub(r"(?<![\w.])(%s)\b" % names, ROLE_PREFIX + r"\1", text)
+
+
+def value_problems(values):
+    """The engine's checks on the role's option variables: what the scheduled run would refuse."""
+    problems, options = [], {}
+    for option in OPTIONS:
+        name = ROLE_PREFIX + option.name
+        if option.role is ROLE_NONE or values.get(name) in (None, ""):
+            continue
+        try:
+            options[option.name] = _converted(option, values[name])
+        except (TypeError, ValueError):
+            problems.append("%s must be %s (got %r)" % (name, TYPE_WORDS[option.type], values[name]))
+    if not problems:
+        try:
+            normalize_options(dict(options, hermes_home=["/"]))
+        except (MaintenanceError, TypeError, ValueError) as exc:
+            problems.append(_role_names(str(exc)))
+    return problems
+
+
+def variable_problems(values, names=(), check_values=True):
+    """Messages for unknown names among ``values`` (name -> value) and ``names`` (every
+    hermes_* name, whose values are not needed), then for refused values."""
+    if not isinstance(values, dict):
+        raise AnsibleFilterError("variable_problems expects a dict of variable names and values")
+    known = known_variables()
+    problems = [unknown_message(n, known) for n in sorted(set(values) | set(names)) if unknown(n, known)]
+    if check_values:
+        problems += value_problems(values)
+    return problems
+
+
+class FilterModule:
+    def filters(self):
+        return {"variable_problems": variable_problems}

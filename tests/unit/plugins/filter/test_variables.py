@@ -1,0 +1,53 @@
+# Copyright: contributors to hermes_agent.ops
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The filter variable_problems knows every variable the role and the playbooks read, and no more."""
+
+import re
+from pathlib import Path
+
+from ansible_collections.hermes_agent.ops.plugins.filter import variables
+
+REPO = Path(__file__).resolve().parents[4]
+USED = re.compile(r"\b(hermes_(?:maintenance|restore|gateway)_\w+)")
+
+
+def test_every_variable_the_playbooks_and_role_read_is_known_and_every_known_one_is_read():
+    used = set()
+    for path in [
+        *REPO.glob("playbooks/**/*.yml"),
+        *REPO.glob("roles/session_maintenance/**/*.yml"),
+        *REPO.glob("roles/session_maintenance/templates/*.j2"),
+    ]:
+        used.update(USED.findall(path.read_text()))
+    # the config template reads the option table's variables by name: 'hermes_maintenance_' ~ key
+    used.update(variables.role_variables())
+    known = variables.known_variables()
+    assert sorted(used - known) == []
+    assert sorted(set(variables.PLAYBOOK_VARIABLES) - used) == []
+
+
+def test_problems_name_the_variable_and_the_closest_known_one():
+    problems = variables.variable_problems(
+        {
+            "hermes_maintenance_prune_day": 90,
+            "hermes_restore_profil": "work",
+            "hermes_maintenance_zzz": 1,
+            "hermes_other_thing": 1,  # another role's: not the collection's name space
+            "hermes_maintainance_prune_days": 30,  # a misspelt name space
+            "hermes_maintenance_backup_keep_count": 0,
+        }
+    )
+    assert problems == [
+        "unknown variable hermes_maintainance_prune_days: did you mean hermes_maintenance_prune_days?",
+        "unknown variable hermes_maintenance_prune_day: did you mean hermes_maintenance_prune_days?",
+        "unknown variable hermes_maintenance_zzz: see roles/session_maintenance/README.md for the variables",
+        "unknown variable hermes_restore_profil: did you mean hermes_restore_profile?",
+        "hermes_maintenance_backup_keep_count must be at least 1 (got 0)",
+    ]
+    assert variables.variable_problems({"hermes_maintenance_backup": "maybe"}) == [
+        "hermes_maintenance_backup must be true or false (got 'maybe')"
+    ]
+    assert variables.variable_problems({"hermes_maintenance_vacuum_mode": "fast"}) == [
+        "hermes_maintenance_vacuum_mode must be one of auto, full, incremental, never (got 'fast')"
+    ]
+    assert variables.variable_problems({"hermes_maintenance_prune_days": "30", "hermes_maintenance_backup": "no"}) == []
