@@ -41,7 +41,7 @@ ANSIBLE_ENV := ANSIBLE_COLLECTIONS_PATH=$(COLLECTIONS_ROOT) \
 	PATH=$(BIN):$$PATH
 
 .PHONY: fmt help setup setup-test hermes-venvs matrix-controller-run collection-link lint ruff-check ruff-format ansible-lint changelog-lint \
-	prepare prepare-venvs prepare-matrix prepare-sqlite prepare-images unit unit-timing units integration matrix matrix-python matrix-controller setup-313 sanity docs-lint changelog-check \
+	prepare prepare-venvs prepare-hermes prepare-matrix prepare-sqlite-trixie prepare-sqlite-sid prepare-images unit unit-timing units integration matrix matrix-python matrix-controller setup-313 sanity docs-lint changelog-check \
 	release-check test demo changelog changelog-release build requirements-lock clean distclean
 
 help: ## list targets
@@ -202,21 +202,27 @@ test: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## THE test run (CI): lint,
 # Everything the steps need that is slow to make or fetched from a registry, made up front
 # in parallel lanes, so a slow or failing mirror is named in the first minutes, not inside
 # some test half an hour in. Each lane is idempotent; `make test` makes whatever is missing.
-PREPARE_LANES ?= prepare-venvs+prepare-matrix+prepare-sqlite
+PREPARE_LANES ?= prepare-venvs+prepare-hermes+prepare-matrix+prepare-sqlite-trixie+prepare-sqlite-sid
 
 prepare: ## make every venv, SQLite build (and with PREPARE_LANES, image and rootfs) the tests need, in parallel lanes
 	@STEPS_TITLE="make prepare" bash scripts/run_steps.sh "$(MAKE)" $(PREPARE_LANES)
 
-prepare-venvs: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## lane: controller venv, Hermes release venvs, the second controller's venv, the fleet's collections
+prepare-venvs: $(STAMP) collection-link ## lane: controller venv, the second controller's venv, the fleet's collections
 	@if [ -n "$(PYTHON313)" ]; then $(MAKE) setup-313; fi
 	@$(MAKE) fleet-collections
+
+prepare-hermes: $(HERMES_VENVS_STAMP) ## lane: the Hermes release venvs (tests/setup_hermes_venvs.sh)
 
 prepare-matrix: ## lane: the managed-node matrix venvs, the metrics, execution-environment and docs-site tool venvs
 	@bash scripts/matrix_python.sh --setup-only "$(MATRIX_PYTHONS)"
 	@$(MAKE) metrics-setup $(EE_VENV)/.stamp docs-site-setup
 
-prepare-sqlite: ## lane: Debian's SQLite builds of the SQLite matrix, the Python linking a fixed SQLite
-	@$(MAKE) sqlite-builds fixed-python
+prepare-sqlite-trixie: ## lane: Debian 13's SQLite for the SQLite matrix (scripts/build_sqlite.sh)
+	@bash scripts/build_sqlite.sh trixie >/dev/null
+
+prepare-sqlite-sid: ## lane: Debian sid's SQLite for the SQLite matrix, then the Python linking it (the role's fixed-SQLite test)
+	@bash scripts/build_sqlite.sh sid >/dev/null
+	@$(MAKE) fixed-python
 
 prepare-images: ## lane (root, podman): the fleet's and the fresh-machine job's Debian images
 	@$(MAKE) fleet-image fresh-image
