@@ -41,7 +41,7 @@ ANSIBLE_ENV := ANSIBLE_COLLECTIONS_PATH=$(COLLECTIONS_ROOT) \
 	PATH=$(BIN):$$PATH
 
 .PHONY: fmt help setup setup-test hermes-venvs matrix-controller-run collection-link lint ruff-check ruff-format ansible-lint changelog-lint \
-	prepare prepare-venvs prepare-hermes prepare-matrix prepare-sqlite-trixie prepare-sqlite-sid prepare-images unit unit-timing units integration matrix matrix-python matrix-controller setup-313 sanity docs-lint changelog-check \
+	prepare prepare-venvs prepare-hermes prepare-matrix prepare-sqlite-trixie prepare-sqlite-sid prepare-images unit unit-timing units integration integration-timing matrix-controller-timing matrix-python-timing matrix-sqlite-timing matrix matrix-python matrix-controller setup-313 sanity docs-lint changelog-check \
 	release-check test demo changelog changelog-release build requirements-lock clean distclean
 
 help: ## list targets
@@ -114,7 +114,12 @@ unit: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## engine unit tests (pytes
 	@$(PYTEST_SPLIT) build/logs/unit-pytest "$(PYTEST_MARKERS)" $(BIN)/pytest -- tests/unit $(PYTEST_ARGS)
 
 unit-timing: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## only the timing tests of tests/unit, one at a time (make test: `units` runs the rest)
-	@bash scripts/pytest.sh $(BIN)/pytest tests/unit -m "($(PYTEST_MARKERS)) and timing" -p no:xdist $(PYTEST_ARGS)
+	@$(MAKE) unit PYTEST_PASS=timing
+
+# The timing pass of each suite alone: make test runs these last, as steps of their own
+# (its other steps run the parallel pass only), so that in CI nothing runs beside them.
+integration-timing matrix-controller-timing matrix-python-timing matrix-sqlite-timing: %-timing:
+	@$(MAKE) $* PYTEST_PASS=timing
 
 integration: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## ansible-playbook runs on localhost (pytest tests/integration; -n 2, then the timing tests alone)
 	@$(ANSIBLE_ENV) $(PYTEST_SPLIT) build/logs/integration-pytest "$(PYTEST_MARKERS)" $(BIN)/pytest -- tests/integration $(PYTEST_ARGS)
@@ -193,11 +198,15 @@ release-check: $(STAMP) $(HERMES_VENVS_STAMP) ## build the artifact, check its c
 # baseline are in .ci/budgets. The engine suite on the controller's Python is `units`
 # (ansible-test, all but the timing tests) + `unit-timing`; `make unit` runs both passes itself
 # (the fresh-machine job uses it) and so is not a step here again.
-TEST_STEPS ?= lint+docs-lint+changelog-check+metrics+ee-context+release-check+sanity units unit-timing integration \
-	matrix-controller matrix-python matrix-sqlite
+TEST_STEPS ?= lint+docs-lint+changelog-check+metrics+ee-context+release-check+sanity units integration \
+	matrix-controller matrix-python matrix-sqlite \
+	unit-timing integration-timing matrix-controller-timing matrix-python-timing matrix-sqlite-timing
 
+# The steps run the parallel pass of their suite (PYTEST_PASS=parallel); the *-timing steps the
+# timing pass, last. Under .ci/run (STEPS_QUIET_LOCK) a *-timing step first waits until the
+# container jobs that run beside the other steps have ended.
 test: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## THE test run (CI): lint, docs, sanity, units, integration, release, support matrix
-	@STEPS_TITLE="make test" bash scripts/run_steps.sh "$(MAKE)" $(TEST_STEPS)
+	@PYTEST_PASS=parallel STEPS_TITLE="make test" bash scripts/run_steps.sh "$(MAKE)" $(TEST_STEPS)
 
 # Everything the steps need that is slow to make or fetched from a registry, made up front
 # in parallel lanes, so a slow or failing mirror is named in the first minutes, not inside

@@ -14,6 +14,8 @@
 leg_pytest() {
     local log=$1 what=$2 python=$3 markers=$4 rc pass counts
     shift 4
+    # one pass alone (PYTEST_PASS: make test's steps) keeps a log of its own
+    [ "${PYTEST_PASS:-both}" = both ] || log=${log%.log}-$PYTEST_PASS.log
     # the passes' own logs are <log without .log>.parallel.log and .timing.log; $log holds both
     bash scripts/pytest_split.sh "${log%.log}" "$markers" "$python" -m pytest -- "$@" >"$log" 2>&1
     rc=$?

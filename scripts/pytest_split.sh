@@ -7,7 +7,8 @@
 #   2. the `timing` tests (live writers, stall bounds, race-dependent crash trials), one at
 #      a time, with nothing else of this run beside them.
 # Fails if either pass fails; "no tests collected" (exit 5) is a failure only when neither
-# pass collected anything. PYTEST_WORKERS=0 runs pass 1 without xdist too.
+# pass collected anything. PYTEST_WORKERS=0 runs pass 1 without xdist too; PYTEST_PASS runs
+# one pass only (parallel or timing).
 #
 # Usage: scripts/pytest_split.sh LOG_PREFIX MARKERS PYTEST_CMD... -- [pytest args...]
 #   e.g. scripts/pytest_split.sh build/logs/unit "not matrix" .venv/bin/pytest -- tests/unit
@@ -43,10 +44,24 @@ if [ "$workers" -gt 0 ] 2>/dev/null; then
 else
     xdist=(-p no:xdist)
 fi
-run_pass parallel "($markers) and not timing" "${xdist[@]}" "$@"
-rc1=$?
-run_pass timing "($markers) and timing" -p no:xdist "$@"
-rc2=$?
+# PYTEST_PASS=parallel or timing runs that pass alone (make test runs the timing passes as
+# steps of their own, last, so that nothing else of CI runs beside them); both by default.
+pass=${PYTEST_PASS:-both}
+rc1=5 rc2=5
+case "$pass" in
+    both | parallel | timing) ;;
+    *) echo "error: PYTEST_PASS=$pass: give parallel, timing or both" >&2; exit 2 ;;
+esac
+if [ "$pass" != timing ]; then
+    run_pass parallel "($markers) and not timing" "${xdist[@]}" "$@"
+    rc1=$?
+fi
+if [ "$pass" != parallel ]; then
+    run_pass timing "($markers) and timing" -p no:xdist "$@"
+    rc2=$?
+fi
+# A timing pass alone may select nothing (a suite without timing tests): that is no failure.
+[ "$pass" = timing ] && [ "$rc2" -eq 5 ] && { echo "(no timing tests in: $*)"; exit 0; }
 
 if [ "$rc1" -eq 5 ] && [ "$rc2" -eq 5 ]; then
     echo "error: pytest collected no tests for: $* -m \"$markers\" (exit code 5); an empty suite is a failure here" >&2

@@ -11,13 +11,17 @@
 #
 #   scripts/run_steps.sh MAKE STEP...
 #     STEP is a make target, or targets joined by "+" to run them at the same time (only for
-#     steps that share no host state and run no timing-sensitive test: see .ci/budgets).
+#     steps that share no host state and run no timing-sensitive test). A group written
+#     "&a+b" is started and left running while the next steps go on (it holds STEPS_QUIET_LOCK
+#     shared); a step named *-timing starts only once it can take that lock alone, i.e. once
+#     every such group has ended, so nothing of this run runs beside a timing test.
 #   env: STEPS_TITLE (the summary's name, "make test"), STEPS_DEADLINE (seconds for the whole
 #        run; default: the "total" line of the budgets file), STEPS_BUDGETS (.ci/budgets),
 #        STEPS_TIMES (per-step times, merged into build/logs/times.json), STEP_TAIL (lines of a
 #        failed log shown, 60), STEPS_HANG (a step name: that step first runs `sleep 100000`,
 #        to prove that a hung step is stopped and named), STEPS_DRIFT_MIN (30: shorter steps are
-#        never named slower than their baseline).
+#        never named slower than their baseline), STEPS_QUIET_LOCK (the file of the lock above;
+#        exported to the steps, so a nested run's *-timing steps wait for this run's "&" groups).
 set -uo pipefail
 make_cmd=$1
 shift
@@ -163,15 +167,20 @@ for sig in TERM INT HUP; do
 done
 trap 'summary' EXIT
 
-# start_step STEP: in its own process group (setsid), so that stopping it stops all it started.
+quiet_lock=${STEPS_QUIET_LOCK:-}
+[ -z "$quiet_lock" ] || { mkdir -p "$(dirname "$quiet_lock")" && : >>"$quiet_lock" && export STEPS_QUIET_LOCK; }
+
+# start_step STEP [shared]: in its own process group (setsid), so that stopping it stops all it
+# started; "shared": holding the quiet lock shared while it runs.
 start_step() {
-    local step=$1 hang=""
+    local step=$1 hang="" hold=""
     [ "${STEPS_HANG:-}" = "$step" ] && hang="echo 'STEPS_HANG=$step: sleeping 100000 s' && sleep 100000 && "
+    [ "${2:-}" = shared ] && [ -n "$quiet_lock" ] && hold="flock -s $(printf %q "$quiet_lock") "
     budget_for[$step]=$(budget_of "$step")
     budget_for[$step]=${budget_for[$step]:-$default_budget}
     start_of[$step]=$(date +%s)
     # shellcheck disable=SC2016  # $0 and $1 are the inner shell's
-    setsid bash -c "${hang}"'exec $0 $1 "$2"' "$make_cmd" "$make_flags" "$step" >"$logs/$step.log" 2>&1 </dev/null &
+    setsid bash -c "${hang}exec ${hold}"'$0 $1 "$2"' "$make_cmd" "$make_flags" "$step" >"$logs/$step.log" 2>&1 </dev/null &
     pid_of[$step]=$!
     [ -n "$STEPS_QUIET" ] || printf '%-24s started (%ss into %s; budget %ss)\n' "make $step" \
         $((start_of[$step] - total_start)) "$title" "${budget_for[$step]}"
@@ -194,15 +203,47 @@ finish_step() {  # finish_step STEP STATUS
     record "$step" "$status" "$secs"
 }
 
+# watch_once: one look at every running step: one that ended is finished, one over its budget
+# or running at the deadline is stopped.
+watch_once() {
+    local now step pid rc elapsed why
+    now=$(date +%s)
+    for step in "${!pid_of[@]}"; do
+        pid=${pid_of[$step]}
+        if ! kill -0 "$pid" 2>/dev/null; then
+            wait "$pid"
+            rc=$?
+            if [ "$rc" -eq 0 ]; then finish_step "$step" ok; else finish_step "$step" FAILED; fi
+            continue
+        fi
+        elapsed=$((now - start_of[$step]))
+        why=""
+        if [ "$elapsed" -ge "${budget_for[$step]}" ]; then
+            why="overran its budget of ${budget_for[$step]}s"
+        elif [ $((now - total_start)) -ge "$deadline" ]; then
+            why="was running at the ${deadline}s deadline of $title"
+        fi
+        [ -n "$why" ] || continue
+        echo "$title: $step $why: stopping it"
+        kill_step "$step"
+        wait "$pid" 2>/dev/null
+        overran+=("$step $why (stopped after ${elapsed}s); the end of $logs/$step.log:")
+        while IFS= read -r line; do overran+=("    $line"); done < <(tail -n 15 "$logs/$step.log")
+        finish_step "$step" TIMEOUT
+    done
+}
+
+# quiet_now: true when no "&" group (of this run or an outer one) holds the quiet lock
+quiet_now() { [ -z "$quiet_lock" ] || flock -x -n "$quiet_lock" true; }
+
 nsteps=0
 for group in "$@"; do
-    IFS=+ read -r -a members <<<"$group"
+    IFS=+ read -r -a members <<<"${group#&}"
     nsteps=$((nsteps + ${#members[@]}))
 done
 for group in "$@"; do
-    IFS=+ read -r -a members <<<"$group"
-    now=$(date +%s)
-    if [ $((now - total_start)) -ge "$deadline" ]; then
+    IFS=+ read -r -a members <<<"${group#&}"
+    if [ $(($(date +%s) - total_start)) -ge "$deadline" ]; then
         for step in "${members[@]}"; do
             printf '%-24s %s\n' "make $step" "NOT RUN (the ${deadline}s deadline had passed)"
             record "$step" "NOT-RUN" 0
@@ -210,35 +251,39 @@ for group in "$@"; do
         done
         continue
     fi
-    for step in "${members[@]}"; do start_step "$step"; done
-    # Watch the group: a step ends, overruns its budget, or the whole run its deadline.
-    while [ "${#pid_of[@]}" -gt 0 ]; do
-        sleep 1
-        now=$(date +%s)
-        for step in "${!pid_of[@]}"; do
-            pid=${pid_of[$step]}
-            if ! kill -0 "$pid" 2>/dev/null; then
-                wait "$pid"
-                rc=$?
-                if [ "$rc" -eq 0 ]; then finish_step "$step" ok; else finish_step "$step" FAILED; fi
-                continue
-            fi
-            elapsed=$((now - start_of[$step]))
-            why=""
-            if [ "$elapsed" -ge "${budget_for[$step]}" ]; then
-                why="overran its budget of ${budget_for[$step]}s"
-            elif [ $((now - total_start)) -ge "$deadline" ]; then
-                why="was running at the ${deadline}s deadline of $title"
-            fi
-            [ -n "$why" ] || continue
-            echo "$title: $step $why: stopping it"
-            kill_step "$step"
-            wait "$pid" 2>/dev/null
-            overran+=("$step $why (stopped after ${elapsed}s); the end of $logs/$step.log:")
-            while IFS= read -r line; do overran+=("    $line"); done < <(tail -n 15 "$logs/$step.log")
-            finish_step "$step" TIMEOUT
-        done
+    if [ "$group" != "${group#&}" ]; then
+        for step in "${members[@]}"; do start_step "$step" shared; done
+        continue
+    fi
+    for step in "${members[@]}"; do
+        case "$step" in
+            *-timing)
+                if ! quiet_now; then
+                    echo "$title: $step waits until the jobs beside it have ended (timing tests run alone)"
+                    until quiet_now; do
+                        sleep 1
+                        watch_once
+                    done
+                fi
+                ;;
+        esac
+        start_step "$step"
     done
+    # Watch until this group's steps have ended (an "&" group's may go on running).
+    while :; do
+        waiting=0
+        for step in "${members[@]}"; do
+            [ -n "${pid_of[$step]:-}" ] && waiting=1
+        done
+        [ "$waiting" = 1 ] || break
+        sleep 1
+        watch_once
+    done
+done
+# Then whatever "&" group still runs.
+while [ "${#pid_of[@]}" -gt 0 ]; do
+    sleep 1
+    watch_once
 done
 summary
 [ "$failed" -eq 0 ]

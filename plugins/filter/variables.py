@@ -143,8 +143,11 @@ def _role_names(text):
     return re.sub(r"(?<![\w.])(%s)\b" % names, ROLE_PREFIX + r"\1", text)
 
 
-def value_problems(values):
-    """The engine's checks on the role's option variables: what the scheduled run would refuse."""
+def value_problems(values, hermes_python_found=False):
+    """The engine's checks on the role's option variables: what the scheduled run would refuse.
+
+    ``hermes_python_found``: the role takes hermes_python from the Hermes entry points it reads
+    later (and fails there if none names one), so unknown_schema=release_rules needs none here."""
     problems, options = [], {}
     for option in OPTIONS:
         name = ROLE_PREFIX + option.name
@@ -154,6 +157,8 @@ def value_problems(values):
             options[option.name] = _converted(option, values[name])
         except (TypeError, ValueError):
             problems.append("%s must be %s (got %r)" % (name, TYPE_WORDS[option.type], values[name]))
+    if hermes_python_found and options.get("unknown_schema") == "release_rules":
+        options.setdefault("hermes_python", "/")  # a stand-in: the role puts the entry point's there
     if not problems:
         try:
             normalize_options(dict(options, hermes_home=["/"]))
@@ -162,7 +167,7 @@ def value_problems(values):
     return problems
 
 
-def variable_problems(values, names=(), check_values=True):
+def variable_problems(values, names=(), check_values=True, hermes_python_found=False):
     """Messages for unknown names among ``values`` (name -> value) and ``names`` (every
     hermes_* name, whose values are not needed), then for refused values."""
     if not isinstance(values, dict):
@@ -170,7 +175,7 @@ def variable_problems(values, names=(), check_values=True):
     known = known_variables()
     problems = [unknown_message(n, known) for n in sorted(set(values) | set(names)) if unknown(n, known)]
     if check_values:
-        problems += value_problems(values)
+        problems += value_problems(values, hermes_python_found)
     return problems
 
 

@@ -129,7 +129,7 @@ options:
       - V(refuse) leaves the profile untouched and fails it. V(release_rules) asks the Hermes installed on the host
         (O(hermes_python), run as the Hermes user, never as root) which sessions its own C(prune_sessions) would
         delete, on a private scratch copy of the file, and prunes only the sessions both it and this collection's
-        rules select; RV(profiles[].release_rules) says which release answered.
+        rules select; each profile's C(release_rules) in the result says which release answered.
     type: str
     choices: [refuse, release_rules]
     default: refuse

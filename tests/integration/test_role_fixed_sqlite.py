@@ -218,19 +218,17 @@ def test_without_privilege_ones_own_hermes_install_is_used(ansible_playbook, tmp
     home = tmp_path / "hermes"
     build_home(str(home), "v30", SPECS)
     install = tmp_path / "install"
-    said = _apply(
-        ansible_playbook,
-        {
-            "hermes_maintenance_user": getpass.getuser(),
-            "hermes_maintenance_become": False,
-            "hermes_maintenance_homes": [str(home)],
-            "hermes_maintenance_install_dir": str(install),
-            "hermes_maintenance_scheduler": "none",
-            "hermes_maintenance_syslog": False,
-            "hermes_maintenance_metrics_dir": "",
-            "hermes_maintenance_hermes_entry_points": [str(entry)],
-        },
-    )
+    role_vars = {
+        "hermes_maintenance_user": getpass.getuser(),
+        "hermes_maintenance_become": False,
+        "hermes_maintenance_homes": [str(home)],
+        "hermes_maintenance_install_dir": str(install),
+        "hermes_maintenance_scheduler": "none",
+        "hermes_maintenance_syslog": False,
+        "hermes_maintenance_metrics_dir": "",
+        "hermes_maintenance_hermes_entry_points": [str(entry)],
+    }
+    said = _apply(ansible_playbook, role_vars)
     python = venv / "bin" / "python"
     assert said[0] == f"The runner uses {python}", said
     proc = subprocess.run(
@@ -239,6 +237,16 @@ def test_without_privilege_ones_own_hermes_install_is_used(ansible_playbook, tmp
     sqlite, profile = _sqlite_of_run(proc)
     assert sqlite == {"version": version, "wal_reset_affected": False, "python": str(python)}
     assert profile["sessions_pruned"] == 1
+    assert "hermes_python" not in json.loads((install / "maintenance.json").read_text())
+
+    # unknown_schema=release_rules: the Hermes installed on the host answers, through the
+    # interpreter its entry point names, unless the operator named one.
+    role_vars["hermes_maintenance_unknown_schema"] = "release_rules"
+    _apply(ansible_playbook, role_vars)
+    config = json.loads((install / "maintenance.json").read_text())
+    assert (config["unknown_schema"], config["hermes_python"]) == ("release_rules", str(python)), config
+    _apply(ansible_playbook, dict(role_vars, hermes_maintenance_hermes_python="/usr/bin/python3"))
+    assert json.loads((install / "maintenance.json").read_text())["hermes_python"] == "/usr/bin/python3"
 
 
 TRUST_CHECK = REPO_ROOT / "roles" / "session_maintenance" / "files" / "hermes_trusted_path.sh"

@@ -22,6 +22,12 @@ broken:
 \t@echo broken-output; exit 3
 drifting:
 \t@sleep 3
+beside:
+\t@sleep 4; touch beside.done
+during:
+\t@test ! -e beside.done
+after-timing:
+\t@test -e beside.done
 """
 
 BUDGETS = """\
@@ -31,6 +37,7 @@ quick 5 20
 slow 1 4
 broken 1 20
 drifting 1 20
+beside 5 20
 """
 
 
@@ -98,3 +105,16 @@ def test_a_step_much_slower_than_its_baseline_is_named(tmp_path):
     assert "Slower than their baseline" in out, out
     assert re.search(r"drifting took [345]s, [345]\.0x its baseline of 1s", out), out
     assert "quick took" not in out, out
+
+
+def test_a_timing_step_waits_for_the_jobs_started_beside_the_others(tmp_path):
+    """ "&beside" runs while "during" does; "after-timing" starts only once it has ended."""
+    tree = _tree(tmp_path)
+    lock = tmp_path / "quiet.lock"
+    out, _ = _run(tree, "&beside", "during", "after-timing", STEPS_QUIET_LOCK=str(lock)).communicate(timeout=60)
+    assert "after-timing waits until the jobs beside it have ended" in out, out
+    assert out.rstrip().endswith("steps: 3 passed, 0 failed"), out
+    # without the lock (make test on its own) nothing waits
+    (tree / "beside.done").unlink()
+    out, _ = _run(tree, "during", "beside", "after-timing").communicate(timeout=60)
+    assert "waits" not in out and out.rstrip().endswith("steps: 3 passed, 0 failed"), out

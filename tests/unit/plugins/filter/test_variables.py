@@ -51,3 +51,12 @@ def test_problems_name_the_variable_and_the_closest_known_one():
         "hermes_maintenance_vacuum_mode must be one of auto, full, incremental, never (got 'fast')"
     ]
     assert variables.variable_problems({"hermes_maintenance_prune_days": "30", "hermes_maintenance_backup": "no"}) == []
+
+
+def test_release_rules_without_an_interpreter_is_refused_unless_the_role_finds_one():
+    values = {"hermes_maintenance_unknown_schema": "release_rules"}
+    problems = variables.variable_problems(values)
+    assert len(problems) == 1 and "hermes_maintenance_hermes_python" in problems[0], problems
+    # the role reads it from the Hermes entry points later (and fails there if none names one)
+    assert variables.variable_problems(values, hermes_python_found=True) == []
+    assert variables.variable_problems(dict(values, hermes_maintenance_hermes_python="/usr/bin/python3")) == []
