@@ -84,7 +84,7 @@ def release_prune_set(conn, python, prune_days):
         try:
             proc = subprocess.run(
                 [python, "-c", _ASK, copy, repr(float(prune_days))],
-                cwd=scratch, env=env, capture_output=True, text=True, timeout=RELEASE_TIMEOUT,
+                cwd=scratch, env=env, capture_output=True, text=True, timeout=RELEASE_TIMEOUT, check=False,
             )  # fmt: skip
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise MaintenanceError("unknown_schema=release_rules: %s could not answer: %s" % (python, exc)) from None

@@ -67,7 +67,7 @@ def _processes_running(pattern):
 def test_a_step_over_its_budget_is_stopped_and_named_with_the_end_of_its_log(tmp_path):
     tree = _tree(tmp_path)
     started = time.monotonic()
-    out, _ = _run(tree, "quick", "slow", "broken").communicate(timeout=60)
+    out, _err = _run(tree, "quick", "slow", "broken").communicate(timeout=60)
     assert time.monotonic() - started < 30, out  # the 60 s sleep did not run out
     assert "make slow                TIMEOUT" in out, out
     assert "slow overran its budget of 4s" in out and "slow-output" in out.split("Stopped")[1], out
@@ -84,7 +84,7 @@ def test_a_hung_step_is_stopped_and_the_summary_printed_on_a_signal(tmp_path):
     proc = _run(tree, "quick", "drifting", STEPS_HANG="drifting")
     time.sleep(3)
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=40)
+    out, _err = proc.communicate(timeout=40)
     assert proc.returncode != 0
     assert "STEPS_HANG=drifting: sleeping 100000 s" in out, out
     assert "drifting: stopped by SIGTERM" in out and "summary: trial" in out, out
@@ -93,7 +93,7 @@ def test_a_hung_step_is_stopped_and_the_summary_printed_on_a_signal(tmp_path):
 
 def test_the_deadline_stops_the_run_and_the_rest_does_not_run(tmp_path):
     tree = _tree(tmp_path)
-    out, _ = _run(tree, "drifting", "quick", STEPS_DEADLINE="2").communicate(timeout=60)
+    out, _err = _run(tree, "drifting", "quick", STEPS_DEADLINE="2").communicate(timeout=60)
     assert "drifting was running at the 2s deadline of trial" in out, out
     assert "make quick               NOT RUN (the 2s deadline had passed)" in out, out
     assert out.rstrip().endswith("steps: 0 passed, 2 failed"), out
@@ -101,7 +101,7 @@ def test_the_deadline_stops_the_run_and_the_rest_does_not_run(tmp_path):
 
 def test_a_step_much_slower_than_its_baseline_is_named(tmp_path):
     tree = _tree(tmp_path)
-    out, _ = _run(tree, "drifting", "quick", STEPS_DRIFT_MIN="0").communicate(timeout=60)
+    out, _err = _run(tree, "drifting", "quick", STEPS_DRIFT_MIN="0").communicate(timeout=60)
     assert "Slower than their baseline" in out, out
     assert re.search(r"drifting took [345]s, [345]\.0x its baseline of 1s", out), out
     assert "quick took" not in out, out
@@ -111,10 +111,10 @@ def test_a_timing_step_waits_for_the_jobs_started_beside_the_others(tmp_path):
     """ "&beside" runs while "during" does; "after-timing" starts only once it has ended."""
     tree = _tree(tmp_path)
     lock = tmp_path / "quiet.lock"
-    out, _ = _run(tree, "&beside", "during", "after-timing", STEPS_QUIET_LOCK=str(lock)).communicate(timeout=60)
+    out, _err = _run(tree, "&beside", "during", "after-timing", STEPS_QUIET_LOCK=str(lock)).communicate(timeout=60)
     assert "after-timing waits until the jobs beside it have ended" in out, out
     assert out.rstrip().endswith("steps: 3 passed, 0 failed"), out
     # without the lock (make test on its own) nothing waits
     (tree / "beside.done").unlink()
-    out, _ = _run(tree, "during", "beside", "after-timing").communicate(timeout=60)
+    out, _err = _run(tree, "during", "beside", "after-timing").communicate(timeout=60)
     assert "waits" not in out and out.rstrip().endswith("steps: 3 passed, 0 failed"), out
