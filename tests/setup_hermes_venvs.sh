@@ -51,15 +51,23 @@ mkdir -p "$venv_dir"
 rc=0
 jobs_max=${HERMES_VENV_JOBS:-3}
 declare -A job_of=()
+running=()
 for ver in "${versions[@]}"; do
     dest="$venv_dir/hermes-$ver"
     if [ -x "$dest/bin/python" ] && "$dest/bin/python" -c 'import hermes_state' >/dev/null 2>&1; then
         echo "hermes-$ver: ok ($dest)"
         continue
     fi
-    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do sleep 1; done
+    while :; do  # at most jobs_max at a time (`jobs` in a $(...) would see none)
+        alive=()
+        for pid in "${running[@]}"; do kill -0 "$pid" 2>/dev/null && alive+=("$pid"); done
+        running=("${alive[@]}")
+        [ "${#running[@]}" -lt "$jobs_max" ] && break
+        sleep 1
+    done
     echo "hermes-$ver: installing $(package_for "$ver") into $dest ..."
     install_one "$ver" &
+    running+=("$!")
     job_of[$ver]=1
 done
 wait
