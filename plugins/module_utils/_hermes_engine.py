@@ -42,6 +42,7 @@ from ._hermes_hazards import (
     refuse_during_hermes_operation,
 )
 from ._hermes_inspect import check_version, inspect_schema, quick_check, quick_check_small_tables, stats, unusable_fts
+from ._hermes_inventory import inventory, session_ids
 from ._hermes_options import BY_NAME, OPTIONS, check_option, defaults
 from ._hermes_plan import DAY, build_plan
 from ._hermes_reclaim import reclaim, wal_budget
@@ -593,6 +594,8 @@ def profile_info(home, name, db_path, opts, check_mode, now):
             {"path": backups[0][0], "age_days": round((now - backups[0][1]) / DAY, 2)} if backups else None
         )
         info["backups"] = len(backups)
+        root = os.path.dirname(db_path)
+        info["home_files"] = inventory(root, session_ids(db.conn), skip=("profiles",) if name == "default" else ())
         plan = build_plan(db.conn, schema, opts, now, sessions_dir(db_path))
         info.update(
             idle_open=len(plan.zombies),
