@@ -145,6 +145,14 @@ def test_report(ansible_playbook, tmp_path):
     affected = " (WAL-reset bug)" if sqlite_wal_reset_affected() else " (fixed)"
     assert rows["default"][2] == sqlite3.sqlite_version + affected
     assert rows["default"][3] == "on, 90 days" and rows["default"][4:] == ["never", "never", "nobody"]
+    files = out.result("Print the home-files table")["msg"]
+    assert [c.strip() for c in files[0].split("|")[1:-1]] == [
+        "host", "profile", "home", "named", "largest kinds", "retired WAL", "forensic copies", "orphaned transcripts",
+    ]  # fmt: skip
+    rows = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in files[2:]}
+    assert set(rows) == set(PROFILES)  # the broken file's profile could not be read
+    assert rows["default"][4].startswith("state_db ") and rows["default"][5:] == ["0", "0", "0"]
+    assert float(rows["default"][3].rstrip("%")) >= 99.0
 
 
 def test_schedule_with_hermes_cron_then_none_then_absent(ansible_playbook, tmp_path):
