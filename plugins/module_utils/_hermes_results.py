@@ -77,6 +77,11 @@ PROFILE_FIELDS = (
         "Kept child sessions whose pruned parent was unlinked (C(parent_session_id) set to null).",
     )),
     Field("transcripts_removed", "int", initial=0, doc=("Files removed from C(HOME/sessions/).",)),
+    Field("retention", "dict", initial=None, doc=(
+        "Which retention applied to what. V(prune_days), V(by_source) (O(prune_days_by_source), V({}) when unset) "
+        "and V(selected), the sessions the plan selected for the prune by their source (before a stop; "
+        "RV(profiles[].sessions_pruned) says what was deleted).",
+    )),
     Field("prompts_collected", "int", initial=0, doc=("C(system_prompts) rows no longer referenced after the prune.",)),
     Field("sessions_left_alone", "int", initial=0, doc=(
         "Planned sessions that stopped qualifying during the run (resumed by Hermes) and were kept.",
