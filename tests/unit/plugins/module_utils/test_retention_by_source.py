@@ -6,14 +6,13 @@ check mode predicts the real run exactly; the summary line says which retention 
 """
 
 import json
-import sqlite3
 
 import pytest
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_runner as runner
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from hermes_fixtures import build_home, layout_available, missing_venv_message
+from hermes_fixtures import build_home, layout_available, missing_venv_message, session_ids
 
 LAYOUT = "hermes-0.22.2.post1"
 OPTIONS = {"prune_days": 7, "prune_days_by_source": {"cron": 3, "telegram": 365}, "zombie_days": 1}
@@ -48,21 +47,13 @@ def home(tmp_path_factory):
     return home
 
 
-def _ids(db):
-    conn = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
-    try:
-        return {row[0] for row in conn.execute("SELECT id FROM sessions")}
-    finally:
-        conn.close()
-
-
 def test_each_source_takes_its_own_retention_and_check_mode_is_exact(home):
     db = home / "state.db"
-    before = _ids(db)
+    before = session_ids(db)
     predicted = run_maintenance(dict(OPTIONS, hermes_home=[str(home)]), check_mode=True)
     p = predicted["profiles"][0]
     assert p["status"] == "ok", p["error"]
-    assert _ids(db) == before  # check mode wrote nothing
+    assert session_ids(db) == before  # check mode wrote nothing
     assert p["sessions_pruned"] == len(PRUNED)
     assert p["retention"] == {
         "prune_days": 7.0,
@@ -74,7 +65,7 @@ def test_each_source_takes_its_own_retention_and_check_mode_is_exact(home):
     result = run_maintenance(dict(OPTIONS, hermes_home=[str(home)], backup=False))
     done = result["profiles"][0]
     assert done["status"] == "ok", done["error"]
-    assert before - _ids(db) == PRUNED
+    assert before - session_ids(db) == PRUNED
     for key in ("sessions_pruned", "messages_pruned", "sessions_orphaned", "transcripts_removed", "retention"):
         assert done[key] == p[key], key
     assert result["summary"][0].split("; ", 1)[1].startswith("retention 7d (2 sessions), cron 3d (1)")
