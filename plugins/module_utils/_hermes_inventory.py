@@ -66,6 +66,14 @@ STORES = {
     "cron_deliveries": "cron/deliveries.db",
     "notepad": "cron/notepad.db",
 }
+# (key in the result, PRAGMA): one short statement each.
+STORE_PRAGMAS = (
+    ("page_count", "page_count"),
+    ("page_size", "page_size"),
+    ("free_pages", "freelist_count"),
+    ("journal_mode", "journal_mode"),
+    ("auto_vacuum", "auto_vacuum"),
+)
 STORE_BUSY_TIMEOUT = 0.05  # seconds: a store that is locked is reported as such, never waited on
 _TRANSCRIPT_SUFFIXES = (".jsonl", ".json")
 
@@ -123,20 +131,25 @@ def _orphaned(root, ids):
 
 
 def store_facts(path):
-    """Size, free pages and journal mode of another SQLite store, read-only; an error is reported."""
-    facts = {"path": path, "bytes": os.lstat(path).st_size, "free_pages": None, "page_size": None}
-    facts.update(page_count=None, journal_mode=None, error=None)
+    """Size, pages, free pages, journal and auto_vacuum mode of another SQLite store, read-only.
+
+    ``reclaimable_bytes`` is what a VACUUM would give back (free pages times the page size); nothing
+    is reclaimed here. An error (a locked or damaged store) is reported, never raised.
+    """
+    facts = {"path": path, "bytes": os.lstat(path).st_size, "reclaimable_bytes": None, "error": None}
     db = None
     try:
         db = ReadOnlyDB(path, STORE_BUSY_TIMEOUT)
-        for pragma in ("free_pages", "page_count", "page_size", "journal_mode"):
-            name = "freelist_count" if pragma == "free_pages" else pragma
-            facts[pragma] = db.conn.execute("PRAGMA %s" % name).fetchone()[0]
+        for key, pragma in STORE_PRAGMAS:
+            facts[key] = db.conn.execute("PRAGMA %s" % pragma).fetchone()[0]
+        facts["reclaimable_bytes"] = facts["free_pages"] * facts["page_size"]
     except (sqlite3.Error, OSError) as exc:
         facts["error"] = str(exc)
     finally:
         if db is not None:
             db.close()
+    for key, _pragma in STORE_PRAGMAS:
+        facts.setdefault(key, None)
     return facts
 
 

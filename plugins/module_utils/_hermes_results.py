@@ -237,7 +237,8 @@ INFO_PROFILE_FIELDS = (
         "C(state.db.retired-wal-*) or C(state-snapshots/<id>) directory is one), V(bytes), V(oldest) and V(newest) "
         "(mtimes, unix seconds); V(bytes) is the home's total and V(named_bytes) what is in a named kind (the rest "
         "is V(other)). V(stores) gives C(cron/executions.db), C(cron/deliveries.db) and C(cron/notepad.db) with "
-        "V(bytes), V(page_count), V(page_size), V(free_pages), V(journal_mode) and V(error).",
+        "V(bytes), V(page_count), V(page_size), V(free_pages), V(reclaimable_bytes) (what a VACUUM would give back; "
+        "nothing is reclaimed), V(journal_mode), V(auto_vacuum) and V(error).",
         "The kinds (_hermes_inventory.KINDS) are V(state_db), V(malformed_backup), V(retired_wal) (messages may be "
         "missing from C(state.db), see docs/fleet.md), V(pre_update_emergency), V(hermes_locks), V(hermes_backup_zip), "
         "V(hermes_ops_archive), V(hermes_ops_backup), V(state_snapshots), V(pending_messages), V(transcripts), "

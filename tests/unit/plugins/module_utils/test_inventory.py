@@ -149,7 +149,8 @@ def test_the_other_stores_are_read_without_a_write(home):
         assert facts["error"] is None, facts
         path = home / inv.STORES[kind]
         assert facts["bytes"] == path.stat().st_size == facts["page_count"] * facts["page_size"]
-        assert facts["free_pages"] >= 0
+        assert facts["free_pages"] >= 0 and facts["reclaimable_bytes"] == facts["free_pages"] * facts["page_size"]
+        assert facts["auto_vacuum"] in (0, 1, 2)
         # 0.22.2 refuses WAL on this SQLite (3.40.1 has the WAL-reset bug) and keeps a rollback journal
         assert facts["journal_mode"] in ("delete", "wal")
         assert not any(os.path.exists(str(path) + s) for s in ("-wal", "-shm", "-journal"))
