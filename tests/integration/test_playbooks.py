@@ -247,6 +247,7 @@ def test_maintain_passes_vacuum_switch_incremental(ansible_playbook, tmp_path):
 
 def test_schedule_writes_every_engine_option_into_the_config(ansible_playbook, tmp_path):
     options = {"vacuum_switch_incremental": False, "batch_size": 500, "prune_days": 30, "zombie_sources": ["cli"]}
+    options["prune_days_by_source"] = {"cron": 3, "telegram": 365}
     home, install, extra = role_home(tmp_path, "none", 5, **options)
     rc, out = ansible_playbook("playbooks/schedule.yml", extra_vars=extra)
     assert rc == 0, getattr(out, "text", out)
@@ -254,3 +255,4 @@ def test_schedule_writes_every_engine_option_into_the_config(ansible_playbook, t
     assert config["vacuum_switch_incremental"] is False
     assert config["batch_size"] == 500 and config["prune_days"] == 30.0 and config["zombie_sources"] == ["cli"]
     assert "backup_keep_days" not in config and "batch_time" not in config  # unset: the engine's default
+    assert config["prune_days_by_source"] == {"cron": 3, "telegram": 365}
