@@ -219,6 +219,7 @@ def role_argument_specs(options):
 def role_config_keys(options):
     """The role's config template: which variables go into maintenance.json, by conversion."""
     kinds = {"float": "float", "int": "int", "bool": "bool", "str": "string", "path": "string", "list": "list"}
+    kinds["dict"] = "dict"
     by_kind = {}
     for option in role_options(options):
         by_kind.setdefault(kinds[option.type], []).append(option.name)

@@ -32,6 +32,14 @@ options:
       - An ended session whose last activity is older than this many days is pruned (Hermes's own default is 90).
     type: float
     default: 7
+  prune_days_by_source:
+    description:
+      - Retention in days for the sessions of some sources, a mapping of source to days (cron to 3 and telegram to
+        365, say); the sessions of every other source take O(prune_days). Each value is like O(prune_days) (a number,
+        not below O(zombie_days)), and every rule that protects a session still applies.
+      - A delegate (subagent) takes the retention of the session it works for, and goes with it when that one is
+        pruned; a compression lineage stays while any of its sessions is younger than its own retention.
+    type: dict
   zombie_sources:
     description:
       - Session sources whose zombies may be closed. Messaging platforms (telegram, discord, slack, ...) are left out

@@ -75,6 +75,7 @@ TYPE_WORDS = {
     "list": "a list",
     "str": "a string",
     "path": "a path",
+    "dict": "a mapping",
 }
 
 
@@ -127,6 +128,10 @@ def _converted(option, value):
         return boolean(value, strict=True)
     if option.type == "list":
         return [value] if isinstance(value, str) else list(value)
+    if option.type == "dict":
+        if not isinstance(value, dict):
+            raise ValueError(value)
+        return dict(value)
     if option.type in NUMBER_TYPES:
         if isinstance(value, bool):
             raise ValueError(value)

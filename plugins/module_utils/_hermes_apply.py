@@ -377,12 +377,13 @@ def _still_prunable(conn, sid, plan, schema, leased):
         return False
     if sid in plan.delegate_root:  # goes with its parent, whatever its own age
         return True
-    if values.get("last_activity_at") is not None and values["last_activity_at"] >= plan.prune_cutoff:
+    cutoff = plan.cutoffs.get(sid, plan.prune_cutoff)  # its source's retention (prune_days_by_source)
+    if values.get("last_activity_at") is not None and values["last_activity_at"] >= cutoff:
         return False
-    if values["end_reason"] == ORPHAN_REAP and values["ended_at"] >= plan.prune_cutoff:
+    if values["end_reason"] == ORPHAN_REAP and values["ended_at"] >= cutoff:
         return False  # closed by Hermes's orphan sweep lately: resumable for a retention window
     newer = conn.execute(
-        "SELECT 1 FROM messages WHERE session_id = ? AND timestamp >= ? LIMIT 1", (sid, plan.prune_cutoff)
+        "SELECT 1 FROM messages WHERE session_id = ? AND timestamp >= ? LIMIT 1", (sid, cutoff)
     ).fetchone()
     return newer is None
 

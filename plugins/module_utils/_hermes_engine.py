@@ -42,6 +42,7 @@ from ._hermes_hazards import (
     refuse_during_hermes_operation,
 )
 from ._hermes_inspect import check_version, inspect_schema, quick_check, quick_check_small_tables, stats, unusable_fts
+from ._hermes_inventory import inventory, session_ids
 from ._hermes_options import BY_NAME, OPTIONS, check_option, defaults
 from ._hermes_plan import DAY, build_plan
 from ._hermes_reclaim import reclaim, wal_budget
@@ -72,12 +73,42 @@ def normalize_options(options):
         raise MaintenanceError(
             "unknown_schema=release_rules needs hermes_python: the interpreter of the Hermes installed on the host"
         )
-    if float(opts["zombie_days"]) > float(opts["prune_days"]):
-        raise MaintenanceError(
-            "zombie_days (%s) is larger than prune_days (%s): a zombie would be pruned before it could be closed; "
-            "use zombie_days <= prune_days" % (opts["zombie_days"], opts["prune_days"])
-        )
+    opts["prune_days_by_source"] = _by_source(opts["prune_days_by_source"])
+    retentions = [("prune_days", opts["prune_days"])]
+    retentions += [("prune_days_by_source[%s]" % k, v) for k, v in sorted(opts["prune_days_by_source"].items())]
+    for name, days in retentions:
+        if float(opts["zombie_days"]) > float(days):
+            raise MaintenanceError(
+                "zombie_days (%s) is larger than %s (%s): a zombie would be pruned before it could be closed; "
+                "use zombie_days <= %s" % (opts["zombie_days"], name, days, name)
+            )
     return opts
+
+
+def _by_source(value):
+    """prune_days_by_source as {source: float days}; anything else is refused, naming the entry."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise MaintenanceError(
+            "prune_days_by_source must be a mapping of source to days, such as {cron: 3} (got %r)" % (value,)
+        )
+    out = {}
+    for source, days in value.items():
+        if not isinstance(source, str) or not source:
+            raise MaintenanceError("prune_days_by_source: %r is no session source name" % (source,))
+        if isinstance(days, bool) or not isinstance(days, (int, float, str)):
+            raise MaintenanceError("prune_days_by_source[%s] must be a number of days (got %r)" % (source, days))
+        try:
+            number = float(days)
+        except ValueError:
+            raise MaintenanceError(
+                "prune_days_by_source[%s] must be a number of days (got %r)" % (source, days)
+            ) from None
+        if not number >= 0:
+            raise MaintenanceError("prune_days_by_source[%s] must not be negative (got %s)" % (source, days))
+        out[source] = number
+    return out
 
 
 def profile_path(home, name):
@@ -181,7 +212,9 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
         result["before"] = stats(conn, db_path, short_reads)
         allowed = None
         if release_rules:  # only what the installed Hermes's own prune deletes too
-            answer = release_prune_set(conn, opts["hermes_python"], opts["prune_days"])
+            # the shortest retention: the release's set then holds every session any retention selects
+            shortest = min([float(opts["prune_days"])] + list(opts["prune_days_by_source"].values()))
+            answer = release_prune_set(conn, opts["hermes_python"], shortest)
             allowed = answer.pop("deleted")
             result["release_rules"] = dict(answer, release_pruned=len(allowed))
         plan = build_plan(conn, schema, opts, now, sessions_dir(db_path), short_reads, allowed)
@@ -202,6 +235,7 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
                 "CJK extension" % ("; ".join(broken_fts), sqlite3.sqlite_version)
             )
             _drop_deletes(plan)
+        _retention(result, plan, opts)
         backup_dir = backups_of(home, opts["backup_dir"])
         backup_due = opts["backup"] and (plan.has_changes or _interval_due(opts, backup_dir, name, now))
         if backup_due:
@@ -526,9 +560,34 @@ def _relative(path, home):
     return path
 
 
+def retention_words(retention, opts):
+    """``retention 7d`` or, by source, ``retention 7d (2 sessions), cron 3d (5), telegram 365d (0)``."""
+    by_source = opts["prune_days_by_source"]
+    if not by_source:
+        return "retention " + _days(opts["prune_days"])
+    selected = (retention or {}).get("selected") or {}
+    rest = sum(n for source, n in selected.items() if source not in by_source)
+    words = ["retention %s (%d sessions)" % (_days(opts["prune_days"]), rest)]
+    words += ["%s %s (%d)" % (src, _days(days), selected.get(src, 0)) for src, days in sorted(by_source.items())]
+    return ", ".join(words)
+
+
+def _retention(result, plan, opts):
+    """Which retention applied to what: the sessions the plan selects, by source."""
+    selected = {}
+    for sid in plan.delete_order:
+        source = plan.sources.get(sid)
+        selected[source] = selected.get(source, 0) + 1
+    result["retention"] = {
+        "prune_days": float(opts["prune_days"]),
+        "by_source": dict(opts["prune_days_by_source"]),
+        "selected": selected,
+    }
+
+
 def summary_details(p, opts):
     """What was done and why, after the seed's words: retention, backup, reclaim, stopped early."""
-    words = ["retention " + _days(opts["prune_days"])]
+    words = [retention_words(p.get("retention"), opts)]
     backup = p["backup"]
     if backup:
         words.append("backup=%s %s" % (backup.get("kind") or "file", _relative(backup["path"], p["home"])))
@@ -593,6 +652,8 @@ def profile_info(home, name, db_path, opts, check_mode, now):
             {"path": backups[0][0], "age_days": round((now - backups[0][1]) / DAY, 2)} if backups else None
         )
         info["backups"] = len(backups)
+        root = os.path.dirname(db_path)
+        info["home_files"] = inventory(root, session_ids(db.conn), skip=("profiles",) if name == "default" else ())
         plan = build_plan(db.conn, schema, opts, now, sessions_dir(db_path))
         info.update(
             idle_open=len(plan.zombies),

@@ -44,6 +44,11 @@ STATUS_METRIC = (
     "gauge",
     "1 for the last run's status of the profile (ok, skipped, failed, no_profiles) and why.",
 )
+# (metric, type, help); per profile and kind of file in its home (_hermes_inventory.KINDS).
+HOME_METRICS = (
+    ("home_bytes", "gauge", "Bytes of the profile's home by kind of file (other: no pattern names it)."),
+    ("home_files", "gauge", "Items of the profile's home by kind (a retired-WAL or snapshot directory is one)."),
+)
 # (metric, type, help); per runner user.
 RUN_METRICS = (
     ("last_run_timestamp_seconds", "gauge", "Unix time the last maintenance run ended."),
@@ -151,6 +156,14 @@ def render(result, infos, user, finished, last_success, config_error=False):
     for name, kind, help_text in PROFILE_METRICS:
         samples = [(labels, figures[name]) for labels, _p, figures in rows if name in figures]
         lines.extend(_family(name, kind, help_text, samples))
+    for name, kind, help_text in HOME_METRICS:
+        field = "bytes" if name == "home_bytes" else "count"
+        samples = [
+            (labels + (("kind", k),), entry[field])
+            for labels, p, _f in rows
+            for k, entry in _home_kinds(infos.get((p.get("home"), p.get("name")))).items()
+        ]
+        lines.extend(_family(name, kind, help_text, samples))
     name, kind, help_text = STATUS_METRIC
     samples = [
         (labels + (("status", p.get("status") or "failed"), ("reason", reason_of(p))), 1) for labels, p, _f in rows
@@ -167,6 +180,11 @@ def render(result, infos, user, finished, last_success, config_error=False):
         value = run_values[name]
         lines.extend(_family(name, kind, help_text, [] if value is None else [((("user", user),), value)]))
     return "\n".join(lines) + "\n"
+
+
+def _home_kinds(info):
+    """kind -> {count, bytes, ...} of a profile's home (gather_info's home_files), {} if unknown."""
+    return ((info or {}).get("home_files") or {}).get("kinds") or {}
 
 
 def _family(name, kind, help_text, samples):

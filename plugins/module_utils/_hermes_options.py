@@ -84,6 +84,14 @@ OPTIONS = (
     Option("prune_days", "float", default=7.0, minimum=0, scope=SHARED, doc=(
         "An ended session whose last activity is older than this many days is pruned (Hermes's own default is 90).",
     )),
+    Option("prune_days_by_source", "dict", scope=SHARED, unset="one retention, prune_days, for every source", doc=(
+        "Retention in days for the sessions of some sources, a mapping of source to days (cron to 3 and telegram to "
+        "365, say); the sessions of "
+        "every other source take O(prune_days). Each value is like O(prune_days) (a number, not below "
+        "O(zombie_days)), and every rule that protects a session still applies.",
+        "A delegate (subagent) takes the retention of the session it works for, and goes with it when that one is "
+        "pruned; a compression lineage stays while any of its sessions is younger than its own retention.",
+    )),
     Option("zombie_sources", "list", default=list(ZOMBIE_SOURCES), elements="str", scope=SHARED, doc=(
         "Session sources whose zombies may be closed. Messaging platforms (telegram, discord, slack, ...) are left out "
         "on purpose, as Hermes does, because closing them makes the gateway start a new conversation in a live chat.",

@@ -52,7 +52,10 @@ class Plan:
         self.prompts = 0  # system_prompts rows the prune leaves unreferenced
         self.now = 0.0
         self.zombie_cutoff = 0.0
-        self.prune_cutoff = 0.0
+        self.prune_cutoff = 0.0  # for the sources prune_days_by_source does not name
+        self.source_cutoffs = {}  # source -> its own cutoff (prune_days_by_source)
+        self.sources = {}  # session id -> source, for every session in delete_order
+        self.cutoffs = {}  # session id -> its own cutoff where it is not prune_cutoff (the apply re-checks by it)
 
     @property
     def messages_pruned(self):
@@ -232,6 +235,8 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
     plan.now = now
     plan.zombie_cutoff = now - float(options["zombie_days"]) * DAY
     plan.prune_cutoff = now - float(options["prune_days"]) * DAY
+    by_source = options.get("prune_days_by_source") or {}
+    plan.source_cutoffs = {source: now - float(days) * DAY for source, days in by_source.items()}
     sessions = load_sessions(conn, schema, now, short_reads)
     leased = live_leases(conn, schema, now)
     plan.bad_time_rows = sum(1 for s in sessions.values() if s.bad)
@@ -254,6 +259,7 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
     if catalogue:  # the gateway runtime's work in flight; rows of a foreign key the engine does not know
         protected |= ledgered_sessions(conn, schema) | referenced_sessions(conn, catalogue["unknown"])
     protected |= _continuations([s for s in sessions.values() if s.pinned or s.id in leased], children)
+    delegated_by = {kid.id: parent for parent, kids in delegates.items() for kid in kids}
     zombie_sources = set(options["zombie_sources"])
     zombies = set()
     for s in sessions.values():
@@ -263,7 +269,9 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
     candidates = {
         s.id
         for s in sessions.values()
-        if s.id not in protected and (s.ended is not None or s.id in zombies) and prune_age(s) < plan.prune_cutoff
+        if s.id not in protected
+        and (s.ended is not None or s.id in zombies)
+        and prune_age(s) < _cutoff_of(s, plan, sessions, delegated_by)
     }
     units = {c: _delegate_closure(c, delegates) for c in candidates}
     if allowed is not None:
@@ -283,6 +291,10 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
     for sid in plan.delete_order:
         plan.messages[sid] = sessions[sid].messages
         plan.parents[sid] = sessions[sid].parent
+        plan.sources[sid] = sessions[sid].source
+        cutoff = _cutoff_of(sessions[sid], plan, sessions, delegated_by)
+        if cutoff != plan.prune_cutoff:
+            plan.cutoffs[sid] = cutoff
     plan.orphaned = sum(1 for s in sessions.values() if s.id not in doomed and s.parent in doomed)
     plan.transcripts = transcript_files(sessions_dir, doomed)
     if "system_prompts" in schema["tables"] and "system_prompt_hash" in schema["session_columns"]:
@@ -290,6 +302,21 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
         freed = {sessions[sid].prompt_hash for sid in doomed} - kept - {None}
         plan.prompts = len(freed)
     return plan
+
+
+def _cutoff_of(s, plan, sessions, delegated_by):
+    """The prune cutoff of a session: its source's (prune_days_by_source), else prune_days'.
+
+    A delegate takes the retention of the session it works for (a year of telegram keeps the
+    subagents of those chats a year too).
+    """
+    if not plan.source_cutoffs:
+        return plan.prune_cutoff
+    seen = {s.id}
+    while delegated_by.get(s.id) in sessions and delegated_by[s.id] not in seen:
+        s = sessions[delegated_by[s.id]]
+        seen.add(s.id)
+    return plan.source_cutoffs.get(s.source, plan.prune_cutoff)
 
 
 def _continuations(roots, children):

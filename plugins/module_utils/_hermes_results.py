@@ -77,6 +77,11 @@ PROFILE_FIELDS = (
         "Kept child sessions whose pruned parent was unlinked (C(parent_session_id) set to null).",
     )),
     Field("transcripts_removed", "int", initial=0, doc=("Files removed from C(HOME/sessions/).",)),
+    Field("retention", "dict", initial=None, doc=(
+        "Which retention applied to what. V(prune_days), V(by_source) (O(prune_days_by_source), V({}) when unset) "
+        "and V(selected), the sessions the plan selected for the prune by their source (before a stop; "
+        "RV(profiles[].sessions_pruned) says what was deleted).",
+    )),
     Field("prompts_collected", "int", initial=0, doc=("C(system_prompts) rows no longer referenced after the prune.",)),
     Field("sessions_left_alone", "int", initial=0, doc=(
         "Planned sessions that stopped qualifying during the run (resumed by Hermes) and were kept.",
@@ -226,6 +231,20 @@ INFO_PROFILE_FIELDS = (
     Field("sqlite", "dict", doc=("The SQLite that read the profile, as RV(sqlite).",)),
     Field("newest_backup", "dict", doc=("Newest backup of this collection (V(path), V(age_days)), or null.",)),
     Field("backups", "int", doc=("Number of this collection's backups of the profile.",)),
+    Field("home_files", "dict", doc=(
+        "Every file of the profile's home (the directory holding its C(state.db); the default profile's leaves "
+        "out C(profiles/)), by kind, read-only. V(kinds) maps each kind found to V(count) (items, where a "
+        "C(state.db.retired-wal-*) or C(state-snapshots/<id>) directory is one), V(bytes), V(oldest) and V(newest) "
+        "(mtimes, unix seconds); V(bytes) is the home's total and V(named_bytes) what is in a named kind (the rest "
+        "is V(other)). V(stores) gives C(cron/executions.db), C(cron/deliveries.db) and C(cron/notepad.db) with "
+        "V(bytes), V(page_count), V(page_size), V(free_pages), V(reclaimable_bytes) (what a VACUUM would give back; "
+        "nothing is reclaimed), V(journal_mode), V(auto_vacuum) and V(error).",
+        "The kinds (_hermes_inventory.KINDS) are V(state_db), V(malformed_backup), V(retired_wal) (messages may be "
+        "missing from C(state.db), see docs/fleet.md), V(pre_update_emergency), V(hermes_locks), V(hermes_backup_zip), "
+        "V(hermes_ops_archive), V(hermes_ops_backup), V(state_snapshots), V(pending_messages), V(transcripts), "
+        "V(orphaned_transcripts) (whose session is no longer in C(state.db)), V(cron_executions), V(cron_deliveries), "
+        "V(notepad), V(cron_other), V(logs), V(caches), V(agent_data), V(config), V(other).",
+    )),
 )
 # fmt: on
 

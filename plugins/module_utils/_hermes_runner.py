@@ -81,7 +81,7 @@ RUNNER_KEYS = {
 AFTER_RUN_OPTIONS = ("metrics_dir",)
 
 # The Python type a JSON value must have for each of the option table's types.
-_JSON_TYPES = {"bool": bool, "int": int, "float": float, "str": str, "path": str, "list": list}
+_JSON_TYPES = {"bool": bool, "int": int, "float": float, "str": str, "path": str, "list": list, "dict": dict}
 
 # What run_maintenance raises for options it refuses (before touching any profile).
 OPTION_ERRORS = (ValueError, TypeError, MaintenanceError)
@@ -92,9 +92,14 @@ class ConfigError(Exception):
 
 
 def _type_name(kind):
-    return {bool: "true/false", int: "an integer", float: "a number", str: "a string", list: "a list"}.get(
-        kind, kind.__name__
-    )
+    return {
+        bool: "true/false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+    }.get(kind, kind.__name__)
 
 
 def _check_type(source, key, value, kind):
@@ -114,6 +119,8 @@ def _check_type(source, key, value, kind):
         if isinstance(value, str):
             value = [value]
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    elif kind is dict:  # the engine checks each entry
+        ok = isinstance(value, dict)
     if not ok:
         raise ConfigError(f"{source}: key {key!r} must be {_type_name(kind)}, got {json.dumps(value)}")
     return value

@@ -252,6 +252,12 @@ profiles:
     transcripts_removed:
       description: Files removed from C(HOME/sessions/).
       type: int
+    retention:
+      description:
+        - Which retention applied to what. V(prune_days), V(by_source) (O(prune_days_by_source), V({}) when unset)
+          and V(selected), the sessions the plan selected for the prune by their source (before a stop;
+          RV(profiles[].sessions_pruned) says what was deleted).
+      type: dict
     prompts_collected:
       description: C(system_prompts) rows no longer referenced after the prune.
       type: int

@@ -174,6 +174,22 @@ profiles:
     backups:
       description: Number of this collection's backups of the profile.
       type: int
+    home_files:
+      description:
+        - Every file of the profile's home (the directory holding its C(state.db); the default profile's leaves out
+          C(profiles/)), by kind, read-only. V(kinds) maps each kind found to V(count) (items, where a
+          C(state.db.retired-wal-*) or C(state-snapshots/<id>) directory is one), V(bytes), V(oldest) and V(newest)
+          (mtimes, unix seconds); V(bytes) is the home's total and V(named_bytes) what is in a named kind (the rest
+          is V(other)). V(stores) gives C(cron/executions.db), C(cron/deliveries.db) and C(cron/notepad.db) with
+          V(bytes), V(page_count), V(page_size), V(free_pages), V(reclaimable_bytes) (what a VACUUM would give back;
+          nothing is reclaimed), V(journal_mode), V(auto_vacuum) and V(error).
+        - The kinds (_hermes_inventory.KINDS) are V(state_db), V(malformed_backup), V(retired_wal) (messages may be
+          missing from C(state.db), see docs/fleet.md), V(pre_update_emergency), V(hermes_locks),
+          V(hermes_backup_zip), V(hermes_ops_archive), V(hermes_ops_backup), V(state_snapshots),
+          V(pending_messages), V(transcripts), V(orphaned_transcripts) (whose session is no longer in C(state.db)),
+          V(cron_executions), V(cron_deliveries), V(notepad), V(cron_other), V(logs), V(caches), V(agent_data),
+          V(config), V(other).
+      type: dict
 sqlite:
   description:
     - The SQLite that did the work, with V(version), V(wal_reset_affected) (whether it has the WAL-reset bug, SQLite

@@ -145,6 +145,14 @@ def test_report(ansible_playbook, tmp_path):
     affected = " (WAL-reset bug)" if sqlite_wal_reset_affected() else " (fixed)"
     assert rows["default"][2] == sqlite3.sqlite_version + affected
     assert rows["default"][3] == "on, 90 days" and rows["default"][4:] == ["never", "never", "nobody"]
+    files = out.result("Print the home-files table")["msg"]
+    assert [c.strip() for c in files[0].split("|")[1:-1]] == [
+        "host", "profile", "home", "named", "largest kinds", "retired WAL", "forensic copies", "orphaned transcripts",
+    ]  # fmt: skip
+    rows = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in files[2:]}
+    assert set(rows) == set(PROFILES)  # the broken file's profile could not be read
+    assert rows["default"][4].startswith("state_db ") and rows["default"][5:] == ["0", "0", "0"]
+    assert float(rows["default"][3].rstrip("%")) >= 99.0
 
 
 def test_schedule_with_hermes_cron_then_none_then_absent(ansible_playbook, tmp_path):
@@ -239,6 +247,7 @@ def test_maintain_passes_vacuum_switch_incremental(ansible_playbook, tmp_path):
 
 def test_schedule_writes_every_engine_option_into_the_config(ansible_playbook, tmp_path):
     options = {"vacuum_switch_incremental": False, "batch_size": 500, "prune_days": 30, "zombie_sources": ["cli"]}
+    options["prune_days_by_source"] = {"cron": 3, "telegram": 365}
     home, install, extra = role_home(tmp_path, "none", 5, **options)
     rc, out = ansible_playbook("playbooks/schedule.yml", extra_vars=extra)
     assert rc == 0, getattr(out, "text", out)
@@ -246,3 +255,4 @@ def test_schedule_writes_every_engine_option_into_the_config(ansible_playbook, t
     assert config["vacuum_switch_incremental"] is False
     assert config["batch_size"] == 500 and config["prune_days"] == 30.0 and config["zombie_sources"] == ["cli"]
     assert "backup_keep_days" not in config and "batch_time" not in config  # unset: the engine's default
+    assert config["prune_days_by_source"] == {"cron": 3, "telegram": 365}

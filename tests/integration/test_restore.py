@@ -29,7 +29,14 @@ from hermes_reliability import (
 )
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from hermes_fixtures import build_home, layout_available, missing_venv_message, open_with_release, standard_scenario
+from hermes_fixtures import (
+    build_home,
+    layout_available,
+    missing_venv_message,
+    open_with_release,
+    session_ids,
+    standard_scenario,
+)
 
 USER = "hermes-ops-t1"
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -80,11 +87,7 @@ exit 0
 
 
 def ids(db):
-    conn = sqlite3.connect("file:%s?mode=ro&immutable=1" % db, uri=True)
-    try:
-        return {r[0] for r in conn.execute("SELECT id FROM sessions")}
-    finally:
-        conn.close()
+    return session_ids(db)
 
 
 def digest(path):

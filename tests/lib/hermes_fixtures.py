@@ -1093,6 +1093,15 @@ print(json.dumps({"sessions": [r["id"] for r in rows], "hits": len(hits),
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def session_ids(db_path):
+    """The ids in a state.db's sessions table, read-only (immutable: nothing is written beside it)."""
+    conn = sqlite3.connect("file:%s?mode=ro&immutable=1" % db_path, uri=True)
+    try:
+        return {row[0] for row in conn.execute("SELECT id FROM sessions")}
+    finally:
+        conn.close()
+
+
 def query_one(db_path, sql):
     """The first column of the first row ``sql`` returns, on a connection of its own."""
     conn = sqlite3.connect(str(db_path))

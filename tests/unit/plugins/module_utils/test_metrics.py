@@ -243,7 +243,10 @@ def test_reason_label_is_from_a_fixed_set(status, error, reason):
 
 def test_the_shipped_alert_rules_use_only_metrics_the_runner_writes():
     rules = (REPO / "roles/session_maintenance/files/prometheus/hermes-ops.rules.yml").read_text()
-    written = {metrics.PREFIX + m[0] for m in metrics.PROFILE_METRICS + metrics.RUN_METRICS + (metrics.STATUS_METRIC,)}
+    written = {
+        metrics.PREFIX + m[0]
+        for m in metrics.PROFILE_METRICS + metrics.HOME_METRICS + metrics.RUN_METRICS + (metrics.STATUS_METRIC,)
+    }
     used = set(re.findall(r"\bhermes_ops_[a-z_]+", rules))
     assert used and used <= written, used - written
 
