@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import math
 import os
 import pwd
 import sqlite3
@@ -105,7 +106,7 @@ def _by_source(value):
             raise MaintenanceError(
                 "prune_days_by_source[%s] must be a number of days (got %r)" % (source, days)
             ) from None
-        if not number >= 0:
+        if math.isnan(number) or number < 0:
             raise MaintenanceError("prune_days_by_source[%s] must not be negative (got %s)" % (source, days))
         out[source] = number
     return out
