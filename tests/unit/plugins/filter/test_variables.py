@@ -60,3 +60,17 @@ def test_release_rules_without_an_interpreter_is_refused_unless_the_role_finds_o
     # the role reads it from the Hermes entry points later (and fails there if none names one)
     assert variables.variable_problems(values, hermes_python_found=True) == []
     assert variables.variable_problems(dict(values, hermes_maintenance_hermes_python="/usr/bin/python3")) == []
+
+
+def test_the_role_refuses_a_bad_mapping_at_apply_naming_the_variable():
+    """prune_days_by_source at apply time (tests/unit/plugins/module_utils runs without the
+    controller under ansible-test units, so the role's filter is tested here)."""
+    value_problems = variables.value_problems
+    name = "hermes_maintenance_prune_days_by_source"
+    assert value_problems({name: {"cron": 3, "telegram": 365}}) == []
+    assert value_problems({name: "cron=3"}) == ["%s must be a mapping (got 'cron=3')" % name]
+    assert value_problems({name: {"cron": -1}}) == ["%s[cron] must not be negative (got -1)" % name]
+    assert value_problems({name: {"cron": 0.5}, "hermes_maintenance_zombie_days": 1}) == [
+        "hermes_maintenance_zombie_days (1.0) is larger than %s[cron] (0.5): a zombie would be pruned before it "
+        "could be closed; use hermes_maintenance_zombie_days <= %s[cron]" % (name, name)
+    ]

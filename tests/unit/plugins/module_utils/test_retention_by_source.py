@@ -93,16 +93,3 @@ def test_the_runner_takes_the_mapping_from_its_config(tmp_path, home, capsys):
     cfg.write_text(json.dumps({"hermes_home": [str(home)], "syslog": False, "prune_days_by_source": 3}))
     assert runner.main(["--config", str(cfg), "--dry-run"]) != 0
     assert "'prune_days_by_source' must be a mapping" in capsys.readouterr().err
-
-
-def test_the_role_refuses_a_bad_mapping_at_apply_naming_the_variable():
-    from ansible_collections.hermes_agent.ops.plugins.filter.variables import value_problems
-
-    name = "hermes_maintenance_prune_days_by_source"
-    assert value_problems({name: {"cron": 3, "telegram": 365}}) == []
-    assert value_problems({name: "cron=3"}) == ["%s must be a mapping (got 'cron=3')" % name]
-    assert value_problems({name: {"cron": -1}}) == ["%s[cron] must not be negative (got -1)" % name]
-    assert value_problems({name: {"cron": 0.5}, "hermes_maintenance_zombie_days": 1}) == [
-        "hermes_maintenance_zombie_days (1.0) is larger than %s[cron] (0.5): a zombie would be pruned before it "
-        "could be closed; use hermes_maintenance_zombie_days <= %s[cron]" % (name, name)
-    ]
