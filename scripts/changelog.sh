@@ -33,6 +33,8 @@ rst = norm(open(os.path.join(dest, "CHANGELOG.rst"), encoding="utf-8").read())
 missing = []
 for frag in sorted(glob.glob("changelogs/fragments/*.y*ml")):
     for section, entries in (yaml.safe_load(open(frag, encoding="utf-8")) or {}).items():
+        if section == "trivial":  # changelogs/config.yaml's trivial_section_name: never in the notes
+            continue
         for entry in entries if isinstance(entries, list) else [entries]:
             words = norm(str(entry))[:80]
             for name, text in (("CHANGELOG.md", md), ("CHANGELOG.rst", rst)):
