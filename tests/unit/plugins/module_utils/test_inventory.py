@@ -73,6 +73,9 @@ def _fill(python, home):
     (home / "sessions" / "gone-long-ago.jsonl").write_text(json.dumps({"role": "user", "content": "hi"}) + "\n")
 
 
+SIDECARS_BEFORE = {}  # home -> the sidecars Hermes left beside its stores before our read
+
+
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     if not layout_available(LAYOUT):
@@ -82,8 +85,16 @@ def home(tmp_path_factory):
     build_home(home, LAYOUT, specs)
     build_home(home, LAYOUT, specs, profile="work")
     _fill(hermes_python(LAYOUT), home)
+    # what Hermes itself left beside its stores (a WAL file's -wal/-shm where it runs WAL, on
+    # sid's SQLite), so the test can tell that our read added nothing
+    SIDECARS_BEFORE[str(home)] = _sidecars(home)
     info = gather_info({"hermes_home": [str(home)]})
     return home, {p["name"]: p for p in info["profiles"]}
+
+
+def _sidecars(home):
+    return {str(home / inv.STORES[kind]) + s for kind in inv.STORES for s in ("-wal", "-shm", "-journal")
+            if os.path.exists(str(home / inv.STORES[kind]) + s)}  # fmt: skip
 
 
 def _du(root, skip=None):
@@ -151,9 +162,9 @@ def test_the_other_stores_are_read_without_a_write(home):
         assert facts["bytes"] == path.stat().st_size == facts["page_count"] * facts["page_size"]
         assert facts["free_pages"] >= 0 and facts["reclaimable_bytes"] == facts["free_pages"] * facts["page_size"]
         assert facts["auto_vacuum"] in (0, 1, 2)
-        # 0.22.2 refuses WAL on this SQLite (3.40.1 has the WAL-reset bug) and keeps a rollback journal
+        # 0.22.2 keeps a rollback journal on an SQLite with the WAL-reset bug, WAL on a fixed one
         assert facts["journal_mode"] in ("delete", "wal")
-        assert not any(os.path.exists(str(path) + s) for s in ("-wal", "-shm", "-journal"))
+    assert _sidecars(home) == SIDECARS_BEFORE[str(home)]  # the read made no -wal, -shm or -journal
 
 
 def test_a_new_file_nobody_named_is_other():
