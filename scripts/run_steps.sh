@@ -54,7 +54,8 @@ deadline=${deadline:-5100}
 default_budget=1800
 
 declare -a results=() drift=() overran=()
-declare -A pid_of=() start_of=() budget_for=()
+declare -A pid_of=() start_of=() budget_for=() recorded=()
+declare -a all_steps=()
 failed=0
 passed=0
 total_start=$(date +%s)
@@ -74,6 +75,7 @@ kill_step() {  # kill_step STEP: its whole process group, TERM then KILL
 
 record() {  # record STEP STATUS SECONDS
     local step=$1 status=$2 secs=$3 base budget
+    recorded[$step]=1
     base=$(baseline_of "$step")
     budget=${budget_for[$step]:-$(budget_of "$step")}
     results+=("$(printf '%-18s %-8s %5ss %7s %8s' "$step" "$status" "$secs" "${budget:--}s" "${base:--}s")")
@@ -158,6 +160,13 @@ on_signal() {
         failed=$((failed + 1))
     done
     pid_of=()
+    # the steps the signal kept from starting get a row too, so the summary lists every step
+    for step in "${all_steps[@]}"; do
+        [ -n "${recorded[$step]:-}" ] && continue
+        echo "make $step: NOT RUN (SIG$sig came first)"
+        record "$step" "NOT-RUN" 0
+        failed=$((failed + 1))
+    done
     summary
     exit 1
 }
@@ -240,6 +249,7 @@ nsteps=0
 for group in "$@"; do
     IFS=+ read -r -a members <<<"${group#&}"
     nsteps=$((nsteps + ${#members[@]}))
+    all_steps+=("${members[@]}")
 done
 for group in "$@"; do
     IFS=+ read -r -a members <<<"${group#&}"

@@ -91,13 +91,16 @@ def test_a_step_over_its_budget_is_stopped_and_named_with_the_end_of_its_log(tmp
 
 def test_a_hung_step_is_stopped_and_the_summary_printed_on_a_signal(tmp_path):
     tree = _tree(tmp_path)
-    proc = _run(tree, "quick", "drifting", STEPS_HANG="drifting")
+    proc = _run(tree, "quick", "drifting", "broken", STEPS_HANG="drifting")
     time.sleep(3)
     proc.send_signal(signal.SIGTERM)
     out, _err = proc.communicate(timeout=40)
     assert proc.returncode != 0
     assert "STEPS_HANG=drifting: sleeping 100000 s" in out, out
     assert "drifting: stopped by SIGTERM" in out and "summary: trial" in out, out
+    # the step the signal kept from starting has its row, and counts as failed
+    assert re.search(r"^broken +NOT-RUN", out, re.M) and "make broken: NOT RUN (SIGTERM came first)" in out, out
+    assert out.rstrip().endswith("steps: 1 passed, 2 failed"), out
     assert not _processes_running("sleep 100000"), "the hung step survived its runner"
 
 
