@@ -40,6 +40,13 @@ options:
       - A delegate (subagent) takes the retention of the session it works for, and goes with it when that one is
         pruned; a compression lineage stays while any of its sessions is younger than its own retention.
     type: dict
+  prune_days_by_profile:
+    description:
+      - Retention for some profiles, a mapping of profile name to days (work to 30, say) or to a mapping with
+        C(prune_days) and/or C(prune_days_by_source), for a profile that keeps a year but its cron sessions 3 days;
+        what a profile's entry leaves out it takes from O(prune_days) and O(prune_days_by_source).
+      - The same checks apply as to those two, and the summary line says which retention applied.
+    type: dict
   zombie_sources:
     description:
       - Session sources whose zombies may be closed. Messaging platforms (telegram, discord, slack, ...) are left out

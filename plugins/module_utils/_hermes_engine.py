@@ -33,6 +33,7 @@ from ._hermes_db import (
     open_rw,
     refuse_wal_on_shared_filesystem,
 )
+from ._hermes_files import check_rules, describe, plan_files, plan_stores, reclaim_stores, remove_files
 from ._hermes_hazards import (
     auto_maintenance_meta,
     auto_prune_setting,
@@ -75,41 +76,88 @@ def normalize_options(options):
             "unknown_schema=release_rules needs hermes_python: the interpreter of the Hermes installed on the host"
         )
     opts["prune_days_by_source"] = _by_source(opts["prune_days_by_source"])
-    retentions = [("prune_days", opts["prune_days"])]
-    retentions += [("prune_days_by_source[%s]" % k, v) for k, v in sorted(opts["prune_days_by_source"].items())]
+    opts["prune_days_by_profile"] = _by_profile(opts["prune_days_by_profile"])
+    opts["file_retention"] = check_rules(opts["file_retention"])
+    _check_retentions(opts, "")
+    for profile in sorted(opts["prune_days_by_profile"]):
+        _check_retentions(for_profile(opts, profile), "prune_days_by_profile[%s]." % profile)
+    return opts
+
+
+def _check_retentions(opts, prefix):
+    retentions = [(prefix + "prune_days", opts["prune_days"])]
+    retentions += [
+        ("%sprune_days_by_source[%s]" % (prefix, k), v) for k, v in sorted(opts["prune_days_by_source"].items())
+    ]
     for name, days in retentions:
         if float(opts["zombie_days"]) > float(days):
             raise MaintenanceError(
                 "zombie_days (%s) is larger than %s (%s): a zombie would be pruned before it could be closed; "
                 "use zombie_days <= %s" % (opts["zombie_days"], name, days, name)
             )
-    return opts
 
 
-def _by_source(value):
+def _days_value(name, days):
+    """A retention in days as a float; anything else is refused, naming the entry."""
+    if isinstance(days, bool) or not isinstance(days, (int, float, str)):
+        raise MaintenanceError("%s must be a number of days (got %r)" % (name, days))
+    try:
+        number = float(days)
+    except ValueError:
+        raise MaintenanceError("%s must be a number of days (got %r)" % (name, days)) from None
+    if math.isnan(number) or number < 0:
+        raise MaintenanceError("%s must not be negative (got %s)" % (name, days))
+    return number
+
+
+def _by_source(value, name="prune_days_by_source"):
     """prune_days_by_source as {source: float days}; anything else is refused, naming the entry."""
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise MaintenanceError(
-            "prune_days_by_source must be a mapping of source to days, such as {cron: 3} (got %r)" % (value,)
-        )
+        raise MaintenanceError("%s must be a mapping of source to days, such as {cron: 3} (got %r)" % (name, value))
     out = {}
     for source, days in value.items():
         if not isinstance(source, str) or not source:
-            raise MaintenanceError("prune_days_by_source: %r is no session source name" % (source,))
-        if isinstance(days, bool) or not isinstance(days, (int, float, str)):
-            raise MaintenanceError("prune_days_by_source[%s] must be a number of days (got %r)" % (source, days))
-        try:
-            number = float(days)
-        except ValueError:
-            raise MaintenanceError(
-                "prune_days_by_source[%s] must be a number of days (got %r)" % (source, days)
-            ) from None
-        if math.isnan(number) or number < 0:
-            raise MaintenanceError("prune_days_by_source[%s] must not be negative (got %s)" % (source, days))
-        out[source] = number
+            raise MaintenanceError("%s: %r is no session source name" % (name, source))
+        out[source] = _days_value("%s[%s]" % (name, source), days)
     return out
+
+
+def _by_profile(value):
+    """prune_days_by_profile as {profile: {"prune_days"?, "prune_days_by_source"?}}, refusing nonsense."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise MaintenanceError("prune_days_by_profile must be a mapping of profile name to days (got %r)" % (value,))
+    out = {}
+    for profile, rule in value.items():
+        name = "prune_days_by_profile[%s]" % profile
+        if not isinstance(profile, str) or not profile:
+            raise MaintenanceError("prune_days_by_profile: %r is no profile name" % (profile,))
+        if not isinstance(rule, dict):
+            rule = {"prune_days": rule}
+        unknown = set(rule) - {"prune_days", "prune_days_by_source"}
+        if unknown or not rule:
+            raise MaintenanceError(
+                "%s takes days, or a mapping with prune_days and/or prune_days_by_source (got %r)" % (name, rule)
+            )
+        out[profile] = {}
+        if "prune_days" in rule:
+            out[profile]["prune_days"] = _days_value(name + ".prune_days", rule["prune_days"])
+        if "prune_days_by_source" in rule:
+            out[profile]["prune_days_by_source"] = _by_source(
+                rule["prune_days_by_source"], name + ".prune_days_by_source"
+            )
+    return out
+
+
+def for_profile(opts, name):
+    """The options one profile runs with: its prune_days_by_profile entry over the run's retention."""
+    rule = opts["prune_days_by_profile"].get(name)
+    if not rule:
+        return opts
+    return dict(opts, **rule)
 
 
 def profile_path(home, name):
@@ -188,6 +236,7 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
     result = new_profile_result(home, name, db_path)
     result["sqlite"] = engine_sqlite()
     started = time.time()
+    opts = for_profile(opts, name)
     lock = db = conn = None
     try:
         st = check_db_file(db_path)
@@ -237,6 +286,10 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             )
             _drop_deletes(plan)
         _retention(result, plan, opts)
+        root = os.path.dirname(db_path)
+        ids = session_ids(conn) if "orphaned_transcripts" in opts["file_retention"] else None
+        files_plan = plan_files(root, home, opts["file_retention"], ids, now)
+        stores_plan = plan_stores(root, float(opts["vacuum_threshold"])) if opts["reclaim_stores"] else None
         backup_dir = backups_of(home, opts["backup_dir"])
         backup_due = opts["backup"] and (plan.has_changes or _interval_due(opts, backup_dir, name, now))
         if backup_due:
@@ -251,6 +304,9 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
                 else:
                     result["backup"], result["changed"] = None, plan.has_changes
             result["reclaim"] = reclaim(conn, db_path, opts, schema, pruned=bool(plan.delete_order), check_mode=True)
+            if opts["file_retention"]:
+                result["file_retention"] = describe(files_plan)
+            result["stores"] = stores_plan
         else:
             _apply(
                 result, conn, plan, schema, opts,
@@ -258,6 +314,13 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             )  # fmt: skip
             result["after"] = stats(conn, db_path, short_reads)
             result["reclaim"]["bytes_freed"] = max(0, _bytes(result["before"]) - _bytes(result["after"]))
+            if opts["file_retention"]:
+                result["file_retention"] = remove_files(root, home, files_plan)
+            result["stores"] = reclaim_stores(stores_plan, float(opts["busy_timeout"])) if stores_plan else stores_plan
+        if result["file_retention"] and result["file_retention"]["removed"]:
+            result["changed"] = True
+        if result["stores"] and any(entry["action"] for entry in result["stores"].values()):
+            result["changed"] = True
         if result["error"]:
             result["status"] = "failed"
     except ProfileSkipped as exc:
@@ -561,20 +624,25 @@ def _relative(path, home):
     return path
 
 
-def retention_words(retention, opts):
-    """``retention 7d`` or, by source, ``retention 7d (2 sessions), cron 3d (5), telegram 365d (0)``."""
+def retention_words(retention, opts, name=None):
+    """``retention 7d`` or, by source, ``retention 7d (2 sessions), cron 3d (5), telegram 365d (0)``;
+    ``(profile NAME)`` after it when that profile's prune_days_by_profile entry applied."""
+    if name is not None:
+        opts = for_profile(opts, name)
+    own = " (profile %s)" % name if name in opts["prune_days_by_profile"] else ""
     by_source = opts["prune_days_by_source"]
     if not by_source:
-        return "retention " + _days(opts["prune_days"])
+        return "retention " + _days(opts["prune_days"]) + own
     selected = (retention or {}).get("selected") or {}
     rest = sum(n for source, n in selected.items() if source not in by_source)
     words = ["retention %s (%d sessions)" % (_days(opts["prune_days"]), rest)]
     words += ["%s %s (%d)" % (src, _days(days), selected.get(src, 0)) for src, days in sorted(by_source.items())]
-    return ", ".join(words)
+    return ", ".join(words) + own
 
 
 def _retention(result, plan, opts):
-    """Which retention applied to what: the sessions the plan selects, by source."""
+    """Which retention applied to what (the profile's own, prune_days_by_profile): the sessions the plan selects,
+    by source."""
     selected = {}
     for sid in plan.delete_order:
         source = plan.sources.get(sid)
@@ -588,7 +656,7 @@ def _retention(result, plan, opts):
 
 def summary_details(p, opts):
     """What was done and why, after the seed's words: retention, backup, reclaim, stopped early."""
-    words = [retention_words(p.get("retention"), opts)]
+    words = [retention_words(p.get("retention"), opts, p["name"])]
     backup = p["backup"]
     if backup:
         words.append("backup=%s %s" % (backup.get("kind") or "file", _relative(backup["path"], p["home"])))
@@ -601,6 +669,15 @@ def summary_details(p, opts):
         words.append("vacuum %s" % reclaim_["action"])
     elif reclaim_.get("skipped_reason"):
         words.append("vacuum skipped: %s" % reclaim_["skipped_reason"])
+    files = p.get("file_retention")
+    if files and (files["removed"] or files["skipped"] or files["errors"]):
+        words.append("files removed=%d (%dMB)%s" % (
+            len(files["removed"]), round(files["bytes"] / MB),
+            "".join(", %s skipped: %s" % item for item in sorted(files["skipped"].items())),
+        ))  # fmt: skip
+    stores = [kind for kind, entry in (p.get("stores") or {}).items() if entry["action"]]
+    if stores:
+        words.append("stores vacuumed: %s" % ", ".join(stores))
     if p["stopped_early"]:
         words.append("stopped early: %s" % p["stopped_early"])
     return "; ".join(words)
@@ -628,6 +705,7 @@ def format_summary_line(p, check_mode=False, opts=None):
 def profile_info(home, name, db_path, opts, check_mode, now):
     """Read-only facts about one profile; reports what it can even when maintenance would refuse."""
     info = {"name": name, "home": home, "path": db_path, "status": "ok", "error": None, "sqlite": engine_sqlite()}
+    opts = for_profile(opts, name)
     db = None
     try:
         st = check_db_file(db_path)

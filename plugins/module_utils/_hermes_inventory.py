@@ -36,8 +36,10 @@ KINDS = (
     ("pre_update_emergency", ("state.db.pre-update-emergency-*",), None,
      "Copies Hermes's updater makes before an update (hermes_cli/backup_sqlite.py)."),
     ("hermes_locks", ("state.db.*.lock",), None, "Hermes's lock files (flock; present is not held)."),
-    ("hermes_backup_zip", ("hermes-backup-*.zip", "backups/hermes-backup-*.zip"), None,
-     "Zips of `hermes backup` and the dashboard's backup (hermes_cli/backup.py, web_routers/ops.py)."),
+    ("hermes_backup_zip", ("hermes-backup-*.zip", "backups/hermes-backup-*.zip", "backups/pre-update-*.zip",
+                           "backups/pre-migration-*.zip"), None,
+     "Zips of `hermes backup`, the dashboard's backup and `hermes update`'s pre-update and pre-migration backups "
+     "(hermes_cli/backup.py, web_routers/ops.py)."),
     ("hermes_ops_archive", ("backups/hermes-ops-archive_*",), None, "This collection's archives of pruned sessions."),
     ("hermes_ops_backup", ("backups/hermes-ops_*", "backups/.hermes-ops_*"), None, "This collection's backups."),
     ("state_snapshots", ("state-snapshots/*",), 2, "Snapshots of `hermes backup --quick` and `hermes update`."),
@@ -110,7 +112,7 @@ def _walk(root, skip):
                 yield path, st
 
 
-def _orphaned(root, ids):
+def orphaned_transcripts(root, ids):
     """Paths (relative) of the transcript files under sessions/ whose session is not in ``ids``.
 
     A file counts as a session's the way the prune finds them (_hermes_plan.transcript_files),
@@ -162,7 +164,7 @@ def inventory(root, session_ids=None, skip=("profiles",)):
     """
     kinds = {}
     items = {}
-    orphaned = _orphaned(root, session_ids)
+    orphaned = orphaned_transcripts(root, session_ids)
     for relpath, st in _walk(root, set(skip)):
         kind, item = kind_of(relpath)
         if relpath in orphaned:

@@ -92,6 +92,12 @@ OPTIONS = (
         "A delegate (subagent) takes the retention of the session it works for, and goes with it when that one is "
         "pruned; a compression lineage stays while any of its sessions is younger than its own retention.",
     )),
+    Option("prune_days_by_profile", "dict", scope=SHARED, unset="every profile takes the run's retention", doc=(
+        "Retention for some profiles, a mapping of profile name to days (work to 30, say) or to a mapping with "
+        "C(prune_days) and/or C(prune_days_by_source), for a profile that keeps a year but its cron sessions 3 days; "
+        "what a profile's entry leaves out it takes from O(prune_days) and O(prune_days_by_source).",
+        "The same checks apply as to those two, and the summary line says which retention applied.",
+    )),
     Option("zombie_sources", "list", default=list(ZOMBIE_SOURCES), elements="str", scope=SHARED, doc=(
         "Session sources whose zombies may be closed. Messaging platforms (telegram, discord, slack, ...) are left out "
         "on purpose, as Hermes does, because closing them makes the gateway start a new conversation in a live chat.",
@@ -167,6 +173,26 @@ OPTIONS = (
     Option("batch_pause", "float", default=0.03, minimum=0, doc=(
         "Seconds to pause between transactions, so that a live gateway's writes get the lock.",
         "A waiting writer polls the lock every 25 ms or more, so a pause shorter than that can starve it.",
+    )),
+    Option("file_retention", "dict", unset="no file of the home is removed but transcripts of pruned sessions", doc=(
+        "Remove some of the other files of each profile's home, by kind (the kinds of RV(profiles[].home_files) of "
+        "state_db_info). Off by default; a mapping of kind to a rule, as follows.",
+        "V(state_snapshots) (C(state-snapshots/<id>/) of C(hermes backup --quick) and C(hermes update)), "
+        "V(hermes_backup_zip) (C(hermes-backup-*.zip), C(backups/pre-update-*.zip), C(backups/pre-migration-*.zip)) "
+        "and V(pre_update_emergency) (C(state.db.pre-update-emergency-*.bak)) take C(keep) (keep that many newest) "
+        "and/or C(days) (remove those older); never the newest one, never a partial one, never while Hermes's "
+        "backup slot C(.backup.lock) is held or C(hermes update) runs.",
+        "V(malformed_backup) (Hermes's forensic copies, with their sidecars) and V(orphaned_transcripts) "
+        "(C(sessions/) files whose session is not in C(state.db)) take C(days); a transcript is removed only when no "
+        "process has it open and no retired WAL generation is in the home. Retired WAL generations are never "
+        "removed.",
+        "Check mode lists exactly what a real run removes (RV(profiles[].file_retention)).",
+    )),
+    Option("reclaim_stores", "bool", default=False, doc=(
+        "Also VACUUM the home's other SQLite stores (C(cron/executions.db), C(cron/deliveries.db), "
+        "C(cron/notepad.db)) when nothing holds them, their free pages pass O(vacuum_threshold) (any free pages in "
+        "incremental mode) and the disk has room for the copy. No row is deleted from them (Hermes prunes "
+        "C(cron/executions.db) itself).",
     )),
     Option("allow_unknown_schema", "bool", default=False, doc=(
         "Maintain a C(schema_version) newer than any this collection knows. Refused by default.",

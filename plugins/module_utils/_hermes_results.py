@@ -156,6 +156,16 @@ PROFILE_FIELDS = (
         "V(stopped_early), and V(checkpoint) (null when none was run; V(checkpoint_skipped_reason) says why) after "
         "a real run.",
     )),
+    Field("file_retention", "dict", initial=None, doc=(
+        "Null without O(file_retention). Else V(removed), each item removed (in check mode, to be removed) with "
+        "V(kind), V(path), V(files) (relative to the profile's home), V(bytes) and V(why); V(bytes), their total; "
+        "V(skipped) (kind to why it was left alone, such as Hermes's backup running) and V(errors).",
+    )),
+    Field("stores", "dict", initial=None, doc=(
+        "Null without O(reclaim_stores). Else each other SQLite store found, by kind, with V(path), V(bytes), "
+        "V(free_pages), V(action) (V(full), V(incremental) or null), V(skipped_reason) and, after a real VACUUM, "
+        "V(bytes_after).",
+    )),
     Field("before", "dict", initial=None, doc=(
         "V(db_bytes), V(wal_bytes), V(sessions), V(messages), V(open_sessions), V(free_pages), V(page_size), "
         "V(page_count).",

@@ -118,6 +118,27 @@ options:
       - A waiting writer polls the lock every 25 ms or more, so a pause shorter than that can starve it.
     type: float
     default: 0.03
+  file_retention:
+    description:
+      - Remove some of the other files of each profile's home, by kind (the kinds of RV(profiles[].home_files) of
+        state_db_info). Off by default; a mapping of kind to a rule, as follows.
+      - V(state_snapshots) (C(state-snapshots/<id>/) of C(hermes backup --quick) and C(hermes update)),
+        V(hermes_backup_zip) (C(hermes-backup-*.zip), C(backups/pre-update-*.zip), C(backups/pre-migration-*.zip)) and
+        V(pre_update_emergency) (C(state.db.pre-update-emergency-*.bak)) take C(keep) (keep that many newest) and/or
+        C(days) (remove those older); never the newest one, never a partial one, never while Hermes's backup slot
+        C(.backup.lock) is held or C(hermes update) runs.
+      - V(malformed_backup) (Hermes's forensic copies, with their sidecars) and V(orphaned_transcripts) (C(sessions/)
+        files whose session is not in C(state.db)) take C(days); a transcript is removed only when no process has it
+        open and no retired WAL generation is in the home. Retired WAL generations are never removed.
+      - Check mode lists exactly what a real run removes (RV(profiles[].file_retention)).
+    type: dict
+  reclaim_stores:
+    description:
+      - Also VACUUM the home's other SQLite stores (C(cron/executions.db), C(cron/deliveries.db), C(cron/notepad.db))
+        when nothing holds them, their free pages pass O(vacuum_threshold) (any free pages in incremental mode) and
+        the disk has room for the copy. No row is deleted from them (Hermes prunes C(cron/executions.db) itself).
+    type: bool
+    default: false
   allow_unknown_schema:
     description:
       - Maintain a C(schema_version) newer than any this collection knows. Refused by default.
@@ -354,6 +375,18 @@ profiles:
         - V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed), V(skipped_reason),
           V(fts_merge_steps), V(stopped_early), and V(checkpoint) (null when none was run;
           V(checkpoint_skipped_reason) says why) after a real run.
+      type: dict
+    file_retention:
+      description:
+        - Null without O(file_retention). Else V(removed), each item removed (in check mode, to be removed) with
+          V(kind), V(path), V(files) (relative to the profile's home), V(bytes) and V(why); V(bytes), their total;
+          V(skipped) (kind to why it was left alone, such as Hermes's backup running) and V(errors).
+      type: dict
+    stores:
+      description:
+        - Null without O(reclaim_stores). Else each other SQLite store found, by kind, with V(path), V(bytes),
+          V(free_pages), V(action) (V(full), V(incremental) or null), V(skipped_reason) and, after a real VACUUM,
+          V(bytes_after).
       type: dict
     before:
       description:
