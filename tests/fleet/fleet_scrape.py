@@ -67,6 +67,21 @@ def check_host(host, samples, ev):
         expect("%s status ok" % name, value("hermes_ops_profile_status", status="ok", reason="none", **where), 1.0)
         backups = value("hermes_ops_backups", **where)
         checks.append((bool(backups and backups >= 1), "%s %s backups: %s (want >= 1)" % (host, name, backups)))
+        # the home inventory's series (issue 24): state.db and its sidecars are one kind, its files counted
+        state_bytes = value("hermes_ops_home_bytes", kind="state_db", **where)
+        checks.append(
+            (
+                bool(state_bytes and state_bytes >= float(prof["size"])),
+                "%s %s home_bytes{kind=state_db}: %s (want >= %s)" % (host, name, state_bytes, prof["size"]),
+            )
+        )
+        state_files = value("hermes_ops_home_files", kind="state_db", **where)
+        checks.append(
+            (
+                bool(state_files and state_files >= 1),
+                "%s %s home_files{kind=state_db}: %s (want >= 1)" % (host, name, state_files),
+            )
+        )
         version = value("hermes_ops_schema_version", **where)
         checks.append((bool(version and version > 0), "%s %s schema_version: %s" % (host, name, version)))
     last_run = value("hermes_ops_last_run_timestamp_seconds", user=user)

@@ -74,3 +74,17 @@ def test_the_role_refuses_a_bad_mapping_at_apply_naming_the_variable():
         "hermes_maintenance_zombie_days (1.0) is larger than %s[cron] (0.5): a zombie would be pruned before it "
         "could be closed; use hermes_maintenance_zombie_days <= %s[cron]" % (name, name)
     ]
+
+
+def test_the_role_refuses_bad_file_and_profile_retention_at_apply_naming_the_variable():
+    value_problems = variables.value_problems
+    files = "hermes_maintenance_file_retention"
+    assert value_problems({files: {"state_snapshots": {"keep": 5}, "malformed_backup": {"days": 30}}}) == []
+    (problem,) = value_problems({files: {"retired_wal": {"days": 30}}})
+    assert problem.startswith("%s[retired_wal]: a retired WAL generation is reported, never removed" % files), problem
+    (problem,) = value_problems({files: {"state_snapshots": {"keep": 0}}})
+    assert problem.startswith("%s[state_snapshots].keep must be a whole number of at least 1" % files), problem
+    profiles = "hermes_maintenance_prune_days_by_profile"
+    assert value_problems({profiles: {"work": 30, "personal": {"prune_days_by_source": {"cron": 3}}}}) == []
+    (problem,) = value_problems({profiles: {"work": "a month"}})
+    assert problem.startswith("%s[work].prune_days must be a number of days" % profiles), problem
