@@ -671,9 +671,10 @@ def summary_details(p, opts):
         words.append("vacuum skipped: %s" % reclaim_["skipped_reason"])
     files = p.get("file_retention")
     if files and (files["removed"] or files["skipped"] or files["errors"]):
-        words.append("files removed=%d (%dMB)%s" % (
+        words.append("files removed=%d (%dMB)%s%s" % (
             len(files["removed"]), round(files["bytes"] / MB),
             "".join(", %s skipped: %s" % item for item in sorted(files["skipped"].items())),
+            ", %d not removed: %s" % (len(files["errors"]), files["errors"][0]) if files["errors"] else "",
         ))  # fmt: skip
     stores = [kind for kind, entry in (p.get("stores") or {}).items() if entry["action"]]
     if stores:
