@@ -175,8 +175,8 @@ OPTIONS = (
         "A waiting writer polls the lock every 25 ms or more, so a pause shorter than that can starve it.",
     )),
     Option("file_retention", "dict", unset="no file of the home is removed but transcripts of pruned sessions", doc=(
-        "Remove some of the other files of each profile's home, by kind (the kinds of RV(profiles[].home_files) of "
-        "state_db_info). Off by default; a mapping of kind to a rule, as follows.",
+        "Remove some of the other files of each profile's home, by kind (the kinds of state_db_info's C(home_files)). "
+        "Off by default; a mapping of kind to a rule, as follows.",
         "V(state_snapshots) (C(state-snapshots/<id>/) of C(hermes backup --quick) and C(hermes update)), "
         "V(hermes_backup_zip) (C(hermes-backup-*.zip), C(backups/pre-update-*.zip), C(backups/pre-migration-*.zip)) "
         "and V(pre_update_emergency) (C(state.db.pre-update-emergency-*.bak)) take C(keep) (keep that many newest) "

@@ -138,7 +138,7 @@ def _files(home):
 
 def test_check_mode_lists_exactly_what_the_real_run_removes_and_never_the_newest(home):
     before = _files(home)
-    predicted, _ = _run(home, check_mode=True)
+    predicted = _run(home, check_mode=True)[0]
     assert _files(home) == before  # check mode removed nothing
     default = predicted["default"]
     assert default["status"] == "ok", default["error"]
@@ -168,7 +168,7 @@ def test_check_mode_lists_exactly_what_the_real_run_removes_and_never_the_newest
     )
     line = result["summary"][0]
     assert "files removed=%d" % len(default["file_retention"]["removed"]) in line, line
-    again, _ = _run(home, check_mode=False)
+    again = _run(home, check_mode=False)[0]
     assert again["default"]["file_retention"]["removed"] == []  # idempotent
     assert not again["default"]["changed"]
 
@@ -185,7 +185,7 @@ def test_nothing_is_removed_while_hermess_backup_or_update_runs(home):
     try:
         assert holder.stdout.readline().strip() == "held"
         for check_mode in (True, False):
-            profiles, _ = _run(home, check_mode=check_mode)
+            profiles = _run(home, check_mode=check_mode)[0]
             files = profiles["default"]["file_retention"]
             for kind in ("state_snapshots", "hermes_backup_zip", "pre_update_emergency"):
                 assert ".backup.lock is held" in files["skipped"][kind], files
@@ -196,19 +196,19 @@ def test_nothing_is_removed_while_hermess_backup_or_update_runs(home):
     assert len(list((home / "state-snapshots").iterdir())) == 3
     # an update in progress: its marker names a live process (ours); a dead one's marker is stale
     (home / ".hermes-update-in-progress").write_text("%d\n2026-12-01T00:00:00Z\nct:1.000\n" % os.getpid())
-    profiles, _ = _run(home, check_mode=True)
+    profiles = _run(home, check_mode=True)[0]
     assert "hermes update is running" in profiles["default"]["file_retention"]["skipped"]["state_snapshots"]
     dead = subprocess.Popen(["true"])
     dead.wait()
     (home / ".hermes-update-in-progress").write_text("%d\n2026-12-01T00:00:00Z\nct:1.000\n" % dead.pid)
-    profiles, _ = _run(home, check_mode=True)
+    profiles = _run(home, check_mode=True)[0]
     assert "state_snapshots" not in profiles["default"]["file_retention"]["skipped"]
 
 
 def test_orphaned_transcripts_stay_while_a_retired_wal_generation_or_a_process_holds_them(home):
     holder = open(home / "sessions" / "gone-long-ago.jsonl", "a")  # noqa: SIM115 (held across the run)
     try:
-        profiles, _ = _run(home, check_mode=False)
+        profiles = _run(home, check_mode=False)[0]
         assert (home / "sessions" / "gone-long-ago.jsonl").exists()
         assert "orphaned_transcripts" not in {r["kind"] for r in profiles["default"]["file_retention"]["removed"]}
     finally:
@@ -217,7 +217,7 @@ def test_orphaned_transcripts_stay_while_a_retired_wal_generation_or_a_process_h
     retired.mkdir()
     (retired / "manifest.json").write_text("{}")
     _age(home / "sessions" / "gone-long-ago.jsonl", 10)
-    profiles, _ = _run(home, check_mode=False)
+    profiles = _run(home, check_mode=False)[0]
     assert "retired WAL generation" in profiles["default"]["file_retention"]["skipped"]["orphaned_transcripts"]
     assert (home / "sessions" / "gone-long-ago.jsonl").exists() and retired.exists()
 
@@ -266,7 +266,7 @@ def test_the_other_stores_are_vacuumed_only_when_nothing_holds_them(home):
     )  # fmt: skip
     assert holder.stdout.readline().strip() == "open"
     try:
-        predicted, _ = _run(home, check_mode=True, reclaim_stores=True)
+        predicted = _run(home, check_mode=True, reclaim_stores=True)[0]
         stores = predicted["default"]["stores"]
         assert stores["cron_executions"]["action"] == "full", stores
         assert "held by" in stores["cron_deliveries"]["skipped_reason"], stores
@@ -291,7 +291,7 @@ def test_a_profile_takes_its_own_retention(home):
     assert profiles["work"]["retention"]["prune_days"] == 3650.0 and profiles["default"]["retention"]["prune_days"] == 7
     lines = dict(line.split(":", 1) for line in result["summary"])
     assert "retention 3650d (profile work)" in lines["work"] and "(profile" not in lines["default"], lines
-    profiles, _ = _run(home, check_mode=True, prune_days_by_profile={"work": {"prune_days_by_source": {"cli": 3650}}})
+    profiles = _run(home, check_mode=True, prune_days_by_profile={"work": {"prune_days_by_source": {"cli": 3650}}})[0]
     assert profiles["work"]["sessions_pruned"] == 0 and profiles["work"]["retention"]["by_source"] == {"cli": 3650.0}
 
 
