@@ -1,0 +1,343 @@
+"""Undo a prune from a whole-file backup, beside the real release writing (issue 25).
+
+For Hermes 0.19.0 (WAL) and 0.22.2 (rollback journal on this SQLite): a home written with the
+release's own schema, with a compression lineage, a delegate and a source of its own, is
+pruned with no holder, so the run takes a whole-file backup (gzipped for 0.19.0, plain for
+0.22.2). Then, while the release's ``SessionDB`` appends a message every 20 ms:
+``list_missing`` says what the backup holds that the file lacks, per day and source; one
+session (with the sessions the prune took along), a day and a source come back, each predicted
+exactly by check mode and done again without change; a restore killed halfway is completed
+by the next run. The release then resumes, appends to and finds by search every restored
+session; the writer had no failed write and its identity guards did not trip; the file passes
+every check. The refusals (another profile, a file others can write, damaged, newer schema, no
+selection, an unknown session) restore nothing.
+"""
+
+import calendar
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+from hermes_reliability import db_problems, full_rows, query
+from hermes_rollback import journal_mode, make_big_rollback_home
+from hermes_writer import WriterProcess
+
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import list_backups
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import (
+    list_missing,
+    opened_source,
+    restore_selected,
+    selection,
+)
+from hermes_fixtures import hermes_python, run_release_code
+
+DAY = 86400.0
+RELEASES = {"0.19.0": {"mode": "wal", "compress": True}, "0.22.2.post1": {"mode": "delete", "compress": False}}
+CHAIN = ["chain-a", "chain-b", "chain-c", "chain-d"]  # a -> b -> c compression continuations; d: c's delegate
+SUPPORT = ["support-%d" % i for i in range(3)]  # source "discord", one titled "Tuesday support chat"
+STALL_LIMIT = 5.0  # seconds: a write of the release's own retries (15 x 1 s busy timeout) never fails
+
+pytestmark = [pytest.mark.slow, pytest.mark.releases]
+
+
+def _add_sessions(db, now):
+    """The lineage and the discord sessions, ended 20 days ago, with words only they hold."""
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA foreign_keys=ON")
+    start = now - 20 * DAY
+    rows = [
+        ("chain-a", "cli", None, "compression", None, None),
+        ("chain-b", "cli", "chain-a", "compression", None, None),
+        ("chain-c", "cli", "chain-b", "user_exit", None, None),
+        ("chain-d", "cli", "chain-c", "user_exit", json.dumps({"_delegate_from": "chain-c"}), None),
+    ] + [
+        (sid, "discord", None, "user_exit", None, "Tuesday support chat" if i == 0 else None)
+        for i, sid in enumerate(SUPPORT)
+    ]
+    with conn:
+        for n, (sid, source, parent, reason, model_config, title) in enumerate(rows):
+            started = start + n * 60
+            conn.execute(
+                "INSERT INTO sessions (id, source, parent_session_id, started_at, ended_at, end_reason, model_config,"
+                " title, message_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 3)",
+                (sid, source, parent, started, started + 50, reason, model_config, title),
+            )
+            word = "word%s" % sid.replace("-", "")
+            conn.executemany(
+                "INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, ?, ?, ?)",
+                [(sid, role, "%s about zanzibar %d" % (word, i) if sid == "chain-c" else "%s %d" % (word, i),
+                  started + 10 * (i + 1)) for i, role in enumerate(("user", "assistant", "user"))],
+            )  # fmt: skip
+    conn.close()
+
+
+@pytest.fixture(scope="module", params=sorted(RELEASES))
+def pruned(request, tmp_path_factory):
+    """A home of the release, pruned with no holder: (release, home, db, backup path, pruned ids)."""
+    release = request.param
+    if hermes_python(release) is None:
+        pytest.skip("no hermes-%s venv (tests/setup_hermes_venvs.sh)" % release)
+    root = tmp_path_factory.mktemp("undo-" + release)
+    home = root / "home"
+    now = time.time()
+    db = str(make_big_rollback_home(home, 40, 5, seed=25, now=now, release=release))
+    _add_sessions(db, now)
+    assert journal_mode(db) == RELEASES[release]["mode"]
+    before = {r[0] for r in query(db, "SELECT id FROM sessions")}
+    options = {
+        "hermes_home": [str(home)],
+        "allow_unknown_schema": True,
+        "backup_compress": RELEASES[release]["compress"],
+    }
+    profile = run_maintenance(options)["profiles"][0]
+    assert profile["status"] == "ok", profile["error"]
+    assert profile["backup"]["kind"] == "file" and profile["backup"]["compressed"] == RELEASES[release]["compress"]
+    pruned_ids = before - {r[0] for r in query(db, "SELECT id FROM sessions")}
+    assert set(CHAIN + SUPPORT) <= pruned_ids and len(pruned_ids) == profile["sessions_pruned"] == 27
+    return {"release": release, "root": root, "home": str(home), "db": db, "backup": profile["backup"]["path"],
+            "pruned": pruned_ids, "now": now}  # fmt: skip
+
+
+def _backup_rows(pruned, sql, *args):
+    with opened_source("file", pruned["backup"], "default") as (plain, _info):
+        return query(plain, sql, *args)
+
+
+def _messages(db, sids):
+    marks = ",".join("?" * len(sids))
+    return query(db, "SELECT COUNT(*) FROM messages WHERE session_id IN (%s)" % marks, *sids)[0][0]
+
+
+def ours(db):
+    """Every session with its messages, but the live writer's own."""
+    return {sid: row for sid, row in full_rows(db).items() if not sid.startswith("undo-live")}
+
+
+def _restore_and_again(pruned, expected_ids, **select):
+    """Check mode, the restore, the same again: the prediction is exact and the second run changes nothing."""
+    home, db = pruned["home"], pruned["db"]
+    args = dict(backup=os.path.basename(pruned["backup"]), select=selection(**select), pause=0.01)
+    there = {r[0] for r in query(db, "SELECT id FROM sessions")} & set(expected_ids)  # a killed run's
+    before, messages_before = ours(db), _messages(db, expected_ids)
+    predicted = restore_selected(home, "default", check_mode=True, **args)
+    assert ours(db) == before, "check mode wrote"
+    assert sorted(s["id"] for s in predicted["sessions"]) == sorted(expected_ids), select
+    assert predicted["sessions_restored"] == len(expected_ids) - len(there) and predicted["changed"]
+    done = restore_selected(home, "default", **args)
+    for key in ("sessions_restored", "messages_restored", "rows_restored", "orphaned"):
+        assert done[key] == predicted[key], key
+    assert [s["id"] for s in done["sessions"]] == [s["id"] for s in predicted["sessions"]]
+    assert all(s["present"] and not s["messages_missing"] for s in done["after"])
+    assert done["messages_restored"] == _messages(db, expected_ids) - messages_before
+    again = restore_selected(home, "default", **args)
+    assert not again["changed"] and again["sessions"] == [] and again["sessions_present"] >= len(expected_ids)
+    return predicted, done
+
+
+RESUME = r"""
+import json, sys
+from pathlib import Path
+import hermes_state
+db = hermes_state.SessionDB(db_path=Path(sys.argv[1]))
+out = {}
+try:
+    for sid, word in json.loads(sys.argv[2]).items():
+        before = len(db.get_messages(sid))
+        hits = sum(1 for h in db.search_messages(word, limit=1000) if h.get("session_id") == sid)
+        db.reopen_session(sid)
+        db.append_message(sid, "user", "resumed after restore")
+        out[sid] = {"messages": before, "hits": hits, "after": len(db.get_messages(sid))}
+finally:
+    db.close()
+print(json.dumps(out))
+"""
+
+
+def _release_resumes(pruned, sids):
+    words = {sid: "word%s" % sid.replace("-", "") for sid in sids if not sid.startswith("big-")}
+    for sid in sids:
+        if sid.startswith("big-"):  # a word its first message holds
+            words[sid] = query(pruned["db"], "SELECT content FROM messages WHERE session_id = ? ORDER BY id", sid)[0][
+                0
+            ].split()[0]
+    proc = run_release_code(hermes_python(pruned["release"]), RESUME, pruned["db"], json.dumps(words))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    expected = {sid: len(_backup_rows(pruned, "SELECT id FROM messages WHERE session_id = ?", sid)) for sid in sids}
+    for sid in sids:
+        assert seen[sid]["messages"] == expected[sid] and seen[sid]["hits"] > 0, (sid, seen[sid])
+        assert seen[sid]["after"] == expected[sid] + 1, (sid, seen[sid])
+
+
+KILLED = r"""
+import sys
+sys.path[:0] = sys.argv[4].split(":")
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_session_restore as r
+r.restore_selected(sys.argv[1], "default", backup=sys.argv[2], select=r.selection(sources=[sys.argv[3]]), pause=1.0)
+"""
+
+
+def _killed_restore(pruned, source, first):
+    """A restore of ``source`` SIGKILLed once ``first`` is back, before the others are."""
+    env = dict(os.environ, PYTHONPATH="")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED, pruned["home"], pruned["backup"], source, ":".join(sys.path)], env=env
+    )
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not query(pruned["db"], "SELECT 1 FROM sessions WHERE id = ?", first):
+            time.sleep(0.05)
+        assert proc.poll() is None, "the restore ended before it could be killed"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.timing
+def test_undo_a_prune_from_a_whole_file_backup_beside_the_live_release(pruned):
+    release, home, db, backup = pruned["release"], pruned["home"], pruned["db"], pruned["backup"]
+    inode = os.stat(db).st_ino
+    writer = WriterProcess(hermes_python(release), db, str(pruned["root"] / "writer.jsonl"), prefix="undo-live")
+    writer.start()
+    try:
+        # Discovery: what the backup holds that the file lacks, per day and source.
+        listed = list_missing(home, "default")
+        (entry,) = [b for b in listed["backups"] if b["path"] == backup]
+        assert "error" not in entry, entry
+        assert entry["sessions_missing"] == len(pruned["pruned"]) and entry["kind"] == "file"
+        assert sum(e["sessions"] for e in entry["missing"]) == len(pruned["pruned"])
+        discord = [e for e in entry["missing"] if e["source"] == "discord"]
+        assert sum(e["sessions"] for e in discord) == 3 and sum(e["messages"] for e in discord) == 9
+
+        # One session: chain-c, with the compression ancestors it continues and its delegate.
+        predicted, _done = _restore_and_again(pruned, CHAIN, sessions=["chain-c"])
+        assert [s["id"] for s in predicted["sessions"]] == CHAIN  # parents first
+        assert predicted["messages_restored"] == 12 and predicted["orphaned"] == 0
+        assert query(db, "SELECT parent_session_id FROM sessions WHERE id = 'chain-d'")[0][0] == "chain-c"
+
+        # A day: every pruned session active on the busiest day of the listing.
+        added = {time.strftime("%Y-%m-%d", time.gmtime(pruned["now"] - 20 * DAY + t)) for t in (0, 600)}
+        big = [e for e in entry["missing"] if e["day"] not in added]
+        day = max({e["day"] for e in big}, key=lambda d: sum(e["sessions"] for e in big if e["day"] == d))
+        lo = calendar.timegm(time.strptime(day, "%Y-%m-%d"))
+        in_day = {
+            sid
+            for sid, started, last in _backup_rows(
+                pruned,
+                "SELECT s.id, s.started_at, MAX(s.started_at, COALESCE(MAX(m.timestamp), 0)) FROM sessions s "
+                "LEFT JOIN messages m ON m.session_id = s.id GROUP BY s.id",
+            )
+            if sid in pruned["pruned"] and started < lo + DAY and last >= lo
+        }
+        assert in_day and not in_day & set(CHAIN + SUPPORT), day
+        _restore_and_again(pruned, in_day, active_after=day, active_before=lo + DAY)
+
+        # A source, killed once its first session (parents first, then by id: support-2) is back;
+        # the next run completes it.
+        _killed_restore(pruned, "discord", SUPPORT[-1])
+        assert db_problems(db) == [] and len(query(db, "SELECT id FROM sessions WHERE source = 'discord'")) < 3
+        predicted, done = _restore_and_again(pruned, SUPPORT, sources=["discord"])
+        assert any("unfinished restore" in note for note in predicted["notes"]), predicted["notes"]
+        assert not os.path.exists(os.path.join(os.path.dirname(backup), ".hermes-ops-restore_default.pending"))
+
+        # A match through the backup's own FTS (and titles): nothing more to bring back now.
+        matched = restore_selected(
+            home, "default", backup="newest", select=selection(match="zanzibar"), check_mode=True
+        )
+        assert matched["notes"] == [] and matched["sessions"] == [] and matched["sessions_present"] == 4
+        titled = restore_selected(
+            home, "default", backup="newest", select=selection(match="tuesday SUPPORT"), check_mode=True
+        )
+        assert titled["sessions_present"] == 1
+
+        restored = CHAIN + sorted(in_day) + SUPPORT
+        _release_resumes(pruned, restored)
+        time.sleep(0.5)
+        summary = writer.stop()
+    finally:
+        writer.kill()
+    records = writer.records()
+    worst = max(r["lat"] for r in records)
+    print("\n%s writer: %d appends, %d failed, worst %.0f ms" % (release, summary["attempts"], summary["failed"],
+          1000 * worst))  # fmt: skip
+    assert summary["failed"] == 0 and summary["file_problems"] == [], summary
+    assert summary["message_count_seen"] == summary["appended"] > 0
+    assert worst < STALL_LIMIT
+    guards = summary.get("guards") or {}
+    assert not any(guards.get(k) for k in ("replaced", "wal_generation_lost", "quarantined")), guards
+    assert guards.get("probe", "ok") == "ok", guards
+    assert os.stat(db).st_ino == inode and journal_mode(db) == RELEASES[release]["mode"]
+    assert db_problems(db) == []
+    leftovers = [n for n in os.listdir(os.path.dirname(backup)) if n.startswith(".hermes-ops-restore_")]
+    assert leftovers == []
+
+
+def test_a_compressed_backup_is_read_from_a_private_copy_and_bad_sources_restore_nothing(pruned):
+    home, db, backup = pruned["home"], pruned["db"], pruned["backup"]
+    backups = os.path.dirname(backup)
+    with opened_source("file", backup, "default") as (plain, info):
+        assert info["schema_version"] == query(db, "SELECT MAX(version) FROM schema_version")[0][0]
+        if backup.endswith(".gz"):  # decompressed beside it, private, and gone afterwards
+            assert os.path.dirname(os.path.dirname(plain)) == backups
+            assert os.stat(plain).st_mode & 0o777 == 0o600 and os.stat(os.path.dirname(plain)).st_mode & 0o777 == 0o700
+        else:
+            assert plain == backup
+    assert [n for n in os.listdir(backups) if n.startswith(".hermes-ops-restore_")] == []
+
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() + 7200))
+    suffix = ".db.gz" if backup.endswith(".gz") else ".db"
+    other = os.path.join(backups, "hermes-ops_work_%s%s" % (stamp, suffix))
+    shutil.copyfile(backup, other)
+    os.chmod(other, 0o600)
+    writable = os.path.join(backups, "hermes-ops_default_%s-1%s" % (stamp, suffix))
+    shutil.copyfile(backup, writable)
+    os.chmod(writable, 0o666)
+    with opened_source("file", backup, "default") as (plain, _info):
+        newer = os.path.join(backups, "hermes-ops_default_%s-2.db" % stamp)
+        shutil.copyfile(plain, newer)
+    conn = sqlite3.connect(newer)
+    conn.execute("UPDATE schema_version SET version = 99")
+    conn.commit()
+    conn.close()
+    damaged = os.path.join(backups, "hermes-ops_default_%s-3.db" % stamp)
+    data = bytearray(open(newer, "rb").read())
+    data[len(data) // 2 : len(data) // 2 + 8192] = b"\x5a" * 8192
+    open(damaged, "wb").write(bytes(data))
+    for path in (newer, damaged):
+        os.chmod(path, 0o600)
+    one = selection(sessions=["big-0000001"])
+    cases = [
+        (os.path.basename(other), one, "is a backup of profile work, not of default: refused"),
+        (writable, one, "is writable by others or owned by uid"),
+        (newer, one, "was taken from schema_version 99, state.db is at"),
+        (damaged, one, "is damaged or not a state.db"),
+        (backup, selection(), "name what to bring back from backup"),
+        (backup, selection(sessions=["no-such-session"]), "does not hold session(s) no-such-session"),
+        ("hermes-ops_default_20000101T000000Z.db", one, "does not exist: check the name and backup_dir"),
+        (".hermes-ops_default_20000101T000000Z.db.partial", one, "is an unfinished backup"),
+    ]
+    before = full_rows(db)
+    for source, select, text in cases:
+        for check_mode in (True, False):
+            with pytest.raises(MaintenanceError) as refused:
+                restore_selected(home, "default", backup=source, select=select, check_mode=check_mode)
+            assert text in str(refused.value), (source, str(refused.value))
+    with pytest.raises(MaintenanceError, match="is neither unix seconds nor an ISO 8601 date"):
+        selection(active_after="last tuesday")
+    with pytest.raises(MaintenanceError, match="is not before active_before"):
+        selection(active_after="2026-11-24", active_before="2026-11-23T23:00:00Z")
+    assert full_rows(db) == before
+    listed = {b["path"]: b for b in list_missing(home, "default")["backups"]}
+    assert listed[newer]["schema_version"] == 99 and "writable by others" in listed[writable]["error"]
+    assert "is damaged" in listed[damaged]["error"] and "error" not in listed[backup]
+    assert other not in listed and list_backups(backups, "work")[0][0] == other
+    for path in (other, writable, newer, damaged):
+        os.unlink(path)
