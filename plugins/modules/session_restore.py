@@ -54,7 +54,8 @@ attributes:
   diff_mode:
     support: full
     details:
-      - One line per session, before and after (absent, or present with how many of its messages in the source).
+      - One line per session, before and after (absent, or present with how many of its archived or backed-up
+        messages).
   idempotent:
     support: full
 extends_documentation_fragment:
@@ -240,8 +241,8 @@ backups:
   elements: dict
 listing:
   description:
-    - With O(list_missing=true), RV(backups) as text, a line per file and one per day and source under it
-      (C(2026-11-24 discord: 3 session(s), 41 message(s))).
+    - With O(list_missing=true), RV(backups) as text, a line per file and under it one per day and source with its
+      sessions and messages.
   returned: list_missing
   type: list
   elements: str
@@ -317,8 +318,8 @@ def main():
         result["diff"] = {
             "before_header": "%s (before)" % result["db"],
             "after_header": "%s (after)" % result["db"],
-            "before": lines(result["sessions"]),
-            "after": lines(result.get("after") or predicted(result["sessions"])),
+            "before": lines(result["sessions"], "backup" in result),
+            "after": lines(result.get("after") or predicted(result["sessions"]), "backup" in result),
         }
     module.exit_json(changed=changed, **result)
 
@@ -327,15 +328,16 @@ def predicted(sessions):
     return [dict(s, present=True, messages_missing=0) for s in sessions]
 
 
-def lines(sessions):
+def lines(sessions, backup=False):
+    held = "backed-up" if backup else "archived"
     out = []
     for s in sessions:
         if not s["present"]:
             out.append("%s: absent" % s["id"])
         else:
             out.append(
-                "%s: present, %d of %d archived messages"
-                % (s["id"], s["messages_archived"] - s["messages_missing"], s["messages_archived"])
+                "%s: present, %d of %d %s messages"
+                % (s["id"], s["messages_archived"] - s["messages_missing"], s["messages_archived"], held)
             )
     return "\n".join(out) + "\n"
 
@@ -343,7 +345,8 @@ def lines(sessions):
 def describe(result, check_mode):
     verb = "would restore" if check_mode else "restored"
     source = result.get("archive") or result["backup"]
-    text = "%s %d session(s) and %d message(s) from %s into %s; %d of the %d asked for were already there%s" % (
+    there = "chosen were already there, left as they are" if "backup" in result else "asked for were already there"
+    text = "%s %d session(s) and %d message(s) from %s into %s; %d of the %d %s%s" % (
         verb,
         result["sessions_restored"],
         result["messages_restored"],
@@ -351,6 +354,7 @@ def describe(result, check_mode):
         result["db"],
         result["sessions_present"],
         len(result["sessions"]) + (result["sessions_present"] if "backup" in result else 0),
+        there,
         ", %d without their parent" % result["orphaned"] if result["orphaned"] else "",
     )
     return "; ".join([text] + result.get("notes", []))

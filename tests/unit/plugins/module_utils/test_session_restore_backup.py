@@ -40,7 +40,11 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_r
 from hermes_fixtures import hermes_python, run_release_code
 
 DAY = 86400.0
-RELEASES = {"0.19.0": {"mode": "wal", "compress": True}, "0.22.2.post1": {"mode": "delete", "compress": False}}
+# 0.22.2 keeps rollback-journal mode on an SQLite with the WAL-reset bug (this host's), WAL on a fixed one.
+RELEASES = {
+    "0.19.0": {"modes": ("wal",), "compress": True},
+    "0.22.2.post1": {"modes": ("delete", "wal"), "compress": False},
+}
 CHAIN = ["chain-a", "chain-b", "chain-c", "chain-d"]  # a -> b -> c compression continuations; d: c's delegate
 SUPPORT = ["support-%d" % i for i in range(3)]  # source "discord", one titled "Tuesday support chat"
 STALL_LIMIT = 5.0  # seconds: a write of the release's own retries (15 x 1 s busy timeout) never fails
@@ -90,7 +94,8 @@ def pruned(request, tmp_path_factory):
     now = time.time()
     db = str(make_big_rollback_home(home, 40, 5, seed=25, now=now, release=release))
     _add_sessions(db, now)
-    assert journal_mode(db) == RELEASES[release]["mode"]
+    mode = journal_mode(db)
+    assert mode in RELEASES[release]["modes"], mode
     before = {r[0] for r in query(db, "SELECT id FROM sessions")}
     options = {
         "hermes_home": [str(home)],
@@ -103,7 +108,7 @@ def pruned(request, tmp_path_factory):
     pruned_ids = before - {r[0] for r in query(db, "SELECT id FROM sessions")}
     assert set(CHAIN + SUPPORT) <= pruned_ids and len(pruned_ids) == profile["sessions_pruned"] == 27
     return {"release": release, "root": root, "home": str(home), "db": db, "backup": profile["backup"]["path"],
-            "pruned": pruned_ids, "now": now}  # fmt: skip
+            "pruned": pruned_ids, "now": now, "mode": mode}  # fmt: skip
 
 
 def _backup_rows(pruned, sql, *args):
@@ -274,7 +279,7 @@ def test_undo_a_prune_from_a_whole_file_backup_beside_the_live_release(pruned):
     guards = summary.get("guards") or {}
     assert not any(guards.get(k) for k in ("replaced", "wal_generation_lost", "quarantined")), guards
     assert guards.get("probe", "ok") == "ok", guards
-    assert os.stat(db).st_ino == inode and journal_mode(db) == RELEASES[release]["mode"]
+    assert os.stat(db).st_ino == inode and journal_mode(db) == pruned["mode"]
     assert db_problems(db) == []
     leftovers = [n for n in os.listdir(os.path.dirname(backup)) if n.startswith(".hermes-ops-restore_")]
     assert leftovers == []
