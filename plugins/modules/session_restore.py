@@ -291,8 +291,14 @@ def main():
         if p[name] < 0:
             module.fail_json(msg="%s must be >= 0, got %s" % (name, p[name]), db=db)
     if p["list_missing"]:
-        if p["archive"] or p["backup"]:
-            module.fail_json(msg="list_missing lists every backup and archive: leave archive and backup out", db=db)
+        given = [
+            n for n in ("archive", "backup", "sessions", "active_after", "active_before", "sources", "match") if p[n]
+        ]
+        if given:
+            module.fail_json(
+                msg="list_missing lists every backup and archive and restores nothing: leave %s out" % ", ".join(given),
+                db=db,
+            )
         try:
             result = list_missing(p["hermes_home"], p["profile"], p["backup_dir"], p["busy_timeout"])
         except (MaintenanceError, OSError) as exc:

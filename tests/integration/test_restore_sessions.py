@@ -289,5 +289,10 @@ def test_undo_a_prune_from_a_whole_file_backup_with_the_playbook(ansible_playboo
                   {"hermes_restore_list": True, "hermes_restore_backup": "newest"}):  # fmt: skip
         rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=dict(play, **wrong))
         assert rc != 0 and "Set exactly one of hermes_restore_archive" in getattr(out, "text", out), wrong
+    rc, out = ansible_playbook(
+        "playbooks/restore_sessions.yml",
+        extra_vars=dict(play, hermes_restore_list=True, hermes_restore_sources=["cli"]),
+    )
+    assert rc != 0 and "restores nothing: leave hermes_restore_sources out" in getattr(out, "text", out)
     assert db_problems(db) == []
     assert [n for n in os.listdir(os.path.dirname(backup)) if n.startswith(".hermes-ops-restore_")] == []
