@@ -25,7 +25,7 @@ import time
 
 import pytest
 from hermes_reliability import db_problems, full_rows, query
-from hermes_rollback import journal_mode, make_big_rollback_home
+from hermes_rollback import journal_mode, make_big_rollback_home, release_view
 from hermes_writer import WriterProcess
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import list_backups
@@ -37,7 +37,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_r
     restore_selected,
     selection,
 )
-from hermes_fixtures import hermes_python, run_release_code
+from hermes_fixtures import copy_db, hermes_python, open_with_release, run_release_code
 
 DAY = 86400.0
 # 0.22.2 keeps rollback-journal mode on an SQLite with the WAL-reset bug (this host's), WAL on a fixed one.
@@ -346,3 +346,24 @@ def test_a_compressed_backup_is_read_from_a_private_copy_and_bad_sources_restore
     assert other not in listed and list_backups(backups, "work")[0][0] == other
     for path in (other, writable, newer, damaged):
         os.unlink(path)
+
+
+@pytest.mark.parametrize("pruned", ["0.19.0"], indirect=True)
+def test_an_older_backup_restores_into_a_file_a_newer_release_migrated(pruned, tmp_path):
+    """The 0.19.0 backup (schema 6), into a copy of its file that 0.22.2 has migrated: columns matched by name."""
+    if hermes_python("0.22.2.post1") is None:
+        pytest.skip("no hermes-0.22.2.post1 venv (tests/setup_hermes_venvs.sh)")
+    home = tmp_path / "home"
+    shutil.copytree(os.path.join(pruned["home"], "backups"), str(home / "backups"))
+    db = str(copy_db(pruned["db"], home / "state.db"))
+    os.chmod(db, 0o600)
+    assert open_with_release("hermes-0.22.2.post1", db)["schema_version"] == 31
+    missing = sorted(pruned["pruned"] - {r[0] for r in query(db, "SELECT id FROM sessions")})
+    sid = missing[0]
+    done = restore_selected(str(home), "default", backup="newest", select=selection(sessions=[sid]), pause=0)
+    assert done["backup"]["schema_version"] < done["db_schema_version"] == 31, done["backup"]
+    held = _backup_rows(pruned, "SELECT content FROM messages WHERE session_id = ? ORDER BY id", sid)
+    assert done["sessions_restored"] == 1 and done["messages_restored"] == len(held) > 0
+    seen = release_view(db, sid, held[0][0].split()[0], release="0.22.2.post1")
+    assert seen["messages"] == len(held) and seen["hits"] > 0, seen
+    assert db_problems(db) == []
