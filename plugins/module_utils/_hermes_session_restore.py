@@ -487,8 +487,9 @@ def _plan_one(src, dst, sid, wanted, others):
     there = 0
     for start in range(0, len(ids), ID_CHUNK):  # each statement its own short read
         chunk = ids[start : start + ID_CHUNK]
-        there += dst.execute(
-            "SELECT COUNT(*) FROM messages WHERE id IN (%s)" % ",".join("?" * len(chunk)), chunk
+        there += dst.execute(  # by id and session: an id another session holds is not this one's message
+            "SELECT COUNT(*) FROM messages WHERE session_id = ? AND id IN (%s)" % ",".join("?" * len(chunk)),
+            [sid] + chunk,
         ).fetchone()[0]
     orphaned = (
         not present
@@ -601,8 +602,12 @@ def _work(db_path, source, select, check_mode, busy_timeout, pause):
             plan["after"] = [s for s in after if s["id"] in set(wanted)] if backup else after
             plan["rows_restored"] -= sum(s["rows_missing"] for s in plan["after"])
             plan["changed"] = bool(done["sessions_restored"] or done["messages_restored"] or plan["rows_restored"])
-            if backup and not any(s["messages_missing"] or s["rows_missing"] for s in after):
-                os.unlink(pending_path)
+            if backup:  # what is complete leaves the list (an older killed run's others stay on it)
+                pending -= {s["id"] for s in after if not (s["messages_missing"] or s["rows_missing"])}
+                if pending:
+                    _write_pending(pending_path, info["path"], pending)
+                else:
+                    os.unlink(pending_path)
             return {"result": plan}
     except MaintenanceError as exc:
         return {"error": str(exc)}

@@ -186,7 +186,7 @@ KILLED = r"""
 import sys
 sys.path[:0] = sys.argv[4].split(":")
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_session_restore as r
-r.restore_selected(sys.argv[1], "default", backup=sys.argv[2], select=r.selection(sources=[sys.argv[3]]), pause=1.0)
+r.restore_selected(sys.argv[1], "default", backup=sys.argv[2], select=r.selection(sources=[sys.argv[3]]), pause=3.0)
 """
 
 
@@ -366,4 +366,22 @@ def test_an_older_backup_restores_into_a_file_a_newer_release_migrated(pruned, t
     assert done["sessions_restored"] == 1 and done["messages_restored"] == len(held) > 0
     seen = release_view(db, sid, held[0][0].split()[0], release="0.22.2.post1")
     assert seen["messages"] == len(held) and seen["hits"] > 0, seen
-    assert db_problems(db) == []
+
+    # A killed restore of a source stays listed as unfinished through a restore of something else,
+    # and the next restore of that source completes it.
+    sources = {}
+    for other, source in _backup_rows(pruned, "SELECT id, source FROM sessions"):
+        if other in missing[1:]:
+            sources.setdefault(source, []).append(other)
+    source, ids = max(sources.items(), key=lambda item: len(item[1]))
+    assert len(ids) >= 2, sources
+    copy = dict(pruned, home=str(home), db=db, backup=done["backup"]["path"])
+    _killed_restore(copy, source, max(ids))  # parents first, then by id from the last
+    pending = home / "backups" / ".hermes-ops-restore_default.pending"
+    assert set(json.loads(pending.read_text())["sessions"]) == set(ids) and db_problems(db) == []
+    restore_selected(str(home), "default", backup="newest", select=selection(sessions=[sid]), pause=0)
+    assert pending.exists(), "a restore of another session forgot the unfinished one"
+    finished = restore_selected(str(home), "default", backup="newest", select=selection(sources=[source]), pause=0)
+    assert sorted(s["id"] for s in finished["sessions"]) == sorted(ids) and not pending.exists()
+    assert finished["sessions_restored"] == len(ids) - 1 and finished["notes"]
+    assert all(s["messages_missing"] == 0 for s in finished["after"]) and db_problems(db) == []
