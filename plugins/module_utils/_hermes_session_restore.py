@@ -545,6 +545,15 @@ def _write_pending(path, source, ids):
     fsync_path(os.path.dirname(path))
 
 
+def _settle_pending(path, source, pending, planned):
+    """Take the sessions ``planned`` shows complete off the list (an older killed run's others stay)."""
+    left = pending - {s["id"] for s in planned if s["present"] and not (s["messages_missing"] or s["rows_missing"])}
+    if left:
+        _write_pending(path, source, left)
+    else:
+        os.unlink(path)
+
+
 def _locked(db_path, check_mode):
     try:
         lock = ProfileLock(db_path, check_mode=check_mode)
@@ -579,6 +588,8 @@ def _work(db_path, source, select, check_mode, busy_timeout, pause):
             if pending:
                 plan["notes"].append("completes the unfinished restore listed in %s" % pending_path)
             if check_mode or not plan["changed"]:
+                if backup and pending and not check_mode:  # killed after its last commit: nothing left to do
+                    _settle_pending(pending_path, info["path"], pending, plan["sessions"])
                 return {"result": plan}
             wanted = [
                 s["id"] for s in plan["sessions"] if not s["present"] or s["messages_missing"] or s["rows_missing"]
@@ -602,12 +613,8 @@ def _work(db_path, source, select, check_mode, busy_timeout, pause):
             plan["after"] = [s for s in after if s["id"] in set(wanted)] if backup else after
             plan["rows_restored"] -= sum(s["rows_missing"] for s in plan["after"])
             plan["changed"] = bool(done["sessions_restored"] or done["messages_restored"] or plan["rows_restored"])
-            if backup:  # what is complete leaves the list (an older killed run's others stay on it)
-                pending -= {s["id"] for s in after if not (s["messages_missing"] or s["rows_missing"])}
-                if pending:
-                    _write_pending(pending_path, info["path"], pending)
-                else:
-                    os.unlink(pending_path)
+            if backup:
+                _settle_pending(pending_path, info["path"], pending, after)
             return {"result": plan}
     except MaintenanceError as exc:
         return {"error": str(exc)}

@@ -10,7 +10,8 @@ exactly by check mode and done again without change; a restore killed halfway is
 by the next run. The release then resumes, appends to and finds by search every restored
 session; the writer had no failed write and its identity guards did not trip; the file passes
 every check. The refusals (another profile, a file others can write, damaged, newer schema, no
-selection, an unknown session) restore nothing.
+selection, an unknown session) restore nothing. An older (0.19.0) backup restores into the file
+0.22.2 migrated. A restore SIGKILLed at its steps (``crash``) is completed by the next run.
 """
 
 import calendar
@@ -24,7 +25,7 @@ import sys
 import time
 
 import pytest
-from hermes_reliability import db_problems, full_rows, query
+from hermes_reliability import COLLECTIONS_ROOT, MARKS, db_problems, full_rows, parse_mark, query
 from hermes_rollback import journal_mode, make_big_rollback_home, release_view
 from hermes_writer import WriterProcess
 
@@ -385,3 +386,87 @@ def test_an_older_backup_restores_into_a_file_a_newer_release_migrated(pruned, t
     assert sorted(s["id"] for s in finished["sessions"]) == sorted(ids) and not pending.exists()
     assert finished["sessions_restored"] == len(ids) - 1 and finished["notes"]
     assert all(s["messages_missing"] == 0 for s in finished["after"]) and db_problems(db) == []
+
+
+# The restore in a child: every write transaction (open, about to commit, committed), the
+# decompression and the pending list's write numbered on stderr; at step KILL_AT it SIGKILLs itself.
+RESTORE_CHILD = (
+    MARKS
+    + r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_archive as archive
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_session_restore as restore
+KILL_AT = int(sys.argv[5])
+archive.write_transaction = marked(archive.write_transaction)
+restore._write_pending = around("pending", restore._write_pending)
+restore._decompress = around("decompress", restore._decompress)
+select = restore.selection(sources=[sys.argv[4]])
+result = restore.restore_selected(sys.argv[2], "default", backup=sys.argv[3], select=select, pause=0)
+print(json.dumps({k: result[k] for k in ("sessions_restored", "messages_restored")}))
+"""
+)
+# Of the restore's steps: the first six (decompression, the pending list) and every fifth after, or all.
+KILL_EVERY = 1 if os.environ.get("HERMES_ARCHIVE_KILL_POINTS") == "all" else 5
+
+
+def _restore_child(home, backup, source, kill_at=0):
+    proc = subprocess.run(
+        [sys.executable, "-c", RESTORE_CHILD, str(COLLECTIONS_ROOT), str(home), backup, source, str(kill_at)],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    if not kill_at:
+        assert proc.returncode == 0, proc.stderr
+    return [mark[1] for mark in map(parse_mark, proc.stderr.splitlines()) if mark], proc.returncode
+
+
+@pytest.mark.crash
+def test_sigkill_at_every_step_of_a_restore_from_a_backup(pruned, tmp_path):
+    """Killed at a step, the file passes every check; the next run, predicted exactly by check mode,
+    ends where an uninterrupted restore ends, leaves nothing in the backup directory, and a third
+    changes nothing."""
+    base = tmp_path / "base"
+    shutil.copytree(os.path.join(pruned["home"], "backups"), str(base / "backups"))
+    os.chmod(str(copy_db(pruned["db"], base / "state.db")), 0o600)
+    backup = os.path.basename(pruned["backup"])
+    missing = pruned["pruned"] - {r[0] for r in query(str(base / "state.db"), "SELECT id FROM sessions")}
+    by_source = {}
+    for sid, source in _backup_rows(pruned, "SELECT id, source FROM sessions"):
+        if sid in missing:
+            by_source.setdefault(source, set()).add(sid)
+    source, chosen = max(by_source.items(), key=lambda item: len(item[1]))
+    assert len(chosen) >= 2, by_source
+    reference = tmp_path / "reference"
+    shutil.copytree(str(base), str(reference))
+    steps, _rc = _restore_child(reference, backup, source)
+    expected = {sid: row for sid, row in full_rows(reference / "state.db").items() if sid in chosen}
+    assert set(expected) == chosen
+    points = sorted(set(range(1, min(6, len(steps)) + 1)) | set(range(1, len(steps) + 1, KILL_EVERY)))
+    print("\nrestore-from-backup kill points (%s): %d of %d steps" % (pruned["release"], len(points), len(steps)))
+    failures = []
+    for n in points:
+        home = tmp_path / ("kill-%d" % n)
+        shutil.copytree(str(base), str(home))
+        db = str(home / "state.db")
+        _steps, rc = _restore_child(home, backup, source, kill_at=n)
+        problems = [] if rc == -signal.SIGKILL else ["not killed (rc %s)" % rc]
+        problems += ["after the kill: %s" % p for p in db_problems(db)]
+        args = dict(backup=backup, select=selection(sources=[source]), pause=0)
+        predicted = restore_selected(str(home), "default", check_mode=True, **args)
+        done = restore_selected(str(home), "default", **args)
+        again = restore_selected(str(home), "default", **args)
+        for key in ("sessions_restored", "messages_restored", "rows_restored"):
+            if predicted[key] != done[key]:
+                problems.append("check mode predicted %s=%s, the restore did %s" % (key, predicted[key], done[key]))
+        if again["changed"] or again["sessions"]:
+            problems.append("a third run changed something: %s" % again["sessions"])
+        rows = {sid: row for sid, row in full_rows(db).items() if sid in chosen}
+        if rows != expected:
+            problems.append("rows differ from the uninterrupted restore: %s" % sorted(set(rows) ^ set(expected)))
+        problems += ["at the end: %s" % p for p in db_problems(db)]
+        left = [name for name in os.listdir(str(home / "backups")) if name.startswith(".hermes-ops-restore_")]
+        if left:
+            problems.append("left in the backup directory: %s" % left)
+        if problems:
+            failures.append("step %d (%s):\n    %s" % (n, steps[n - 1], "\n    ".join(problems)))
+    assert not failures, "\n".join(failures)
