@@ -585,7 +585,7 @@ def _work(db_path, source, select, check_mode, busy_timeout, pause):
             pending_path = _pending_path(source["backup_dir"], source["profile"])
             pending = _read_pending(pending_path, source["path"]) if backup else set()
             plan = plan_session_restore(db_path, plain, None, busy_timeout, select, info, pending)
-            if pending:
+            if pending & {s["id"] for s in plan["sessions"]}:
                 plan["notes"].append("completes the unfinished restore listed in %s" % pending_path)
             if check_mode or not plan["changed"]:
                 if backup and pending and not check_mode:  # killed after its last commit: nothing left to do
