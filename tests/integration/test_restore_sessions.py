@@ -261,8 +261,10 @@ def test_undo_a_prune_from_a_whole_file_backup_with_the_playbook(ansible_playboo
     source = max(by_source, key=by_source.get)
 
     chosen = dict(play, hermes_restore_backup="newest", hermes_restore_sources=[source])
+    beside = sorted(os.listdir(str(home))), sorted(os.listdir(os.path.dirname(backup)))
     rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=chosen, check=True, diff=True)
     assert rc == 0, getattr(out, "text", out)
+    assert (sorted(os.listdir(str(home))), sorted(os.listdir(os.path.dirname(backup)))) == beside  # nothing left
     predicted = out.result("Restore the sessions")
     assert predicted["_status"] == "changed" and predicted["sessions_restored"] == by_source[source]
     assert predicted["backup"]["path"] == backup and predicted["backup"]["compressed"] is True
