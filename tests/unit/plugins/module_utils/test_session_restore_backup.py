@@ -274,8 +274,8 @@ def test_undo_a_prune_from_a_whole_file_backup_beside_the_live_release(pruned):
         writer.kill()
     records = writer.records()
     worst = max(r["lat"] for r in records)
-    print("\n%s writer: %d appends, %d failed, worst %.0f ms" % (release, summary["attempts"], summary["failed"],
-          1000 * worst))  # fmt: skip
+    print("\n%s writer (%s, SQLite %s): %d appends, %d failed, worst %.0f ms" % (release, pruned["mode"],
+          summary.get("sqlite_version"), summary["attempts"], summary["failed"], 1000 * worst))  # fmt: skip
     assert summary["failed"] == 0 and summary["file_problems"] == [], summary
     assert summary["message_count_seen"] == summary["appended"] > 0
     assert worst < STALL_LIMIT
