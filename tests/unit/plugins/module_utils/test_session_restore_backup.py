@@ -347,7 +347,21 @@ def test_a_compressed_backup_is_read_from_a_private_copy_and_bad_sources_restore
     assert listed[newer]["schema_version"] == 99 and "writable by others" in listed[writable]["error"]
     assert "is damaged" in listed[damaged]["error"] and "error" not in listed[backup]
     assert other not in listed and list_backups(backups, "work")[0][0] == other
-    for path in (other, writable, newer, damaged):
+
+    # A backup without a usable full-text index: match looks at titles only, and says so.
+    no_fts = os.path.join(backups, "hermes-ops_default_%s-4.db" % stamp)
+    with opened_source("file", backup, "default") as (plain, _info):
+        shutil.copyfile(plain, no_fts)
+    os.chmod(no_fts, 0o600)
+    conn = sqlite3.connect(no_fts)
+    conn.execute("DROP TABLE messages_fts")
+    conn.commit()
+    conn.close()
+    for text, found in (("tuesday support", 1), ("zanzibar", 0)):  # a title; words only in messages
+        titles = restore_selected(home, "default", backup=no_fts, select=selection(match=text), check_mode=True)
+        assert len(titles["sessions"]) + titles["sessions_present"] == found, (text, titles)
+        assert "match looked at titles only" in titles["notes"][0], titles["notes"]
+    for path in (other, writable, newer, damaged, no_fts):
         os.unlink(path)
 
 
