@@ -65,6 +65,11 @@ PLAYBOOK_VARIABLES = (
     "hermes_restore_force",
     "hermes_restore_archive",
     "hermes_restore_sessions",
+    "hermes_restore_active_after",  # restore_sessions.yml: the selection, and the listing
+    "hermes_restore_active_before",
+    "hermes_restore_sources",
+    "hermes_restore_match",
+    "hermes_restore_list",
 )
 
 _KNOWN = None

@@ -276,8 +276,11 @@ def archived_sessions(archive_path):
         conn.close()
 
 
-def restore_sessions(db_path, archive_path, session_ids=None, busy_timeout=BUSY_TIMEOUT, pause=BATCH_PAUSE):
+def restore_sessions(db_path, archive_path, session_ids=None, busy_timeout=BUSY_TIMEOUT, pause=BATCH_PAUSE, order=None):
     """Put sessions from an archive back into ``db_path`` (None: every session it holds).
+
+    ``order``: instead of the archive's list, these session ids in this order (parents first),
+    from any file of Hermes's schema (a whole-file backup).
 
     Parents go before their children (the reverse of the prune's order). Rows that are
     already there are left as they are (restoring twice changes nothing); a parent that is
@@ -290,7 +293,10 @@ def restore_sessions(db_path, archive_path, session_ids=None, busy_timeout=BUSY_
     dst = open_rw(db_path, busy_timeout)
     report = {"sessions_restored": 0, "sessions_present": 0, "messages_restored": 0, "orphaned": 0}
     try:
-        known = [r[0] for r in src.execute("SELECT id FROM archive_sessions ORDER BY seq DESC")]
+        if order is not None:
+            known = session_ids = list(order)
+        else:
+            known = [r[0] for r in src.execute("SELECT id FROM archive_sessions ORDER BY seq DESC")]
         wanted = known if session_ids is None else [sid for sid in known if sid in set(session_ids)]
         unknown = sorted(set(session_ids or ()) - set(known))
         if unknown:

@@ -74,6 +74,12 @@ def list_backups(backup_dir, profile):
     return list_stamped(backup_dir, profile, _NAME)
 
 
+def parse_backup_name(name):
+    """(profile, unix time) of a finished backup's file name, else None."""
+    match = _NAME.match(name)
+    return (match.group("profile"), stamp_time(match.group("stamp"))) if match else None
+
+
 def stamp_time(stamp):
     """YYYYmmddTHHMMSSZ as unix time. Not time.strptime: it imports ``_strptime`` lazily, and
     as root the work runs in a child switched to the Hermes user, who may not be able to

@@ -240,19 +240,7 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
     sessions = load_sessions(conn, schema, now, short_reads)
     leased = live_leases(conn, schema, now)
     plan.bad_time_rows = sum(1 for s in sessions.values() if s.bad)
-    children = {}
-    delegates = {}
-    for s in sessions.values():
-        if s.parent in sessions:
-            children.setdefault(s.parent, []).append(s)
-        if s.delegate_from:
-            delegates.setdefault(s.delegate_from, []).append(s)
-    for parent_id, kids in children.items():
-        # Hermes: a child with the marker whose parent is the doomed row is a delegate too.
-        for kid in kids:
-            if kid.delegate_from and kid.delegate_from != parent_id:
-                delegates.setdefault(parent_id, []).append(kid)
-
+    children, delegates = session_links(sessions)
     routed = routed_sessions(conn, schema)
     protected = {s.id for s in sessions.values() if s.bad or s.pinned or s.id in leased or s.id in routed}
     catalogue = schema.get("catalogue")
@@ -302,6 +290,50 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
         freed = {sessions[sid].prompt_hash for sid in doomed} - kept - {None}
         plan.prompts = len(freed)
     return plan
+
+
+def session_links(sessions):
+    """(children, delegates): parent id -> its child Sessions, session id -> its delegate Sessions."""
+    children = {}
+    delegates = {}
+    for s in sessions.values():
+        if s.parent in sessions:
+            children.setdefault(s.parent, []).append(s)
+        if s.delegate_from:
+            delegates.setdefault(s.delegate_from, []).append(s)
+    for parent_id, kids in children.items():
+        # Hermes: a child with the marker whose parent is the doomed row is a delegate too.
+        for kid in kids:
+            if kid.delegate_from and kid.delegate_from != parent_id:
+                delegates.setdefault(parent_id, []).append(kid)
+    return children, delegates
+
+
+def taken_along(chosen, sessions):
+    """``chosen`` session ids with what the prune deletes together with them, transitively.
+
+    The prune deletes a session with its delegates, and a compression lineage only whole (an
+    ancestor stays while a continuation stays): so a session comes back with its delegates,
+    the continuations after it and the compression ancestors it continues.
+    """
+    children, delegates = session_links(sessions)
+    found = set(sid for sid in chosen if sid in sessions)
+    stack = list(found)
+    while stack:
+        s = sessions[stack.pop()]
+        linked = _delegate_closure(s.id, delegates) | _continuations([s], children)
+        parent = sessions.get(s.parent)
+        if parent is not None and parent.end_reason == COMPRESSION:
+            linked.add(parent.id)
+        for sid in linked - found:
+            found.add(sid)
+            stack.append(sid)
+    return found
+
+
+def parents_first(ids, sessions):
+    """``ids`` in the order a restore puts them back: the reverse of the prune's delete order."""
+    return list(reversed(_children_first(set(ids), sessions)))
 
 
 def _cutoff_of(s, plan, sessions, delegated_by):

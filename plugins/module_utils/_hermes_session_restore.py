@@ -1,50 +1,78 @@
-# Copyright: hermes_agent.ops contributors
-# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Put pruned sessions back from an archive, next to a live gateway (the operator's way).
+"""Put pruned sessions back next to a live gateway, from an archive or a whole-file backup.
 
 An archive (``hermes-ops-archive_<profile>_<time>.db``, written by ``take_archive``) holds
-the sessions a prune deleted, with their messages and the rows tied to them. Here:
+the sessions a prune deleted, with their messages and the rows tied to them; a whole-file
+backup (``hermes-ops_<profile>_<time>.db[.gz]``, ``take_backup``) holds the whole file as it
+was before a prune. Here:
 
 * ``check_archive`` refuses anything but a finished, verified archive: a hidden ``.partial``,
   another name, a file others can write, a failing quick_check, or one whose
   ``archive_sessions`` list is not fully there (an archive is renamed into place only after
-  that list is written and verified, so a file that lacks it is not one);
+  that list is written and verified, so a file that lacks it is not one); ``opened_source``
+  does the same checks for a backup of the same profile (a ``.gz`` is decompressed into a
+  private directory in the backup directory, removed afterwards);
 * ``plan_session_restore`` says exactly what a restore would do, reading state.db in short
-  read transactions (each session and each 500 message ids on their own), and refuses an
-  archive of a newer schema than the file, a table or column the file needs that the archive
-  lacks, and a session id the archive does not hold;
-* ``restore_from_archive`` holds the profile's maintenance lock (shared with Hermes's own
-  auto-maintenance), refuses while Hermes repairs, quarantines or rebuilds the file, and
-  restores through ``_hermes_archive.restore_sessions`` (one session per write transaction,
-  messages 500 per transaction, ``INSERT OR IGNORE``): restoring what is already there changes
-  nothing, and a restore interrupted at any point is completed by running it again.
+  read transactions (each session and each 500 message ids on their own), and refuses a
+  source of a newer schema than the file, a table or column the file needs that the source
+  lacks, and a session id the source does not hold. The sessions are chosen by id, time
+  window, source and a title/text match (the backup's own FTS), combined with AND; the
+  sessions the prune took together with a chosen one (delegates, compression lineage:
+  ``_hermes_plan.taken_along``) come with it. From a backup, only sessions state.db lacks
+  come back; what it has is never touched;
+* ``restore_from_archive`` / ``restore_selected`` hold the profile's maintenance lock (shared
+  with Hermes's own auto-maintenance), refuse while Hermes repairs, quarantines or rebuilds the
+  file, and restore through ``_hermes_archive.restore_sessions`` (one session per write
+  transaction, messages 500 per transaction, ``INSERT OR IGNORE``): restoring what is already
+  there changes nothing. A restore from a backup interrupted at any point is completed by
+  running it again: the sessions it is putting back are listed in a private ``.pending`` file
+  in the backup directory until they are complete;
+* ``list_missing`` says, for every backup and archive of a profile, what it holds that the
+  live file no longer has (sessions and messages per day and source).
 
 As root on a user's file, the work is done in a child switched to that user (as maintenance
-does), so a -journal or -wal it creates is the user's. Standard library only, Python 3.8+.
+does), so a -journal or -wal it creates, and a decompressed copy, are the user's. Standard
+library only, Python 3.8+.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import json
 import os
+import re
+import shutil
 import sqlite3
 import stat
+import tempfile
+import time
+import zlib
 
-from ._hermes_archive import is_archive_name, related_tables, restore_sessions
+from ._hermes_archive import is_archive_name, list_archives, related_tables, restore_sessions
+from ._hermes_backup import list_backups, parse_backup_name
 from ._hermes_db import (
     BATCH_PAUSE,
     BUSY_TIMEOUT,
+    MB,
     MaintenanceError,
     ProfileSkipped,
     ReadOnlyDB,
+    free_bytes,
+    fsync_path,
     is_wal_file,
     refuse_wal_on_shared_filesystem,
     sqlite_uri,
 )
 from ._hermes_engine import LOCK_SUFFIX, ProfileLock, backups_of, profile_path, run_as_owner
 from ._hermes_hazards import refuse_during_hermes_operation
-from ._hermes_inspect import quick_check_rows
+from ._hermes_inspect import REQUIRED_COLUMNS, columns, quick_check_rows
+from ._hermes_plan import load_sessions, parents_first, taken_along
+from ._hermes_restore import _unpack, db_counts
 
 ID_CHUNK = 500  # message ids looked up per read transaction of state.db
+NEWEST = "newest"  # backup: the profile's newest whole-file backup
+# A decompressed backup (a private directory) and the list of an unfinished restore, in the backup directory.
+WORK_PREFIX = ".hermes-ops-restore_"
 
 
 def resolve_archive(archive, backup_dir):
@@ -56,23 +84,133 @@ def resolve_archive(archive, backup_dir):
     if not is_archive_name(name):
         raise MaintenanceError(
             "%s is not an archive of this collection (hermes-ops-archive_<profile>_<time>.db): refused; "
-            "a whole-file backup (hermes-ops_*.db) is restored with state_db_restore / playbooks/restore.yml" % path
+            "a whole-file backup (hermes-ops_<profile>_<time>.db[.gz]) is given as backup" % path
         )
     if not os.path.lexists(path):
         raise MaintenanceError("archive %s does not exist: check the name and backup_dir" % path)
     return path
 
 
-def _open_archive(path):
+def _check_private(path, what):
+    """A regular file of ours (the file owner's or root's) that nobody else can write."""
     st = os.lstat(path)
     if not stat.S_ISREG(st.st_mode):
-        raise MaintenanceError("archive %s is not a regular file (a link or a directory): refused" % path)
+        raise MaintenanceError("%s %s is not a regular file (a link or a directory): refused" % (what, path))
     if st.st_mode & 0o022 or st.st_uid not in (os.geteuid(), 0):
         raise MaintenanceError(
-            "archive %s is writable by others or owned by uid %d (mode %o): refused; archives are the owner's, 0600"
-            % (path, st.st_uid, stat.S_IMODE(st.st_mode))
+            "%s %s is writable by others or owned by uid %d (mode %o): refused; %ss are the owner's, 0600"
+            % (what, path, st.st_uid, stat.S_IMODE(st.st_mode), what)
         )
+
+
+def _open_archive(path):
+    _check_private(path, "archive")
     return sqlite3.connect(sqlite_uri(path, mode="ro", immutable="1"), uri=True, isolation_level=None)
+
+
+def resolve_backup(backup, backup_dir, profile):
+    """A whole-file backup's path: V(newest) (the profile's newest), an absolute path, or a file name in
+    ``backup_dir``; only a finished backup of this same profile."""
+    if backup == NEWEST:
+        found = list_backups(backup_dir, profile)
+        if not found:
+            raise MaintenanceError(
+                "no whole-file backup of profile %s in %s (hermes-ops_%s_<time>.db[.gz]): nothing was restored"
+                % (profile, backup_dir, profile)
+            )
+        return found[0][0]
+    path = backup if os.path.isabs(backup) else os.path.join(backup_dir, backup)
+    name = os.path.basename(path)
+    if name.startswith(".") or ".partial" in name:
+        raise MaintenanceError("%s is an unfinished backup (a hidden .partial file): refused" % path)
+    parsed = parse_backup_name(name)
+    if parsed is None:
+        raise MaintenanceError(
+            "%s is not a whole-file backup of this collection (hermes-ops_<profile>_<time>.db[.gz]): refused; "
+            "an archive (hermes-ops-archive_*.db) is given as archive" % path
+        )
+    if parsed[0] != profile:
+        raise MaintenanceError(
+            "%s is a backup of profile %s, not of %s: refused; sessions go back only into the profile they came from"
+            % (path, parsed[0], profile)
+        )
+    if not os.path.lexists(path):
+        raise MaintenanceError("backup %s does not exist: check the name and backup_dir" % path)
+    return os.path.abspath(path)
+
+
+def _gz_size(path):
+    """What a .gz decompresses to, at least (gzip's trailer holds it modulo 4 GiB)."""
+    with open(path, "rb") as handle:
+        handle.seek(-4, os.SEEK_END)
+        return max(int.from_bytes(handle.read(4), "little"), os.path.getsize(path))
+
+
+def _decompress(path, profile):
+    """``path`` (.gz) decompressed into a private directory (0700, its file 0600) beside it."""
+    backup_dir = os.path.dirname(path)
+    needed, available = _gz_size(path) + MB, free_bytes(backup_dir)
+    if available < needed:
+        raise MaintenanceError(
+            "not enough space in %s to decompress %s: it needs about %d MB, %d MB are free; nothing was restored"
+            % (backup_dir, path, needed // MB, available // MB)
+        )
+    workdir = tempfile.mkdtemp(prefix=WORK_PREFIX + profile + ".", dir=backup_dir)
+    plain = os.path.join(workdir, "backup.db")
+    try:
+        _unpack(path, plain)
+    except (OSError, EOFError, zlib.error) as exc:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise MaintenanceError("cannot decompress backup %s: %s; nothing was restored" % (path, exc)) from None
+    return workdir, plain
+
+
+def _remove_leftovers(backup_dir, profile):
+    """Decompressed copies a killed restore of this profile left (we hold its lock)."""
+    pattern = re.compile(r"^%s%s\.[A-Za-z0-9_]{8}$" % (re.escape(WORK_PREFIX), re.escape(profile)))
+    try:
+        names = os.listdir(backup_dir)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(backup_dir, name)
+        if pattern.match(name) and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def opened_source(kind, path, profile):
+    """(readable plain file, info) of a verified archive (``kind`` archive) or whole-file backup
+    (``file``) of ``profile``; a decompressed copy is removed on leaving. Raises MaintenanceError."""
+    if kind == "archive":
+        info = dict(check_archive(path), kind="archive")
+        if info["profile"] not in (None, profile):
+            raise MaintenanceError(
+                "archive %s holds sessions of profile %s, not of %s: refused" % (path, info["profile"], profile)
+            )
+        yield path, info
+        return
+    _check_private(path, "backup")
+    workdir, plain = _decompress(path, profile) if path.endswith(".gz") else (None, path)
+    try:
+        try:
+            counts = db_counts(plain)
+        except MaintenanceError as exc:
+            raise MaintenanceError("backup %s is damaged or not a state.db (%s): refused" % (path, exc)) from None
+        info = {
+            "path": path,
+            "kind": "file",
+            "profile": profile,
+            "compressed": path.endswith(".gz"),
+            "created_at": float(parse_backup_name(os.path.basename(path))[1]),
+            "schema_version": counts["schema_version"],
+            "sessions": counts["sessions"],
+            "messages": counts["messages"],
+        }
+        yield plain, info
+    finally:
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def check_archive(path):
@@ -115,8 +253,207 @@ def check_archive(path):
     }
 
 
-def _schema_problems(src, dst, tables):
-    """What keeps the archive's rows from fitting state.db's tables (columns matched by name)."""
+def _live_schema_version(dst):
+    try:
+        row = dst.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    except sqlite3.Error:
+        return None
+    return row[0] if row else None
+
+
+def parse_time(value, name):
+    """Unix seconds, or an ISO 8601 date or date and time (UTC unless it names a zone); None stays None."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text)
+    except ValueError:
+        raise MaintenanceError(
+            "%s: %r is neither unix seconds nor an ISO 8601 date or time (2026-11-24, 2026-11-24T13:00:00Z)"
+            % (name, value)
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return when.timestamp()
+
+
+def selection(sessions=None, active_after=None, active_before=None, sources=None, match=None):
+    """The sessions asked for, every criterion given combined with AND (None: not asked)."""
+    sel = {
+        "sessions": list(sessions) if sessions is not None else None,
+        "active_after": parse_time(active_after, "active_after"),
+        "active_before": parse_time(active_before, "active_before"),
+        "sources": list(sources) if sources else None,
+        "match": match or None,
+    }
+    if None not in (sel["active_after"], sel["active_before"]) and sel["active_after"] >= sel["active_before"]:
+        raise MaintenanceError(
+            "active_after (%s) is not before active_before (%s): no session can be in that window"
+            % (active_after, active_before)
+        )
+    return sel
+
+
+def _active_in(s, after, before):
+    """The session's span (started .. last activity) touches [after, before)."""
+    if not isinstance(s.started, (int, float)):
+        return False
+    last = s.last if isinstance(s.last, (int, float)) else s.started
+    return (after is None or last >= after) and (before is None or s.started < before)
+
+
+def _matching(src, text):
+    """Sessions whose title contains ``text``, or a message of which the file's own FTS index
+    finds as a phrase; the note says when there is no usable index (titles only)."""
+    found = set()
+    if "title" in columns(src, "sessions"):
+        like = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        found |= {r[0] for r in src.execute("SELECT id FROM sessions WHERE title LIKE ? ESCAPE '\\'", (like,))}
+    try:
+        rows = src.execute(
+            "SELECT DISTINCT session_id FROM messages WHERE id IN "
+            "(SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?)",
+            ('"%s"' % text.replace('"', '""'),),
+        ).fetchall()
+    except sqlite3.Error as exc:
+        return found, "no usable full-text index in the source (messages_fts: %s): match looked at titles only" % exc
+    return found | {r[0] for r in rows}, None
+
+
+def _select(src, held, scope, sel):
+    chosen = set(scope)
+    if sel["sessions"] is not None:
+        chosen &= set(sel["sessions"])
+    if sel["active_after"] is not None or sel["active_before"] is not None:
+        chosen = {sid for sid in chosen if _active_in(held[sid], sel["active_after"], sel["active_before"])}
+    if sel["sources"]:
+        chosen = {sid for sid in chosen if held[sid].source in sel["sources"]}
+    note = None
+    if sel["match"]:
+        matched, note = _matching(src, sel["match"])
+        chosen &= matched
+    return chosen, note
+
+
+def _present(dst, ids):
+    """Which of ``ids`` state.db has, a statement (a short read) per ID_CHUNK."""
+    ids, found = sorted(ids), set()
+    for start in range(0, len(ids), ID_CHUNK):
+        chunk = ids[start : start + ID_CHUNK]
+        found |= {
+            r[0] for r in dst.execute("SELECT id FROM sessions WHERE id IN (%s)" % ",".join("?" * len(chunk)), chunk)
+        }
+    return found
+
+
+def _held_sessions(src, what, path):
+    lacking = [c for c in REQUIRED_COLUMNS["sessions"] if c not in columns(src, "sessions")]
+    if lacking:
+        raise MaintenanceError(
+            "%s %s has no sessions.%s: not a Hermes state.db this collection knows; nothing was restored"
+            % (what, path, ", ".join(lacking))
+        )
+    schema = {
+        "session_columns": set(columns(src, "sessions")),
+        "tables": {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")},
+    }
+    return load_sessions(src, schema, time.time())
+
+
+def plan_session_restore(
+    db_path, archive_path, session_ids=None, busy_timeout=BUSY_TIMEOUT, select=None, info=None, pending=()
+):
+    """What restoring the sessions chosen from an archive or backup would do; reads only.
+
+    ``archive_path``: the archive, or a whole-file backup's plain file with its ``info``
+    (``opened_source``). ``session_ids`` / ``select`` (``selection``): which sessions (none
+    given: every session of an archive); with each chosen session, the sessions the prune took
+    with it. From a backup only sessions state.db lacks are listed, and those of ``pending`` (an
+    unfinished restore from the same backup). Returns {"archive" or "backup", "db_schema_version",
+    "sessions": [{"id", "present", "messages_archived", "messages_missing", "rows_missing" (of
+    the other tables tied to it), "orphaned"}] (parents first, as they are restored),
+    "sessions_restored", "sessions_present", "messages_restored", "rows_restored", "orphaned",
+    "changed", "notes"}.
+    """
+    info = info or dict(check_archive(archive_path), kind="archive")
+    archive = info["kind"] == "archive"
+    what = "archive" if archive else "backup"
+    sel = dict(select or selection())
+    if session_ids is not None:
+        sel["sessions"] = list(session_ids)
+    if not archive and sel == selection():
+        raise MaintenanceError(
+            "name what to bring back from backup %s (sessions, active_after/active_before, sources, match): "
+            "a whole-file backup also holds sessions deleted on purpose; list_missing shows what it holds; "
+            "nothing was restored" % info["path"]
+        )
+    src = sqlite3.connect(sqlite_uri(archive_path, mode="ro", immutable="1"), uri=True, isolation_level=None)
+    live = ReadOnlyDB(db_path, busy_timeout)  # creates no file beside state.db, takes no lock between statements
+    dst = live.conn
+    try:
+        if archive:
+            scope = [r[0] for r in src.execute("SELECT id FROM archive_sessions ORDER BY seq DESC")]
+        else:
+            scope = [r[0] for r in src.execute("SELECT id FROM sessions")]
+        unknown = sorted(set(sel["sessions"] or ()) - set(scope))
+        if unknown:
+            raise MaintenanceError(
+                "%s %s does not hold session(s) %s (it holds %d sessions; %s); nothing was restored"
+                % (
+                    what,
+                    info["path"],
+                    ", ".join(unknown[:5]),
+                    len(scope),
+                    "list them with check mode and no sessions given" if archive else "list_missing shows them",
+                )
+            )
+        live_version = _live_schema_version(dst)
+        if info["schema_version"] and live_version and info["schema_version"] > live_version:
+            raise MaintenanceError(
+                "%s %s was taken from schema_version %d, state.db is at %d (an older Hermes): refused; "
+                "upgrade Hermes (it migrates state.db) first"
+                % (what, info["path"], info["schema_version"], live_version)
+            )
+        referencing, _referenced = related_tables(src)
+        problems = _schema_problems(src, dst, ["sessions"] + [t for t, _c in referencing[:1]], what)
+        if problems:
+            raise MaintenanceError(
+                "%s %s does not fit %s: %s; nothing was restored" % (what, info["path"], db_path, "; ".join(problems))
+            )
+        held = _held_sessions(src, what, info["path"])
+        chosen, note = _select(src, held, scope, sel)
+        taken = taken_along(chosen, held) & set(scope)
+        present = _present(dst, taken)
+        if archive:
+            wanted = [sid for sid in scope if sid in taken]
+            untouched = 0
+        else:  # what state.db has is never touched, but what an unfinished restore is putting back
+            wanted = parents_first((taken - present) | (taken & set(pending)), held)
+            untouched = len(taken & present - set(pending))
+        # Rows of the other tables tied to a session (session_model_usage): a restore cut short
+        # after a session's messages went back may still lack them.
+        others = [(t, c) for t, c in referencing[1:] if _schema_problems(src, dst, [t], what) == []]
+        sessions = [_plan_one(src, dst, sid, set(wanted), others) for sid in wanted]
+    except sqlite3.OperationalError as exc:
+        raise MaintenanceError("%s could not be read: %s; nothing was restored" % (db_path, exc)) from None
+    finally:
+        src.close()
+        live.close()
+    plan = {what: info, "db_schema_version": live_version, "sessions": sessions, "notes": [note] if note else []}
+    plan.update(_totals(sessions))
+    plan["sessions_present"] += untouched
+    return plan
+
+
+def _schema_problems(src, dst, tables, what="archive"):
+    """What keeps the source's rows from fitting state.db's tables (columns matched by name)."""
     problems = []
     for table in tables:
         live = dst.execute('SELECT name, "notnull", dflt_value, pk FROM pragma_table_info(?)', (table,)).fetchall()
@@ -127,64 +464,8 @@ def _schema_problems(src, dst, tables):
         needed = [name for name, notnull, default, pk in live if notnull and default is None and not pk]
         lacking = [name for name in needed if name not in archived]
         if lacking:
-            problems.append("%s.%s (NOT NULL, no default) is not in the archive" % (table, ", ".join(lacking)))
+            problems.append("%s.%s (NOT NULL, no default) is not in the %s" % (table, ", ".join(lacking), what))
     return problems
-
-
-def _live_schema_version(dst):
-    try:
-        row = dst.execute("SELECT MAX(version) FROM schema_version").fetchone()
-    except sqlite3.Error:
-        return None
-    return row[0] if row else None
-
-
-def plan_session_restore(db_path, archive_path, session_ids=None, busy_timeout=BUSY_TIMEOUT):
-    """What restoring ``session_ids`` (None: all) from the archive would do; reads only.
-
-    Returns {"archive", "db_schema_version", "sessions": [{"id", "present", "messages_archived",
-    "messages_missing", "rows_missing" (of the other tables tied to it), "orphaned"}] (parents
-    first, as they are restored), "sessions_restored", "sessions_present", "messages_restored",
-    "rows_restored", "orphaned", "changed"}.
-    """
-    info = check_archive(archive_path)
-    src = sqlite3.connect(sqlite_uri(archive_path, mode="ro", immutable="1"), uri=True, isolation_level=None)
-    live = ReadOnlyDB(db_path, busy_timeout)  # creates no file beside state.db, takes no lock between statements
-    dst = live.conn
-    try:
-        known = [r[0] for r in src.execute("SELECT id FROM archive_sessions ORDER BY seq DESC")]
-        unknown = sorted(set(session_ids or ()) - set(known))
-        if unknown:
-            raise MaintenanceError(
-                "archive %s does not hold session(s) %s (it holds %d sessions; list them with check mode and no "
-                "sessions given); nothing was restored" % (archive_path, ", ".join(unknown[:5]), len(known))
-            )
-        live_version = _live_schema_version(dst)
-        if info["schema_version"] and live_version and info["schema_version"] > live_version:
-            raise MaintenanceError(
-                "archive %s was taken from schema_version %d, state.db is at %d (an older Hermes): refused; "
-                "upgrade Hermes (it migrates state.db) first" % (archive_path, info["schema_version"], live_version)
-            )
-        referencing, _referenced = related_tables(src)
-        problems = _schema_problems(src, dst, ["sessions"] + [t for t, _c in referencing[:1]])
-        if problems:
-            raise MaintenanceError(
-                "archive %s does not fit %s: %s; nothing was restored" % (archive_path, db_path, "; ".join(problems))
-            )
-        asked = None if session_ids is None else set(session_ids)
-        wanted = [sid for sid in known if asked is None or sid in asked]
-        # Rows of the other tables tied to a session (session_model_usage): a restore cut short
-        # after a session's messages went back may still lack them.
-        others = [(t, c) for t, c in referencing[1:] if _schema_problems(src, dst, [t]) == []]
-        sessions = [_plan_one(src, dst, sid, set(wanted), others) for sid in wanted]
-    except sqlite3.OperationalError as exc:
-        raise MaintenanceError("%s could not be read: %s; nothing was restored" % (db_path, exc)) from None
-    finally:
-        src.close()
-        live.close()
-    plan = {"archive": info, "db_schema_version": live_version, "sessions": sessions}
-    plan.update(_totals(sessions))
-    return plan
 
 
 def _quote(name):
@@ -206,8 +487,9 @@ def _plan_one(src, dst, sid, wanted, others):
     there = 0
     for start in range(0, len(ids), ID_CHUNK):  # each statement its own short read
         chunk = ids[start : start + ID_CHUNK]
-        there += dst.execute(
-            "SELECT COUNT(*) FROM messages WHERE id IN (%s)" % ",".join("?" * len(chunk)), chunk
+        there += dst.execute(  # by id and session: an id another session holds is not this one's message
+            "SELECT COUNT(*) FROM messages WHERE session_id = ? AND id IN (%s)" % ",".join("?" * len(chunk)),
+            [sid] + chunk,
         ).fetchone()[0]
     orphaned = (
         not present
@@ -237,44 +519,164 @@ def _totals(sessions):
     return totals
 
 
-def _work(db_path, archive_path, session_ids, check_mode, busy_timeout, pause):
-    """The restore itself, in the file owner's process; returns {"result"} or {"error"}."""
+def _pending_path(backup_dir, profile):
+    return os.path.join(backup_dir, WORK_PREFIX + profile + ".pending")
+
+
+def _read_pending(path, source):
+    """Sessions an unfinished restore from ``source`` was putting back (nothing for another source)."""
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return set()
+    return set(data.get("sessions") or ()) if isinstance(data, dict) and data.get("source") == source else set()
+
+
+def _write_pending(path, source, ids):
+    """Written (0600, fsynced) before the first write; removed once every session is complete."""
+    partial = path + ".partial"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"source": source, "sessions": sorted(ids)}, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.rename(partial, path)
+    fsync_path(os.path.dirname(path))
+
+
+def _settle_pending(path, source, pending, planned):
+    """Take the sessions ``planned`` shows complete off the list (an older killed run's others stay)."""
+    left = pending - {s["id"] for s in planned if s["present"] and not (s["messages_missing"] or s["rows_missing"])}
+    if left:
+        _write_pending(path, source, left)
+    else:
+        os.unlink(path)
+
+
+def _locked(db_path, check_mode):
+    try:
+        lock = ProfileLock(db_path, check_mode=check_mode)
+    except ProfileSkipped:
+        raise MaintenanceError(
+            "%s is held by a maintenance run (ours or Hermes's auto-maintenance): try again when it is done; "
+            "nothing was restored" % (db_path + LOCK_SUFFIX)
+        ) from None
+    try:
+        refuse_during_hermes_operation(db_path)
+    except ProfileSkipped as exc:
+        lock.release()
+        raise MaintenanceError(str(exc).replace("skipped, nothing changed", "nothing was restored")) from None
+    return lock
+
+
+def _work(db_path, source, select, check_mode, busy_timeout, pause):
+    """The restore itself, in the file owner's process; returns {"result"} or {"error"}.
+
+    ``source``: {"kind" (archive or file), "path", "profile", "backup_dir"}.
+    """
     lock = None
     try:
-        try:
-            lock = ProfileLock(db_path, check_mode=check_mode)
-        except ProfileSkipped:
-            raise MaintenanceError(
-                "%s is held by a maintenance run (ours or Hermes's auto-maintenance): try again when it is done; "
-                "nothing was restored" % (db_path + LOCK_SUFFIX)
-            ) from None
-        try:
-            refuse_during_hermes_operation(db_path)
-        except ProfileSkipped as exc:
-            raise MaintenanceError(str(exc).replace("skipped, nothing changed", "nothing was restored")) from None
-        plan = plan_session_restore(db_path, archive_path, session_ids, busy_timeout)
-        if check_mode or not plan["changed"]:
+        lock = _locked(db_path, check_mode)
+        if not check_mode:
+            _remove_leftovers(source["backup_dir"], source["profile"])
+        with opened_source(source["kind"], source["path"], source["profile"]) as (plain, info):
+            backup = source["kind"] == "file"
+            pending_path = _pending_path(source["backup_dir"], source["profile"])
+            pending = _read_pending(pending_path, source["path"]) if backup else set()
+            plan = plan_session_restore(db_path, plain, None, busy_timeout, select, info, pending)
+            if pending & {s["id"] for s in plan["sessions"]}:
+                plan["notes"].append("completes the unfinished restore listed in %s" % pending_path)
+            if check_mode or not plan["changed"]:
+                if backup and pending and not check_mode:  # killed after its last commit: nothing left to do
+                    _settle_pending(pending_path, info["path"], pending, plan["sessions"])
+                return {"result": plan}
+            wanted = [
+                s["id"] for s in plan["sessions"] if not s["present"] or s["messages_missing"] or s["rows_missing"]
+            ]
+            refuse_wal_on_shared_filesystem(db_path, "wal" if is_wal_file(db_path) else "delete")
+            if backup:
+                pending |= set(wanted)
+                _write_pending(pending_path, info["path"], pending)
+            try:
+                done = restore_sessions(
+                    db_path, plain, wanted, busy_timeout=busy_timeout, pause=pause, order=wanted if backup else None
+                )
+            except sqlite3.OperationalError as exc:
+                raise MaintenanceError(
+                    "%s: %s (held by another writer for longer than busy_timeout, %ss); what was restored stays, "
+                    "run the restore again to complete it" % (db_path, exc, busy_timeout)
+                ) from None
+            plan["done"] = done
+            plan.update({key: done[key] for key in ("sessions_restored", "messages_restored", "orphaned")})
+            after = plan_session_restore(db_path, plain, None, busy_timeout, select, info, pending)["sessions"]
+            plan["after"] = [s for s in after if s["id"] in set(wanted)] if backup else after
+            plan["rows_restored"] -= sum(s["rows_missing"] for s in plan["after"])
+            plan["changed"] = bool(done["sessions_restored"] or done["messages_restored"] or plan["rows_restored"])
+            if backup:
+                _settle_pending(pending_path, info["path"], pending, after)
             return {"result": plan}
-        wanted = [s["id"] for s in plan["sessions"] if not s["present"] or s["messages_missing"] or s["rows_missing"]]
-        refuse_wal_on_shared_filesystem(db_path, "wal" if is_wal_file(db_path) else "delete")
-        try:
-            done = restore_sessions(db_path, archive_path, wanted, busy_timeout=busy_timeout, pause=pause)
-        except sqlite3.OperationalError as exc:
-            raise MaintenanceError(
-                "%s: %s (held by another writer for longer than busy_timeout, %ss); what was restored stays, "
-                "run the restore again to complete it" % (db_path, exc, busy_timeout)
-            ) from None
-        plan["done"] = done
-        plan.update({key: done[key] for key in ("sessions_restored", "messages_restored", "orphaned")})
-        plan["after"] = plan_session_restore(db_path, archive_path, session_ids, busy_timeout)["sessions"]
-        plan["rows_restored"] -= sum(s["rows_missing"] for s in plan["after"])
-        plan["changed"] = bool(done["sessions_restored"] or done["messages_restored"] or plan["rows_restored"])
-        return {"result": plan}
     except MaintenanceError as exc:
         return {"error": str(exc)}
     finally:
         if lock is not None:
             lock.release()
+
+
+def _in_owner(db_path, fn, *args):
+    """``fn(*args)`` as the owner of state.db (a child switched to that user, as root), umask 077."""
+    owner = os.lstat(db_path).st_uid
+    old_umask = os.umask(0o077)
+    try:
+        if os.geteuid() == 0 and owner != 0:
+            outcome = run_as_owner(owner, fn, *args)
+        else:
+            outcome = fn(*args)
+    finally:
+        os.umask(old_umask)
+    if "error" in outcome:
+        raise MaintenanceError(outcome["error"])
+    return outcome["result"]
+
+
+def _profile_db(home, profile):
+    db_path = profile_path(home, profile)
+    if not os.path.isfile(db_path) or os.path.islink(db_path):
+        raise MaintenanceError("%s is not a state.db file: check hermes_home and profile" % db_path)
+    return db_path
+
+
+def restore_selected(
+    home,
+    profile,
+    archive=None,
+    backup=None,
+    select=None,
+    backup_dir=None,
+    check_mode=False,
+    busy_timeout=BUSY_TIMEOUT,
+    pause=BATCH_PAUSE,
+):
+    """Restore the sessions ``select`` (``selection``) names from an archive or a whole-file backup.
+
+    ``archive``: a path, or a file name in ``backup_dir`` (default HOME/backups); ``backup``: the
+    same for a whole-file backup, or V(newest). Exactly one of them. Returns the plan (see
+    ``plan_session_restore``) with ``db``; after a real run also ``done`` (what
+    ``restore_sessions`` did) and ``after`` (each session as it is now). Raises MaintenanceError.
+    """
+    if (archive is None) == (backup is None):
+        raise MaintenanceError("name exactly one of archive and backup to restore sessions from")
+    home = os.path.abspath(os.path.expanduser(home))
+    db_path = _profile_db(home, profile)
+    backup_dir = backups_of(home, backup_dir)
+    if archive is not None:
+        source = {"kind": "archive", "path": resolve_archive(archive, backup_dir)}
+    else:
+        source = {"kind": "file", "path": resolve_backup(backup, backup_dir, profile)}
+    source.update(profile=profile, backup_dir=backup_dir)
+    result = _in_owner(db_path, _work, db_path, source, select, check_mode, busy_timeout, pause)
+    result["db"] = db_path
+    return result
 
 
 def restore_from_archive(
@@ -287,28 +689,77 @@ def restore_from_archive(
     busy_timeout=BUSY_TIMEOUT,
     pause=BATCH_PAUSE,
 ):
-    """Restore ``session_ids`` (None: every session) of an archive into a profile's state.db.
+    """Restore ``session_ids`` (None: every session) of an archive into a profile's state.db."""
+    return restore_selected(
+        home, profile, archive=archive, select=selection(sessions=session_ids), backup_dir=backup_dir,
+        check_mode=check_mode, busy_timeout=busy_timeout, pause=pause,
+    )  # fmt: skip
 
-    ``archive``: a path, or a file name in ``backup_dir`` (default HOME/backups). Returns the
-    plan (see ``plan_session_restore``) with ``db``; after a real run also ``done`` (what
-    ``restore_sessions`` did) and ``after`` (each session as it is now). Raises MaintenanceError.
-    """
-    home = os.path.abspath(os.path.expanduser(home))
-    db_path = profile_path(home, profile)
-    if not os.path.isfile(db_path) or os.path.islink(db_path):
-        raise MaintenanceError("%s is not a state.db file: check hermes_home and profile" % db_path)
-    path = resolve_archive(archive, backups_of(home, backup_dir))
-    args = (db_path, path, list(session_ids) if session_ids is not None else None, check_mode, busy_timeout, pause)
-    owner = os.lstat(db_path).st_uid
-    old_umask = os.umask(0o077)
+
+def _missing(src, dst, scope):
+    """What ``src`` holds of ``scope`` that state.db lacks, per (UTC day it started, source)."""
+    absent = set(scope) - _present(dst, scope)
+    counts = dict(src.execute("SELECT session_id, COUNT(*) FROM messages GROUP BY session_id").fetchall())
+    groups = {}
+    for sid, source, started in src.execute("SELECT id, source, started_at FROM sessions"):
+        if sid not in absent:
+            continue
+        day = time.strftime("%Y-%m-%d", time.gmtime(started)) if isinstance(started, (int, float)) else "unknown"
+        entry = groups.setdefault((day, source), {"day": day, "source": source, "sessions": 0, "messages": 0})
+        entry["sessions"] += 1
+        entry["messages"] += counts.get(sid, 0)
+    missing = [groups[key] for key in sorted(groups, key=lambda k: (k[0], str(k[1])))]
+    return {
+        "missing": missing,
+        "sessions_missing": sum(e["sessions"] for e in missing),
+        "messages_missing": sum(e["messages"] for e in missing),
+    }
+
+
+def _list_work(db_path, backup_dir, profile, busy_timeout):
+    lock = None
     try:
-        if os.geteuid() == 0 and owner != 0:
-            outcome = run_as_owner(owner, _work, *args)
-        else:
-            outcome = _work(*args)
+        lock = _locked(db_path, True)
+        files = [("file", p, t) for p, t in list_backups(backup_dir, profile)]
+        files += [("archive", p, t) for p, t in list_archives(backup_dir, profile)]
+        files.sort(key=lambda item: item[2], reverse=True)
+        found = []
+        live = ReadOnlyDB(db_path, busy_timeout)
+        try:
+            for kind, path, _stamp in files:
+                entry = {"path": path, "kind": kind}
+                try:
+                    with opened_source(kind, path, profile) as (plain, info):
+                        entry.update({k: info[k] for k in ("created_at", "schema_version", "sessions", "messages")})
+                        with contextlib.closing(
+                            sqlite3.connect(sqlite_uri(plain, mode="ro", immutable="1"), uri=True)
+                        ) as src:
+                            scope = (
+                                [r[0] for r in src.execute("SELECT id FROM archive_sessions")]
+                                if kind == "archive"
+                                else [r[0] for r in src.execute("SELECT id FROM sessions")]
+                            )
+                            entry.update(_missing(src, live.conn, scope))
+                except (MaintenanceError, sqlite3.Error, OSError) as exc:
+                    entry["error"] = str(exc)  # one bad file does not hide the others
+                found.append(entry)
+        finally:
+            live.close()
+        return {"result": {"backup_dir": backup_dir, "backups": found}}
+    except MaintenanceError as exc:
+        return {"error": str(exc)}
     finally:
-        os.umask(old_umask)
-    if "error" in outcome:
-        raise MaintenanceError(outcome["error"])
-    outcome["result"]["db"] = db_path
-    return outcome["result"]
+        if lock is not None:
+            lock.release()
+
+
+def list_missing(home, profile, backup_dir=None, busy_timeout=BUSY_TIMEOUT):
+    """For every whole-file backup and archive of the profile (newest first): what it holds that
+    state.db no longer has, as {"path", "kind", "created_at", "schema_version", "sessions",
+    "messages", "missing": [{"day", "source", "sessions", "messages"}], "sessions_missing",
+    "messages_missing"} (or "error" for a file that fails the checks). Reads only."""
+    home = os.path.abspath(os.path.expanduser(home))
+    db_path = _profile_db(home, profile)
+    result = _in_owner(db_path, _list_work, db_path, backups_of(home, backup_dir), profile, busy_timeout)
+    result["db"] = db_path
+    return result

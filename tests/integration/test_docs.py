@@ -42,15 +42,21 @@ MODULE_OPTIONS = {
     },
     "session_restore": {
         "hermes_home": {"type": "path"},
-        "archive": {"type": "str", "required": True},
+        "archive": {"type": "str"},  # one of archive and backup (issue 25): neither is required alone
+        "backup": {"type": "str"},
         "sessions": {"type": "list"},
+        "active_after": {"type": "str"},
+        "active_before": {"type": "str"},
+        "sources": {"type": "list"},
+        "match": {"type": "str"},
+        "list_missing": {"type": "bool", "default": False},
     },
 }
 MODULE_RETURNS = {
     "session_maintenance": ["profiles", "summary", "failed_profiles"],
     "state_db_info": ["profiles"],
     "state_db_restore": ["restored", "backup"],
-    "session_restore": ["archive", "sessions", "sessions_restored", "messages_restored"],
+    "session_restore": ["archive", "backup", "sessions", "sessions_restored", "messages_restored", "backups", "notes"],
 }
 ROLE = "session_maintenance"
 ROLE_OPTIONS = [

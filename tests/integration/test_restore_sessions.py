@@ -232,3 +232,69 @@ def test_restore_sessions_as_root_writes_only_the_users_files(ansible_playbook):
         assert os.path.exists(db + ".auto-maintenance.lock")
         assert files_not_owned_by(home, uid) == []
         assert db_problems(db) == []
+
+
+def test_undo_a_prune_from_a_whole_file_backup_with_the_playbook(ansible_playbook, tmp_path):
+    """No holder at the prune, so a gzipped whole-file backup; the listing, then a source back, --check first."""
+    home = tmp_path / "home"
+    db = str(make_big_rollback_home(home, 24, 4, seed=11))
+    options = {"hermes_home": [str(home)], "allow_unknown_schema": True, "backup_compress": True}
+    profile = run_maintenance(options)["profiles"][0]
+    assert profile["backup"]["kind"] == "file" and profile["backup"]["compressed"], profile["backup"]
+    backup = profile["backup"]["path"]
+    play = {"hermes_restore_home": str(home), "hermes_maintenance_become": False}
+
+    rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=dict(play, hermes_restore_list=True))
+    assert rc == 0, getattr(out, "text", out)
+    listed = out.result("List what the backups hold that state.db no longer has")
+    assert listed["_status"] == "ok" and listed["changed"] is False
+    (entry,) = listed["backups"]
+    assert entry["path"] == backup and entry["sessions_missing"] == profile["sessions_pruned"] == 12
+    assert entry["messages_missing"] == profile["messages_pruned"]
+    assert listed["listing"][0].startswith("%s (file): 12 session(s)" % os.path.basename(backup))
+    assert out.result("Result")["msg"][0] == listed["msg"] and listed["msg"].endswith(
+        "holds 12 session(s) (%d messages) that state.db no longer has" % profile["messages_pruned"]
+    )
+    by_source = {}
+    for e in entry["missing"]:
+        by_source[e["source"]] = by_source.get(e["source"], 0) + e["sessions"]
+    source = max(by_source, key=by_source.get)
+
+    chosen = dict(play, hermes_restore_backup="newest", hermes_restore_sources=[source])
+    beside = sorted(os.listdir(str(home))), sorted(os.listdir(os.path.dirname(backup)))
+    rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=chosen, check=True, diff=True)
+    assert rc == 0, getattr(out, "text", out)
+    assert (sorted(os.listdir(str(home))), sorted(os.listdir(os.path.dirname(backup)))) == beside  # nothing left
+    predicted = out.result("Restore the sessions")
+    assert predicted["_status"] == "changed" and predicted["sessions_restored"] == by_source[source]
+    assert predicted["backup"]["path"] == backup and predicted["backup"]["compressed"] is True
+    assert predicted["diff"]["before"].count(": absent\n") == by_source[source]
+    assert predicted["msg"].startswith("would restore %d session(s)" % by_source[source])
+    assert not session_ids(db) & {s["id"] for s in predicted["sessions"]}
+
+    rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=chosen)
+    assert rc == 0, getattr(out, "text", out)
+    done = out.result("Restore the sessions")
+    assert done["_status"] == "changed"
+    for key in ("sessions_restored", "messages_restored", "orphaned"):
+        assert done[key] == predicted[key], key
+    assert {s["id"] for s in predicted["sessions"]} <= session_ids(db)
+    rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=chosen)
+    assert rc == 0, getattr(out, "text", out)
+    again = out.result("Restore the sessions")
+    assert again["_status"] == "ok" and again["sessions_restored"] == again["messages_restored"] == 0
+    # Every session of that source is there now: those restored, and those the prune kept (never touched).
+    assert again["sessions_present"] == query(db, "SELECT COUNT(*) FROM sessions WHERE source = ?", source)[0][0]
+
+    # The operator's mistakes fail at once, naming the variables.
+    for wrong in ({}, {"hermes_restore_backup": "newest", "hermes_restore_archive": "x.db"},
+                  {"hermes_restore_list": True, "hermes_restore_backup": "newest"}):  # fmt: skip
+        rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=dict(play, **wrong))
+        assert rc != 0 and "Set exactly one of hermes_restore_archive" in getattr(out, "text", out), wrong
+    rc, out = ansible_playbook(
+        "playbooks/restore_sessions.yml",
+        extra_vars=dict(play, hermes_restore_list=True, hermes_restore_sources=["cli"]),
+    )
+    assert rc != 0 and "restores nothing: leave hermes_restore_sources out" in getattr(out, "text", out)
+    assert db_problems(db) == []
+    assert [n for n in os.listdir(os.path.dirname(backup)) if n.startswith(".hermes-ops-restore_")] == []
