@@ -5,10 +5,12 @@
 #   make live-full-delete   test_live_rollback.py at full size: 120k messages, a real 0.22.2 SessionDB
 #                           appending every 20 ms in DELETE mode through a whole run (prunes 60k)
 #   make bench-rollback     bench/run.py --rollback: 0.22.2's own prune vs ours in DELETE mode at
-#                           50k / 200k / 800k messages; writes its section of docs/benchmarks.md
+#                           50k / 200k / 800k messages; writes bench/results/delete-0.22.json and
+#                           rewrites docs/benchmarks.md (the venv of mk/bench.mk's bench-setup)
 #                           (run it under `flock /tmp/hermes-host.lock` on a shared machine)
 #   make bench-current-wal  bench/run.py --current-wal: the same rows in WAL mode, on Debian sid's
-#                           libsqlite3 3.53.4 (free of the WAL-reset bug; scripts/build_sqlite.sh)
+#                           libsqlite3 3.53.4 (free of the WAL-reset bug; scripts/build_sqlite.sh);
+#                           writes bench/results/wal-0.22.json and rewrites docs/benchmarks.md
 
 ROLLBACK_BENCH_ARGS ?=
 
@@ -18,9 +20,9 @@ live-full-delete: $(STAMP) collection-link ## live test in DELETE mode at full s
 	@HERMES_LIVE_SIZE=full bash scripts/pytest.sh $(BIN)/pytest tests/unit/plugins/module_utils/test_live_rollback.py \
 		-m "" $(PYTEST_ARGS)
 
-bench-rollback: $(STAMP) collection-link ## DELETE-mode bench rows: 0.22.2 prune vs ours (writes its section of docs/benchmarks.md)
-	$(BIN)/python bench/run.py --rollback $(ROLLBACK_BENCH_ARGS)
+bench-rollback: $(STAMP) collection-link bench-setup ## DELETE-mode bench: 0.22.2 prune vs ours (rewrites docs/benchmarks.md)
+	$(BENCH_PY) bench/run.py --rollback $(ROLLBACK_BENCH_ARGS)
 
-bench-current-wal: $(STAMP) collection-link ## WAL-mode bench rows on a fixed SQLite: 0.22.2 prune vs ours (writes its section)
+bench-current-wal: $(STAMP) collection-link bench-setup ## WAL-mode bench on a fixed SQLite: 0.22.2 prune vs ours (rewrites the page)
 	@lib=$$(bash scripts/build_sqlite.sh sid | tail -n 1) && LD_LIBRARY_PATH=$$lib \
-		$(BIN)/python bench/run.py --current-wal $(ROLLBACK_BENCH_ARGS)
+		$(BENCH_PY) bench/run.py --current-wal $(ROLLBACK_BENCH_ARGS)
