@@ -38,27 +38,36 @@ def files(docs):
         if found:
             out.append(
                 (
-                    "latency-%s.png" % doc["mode"],
+                    "latency-%s.png" % doc["name"],
                     "%s, %s messages: the writer's latency over time during each run" % (LABELS[doc["mode"]], found[0]),
                 )
             )
     return out
 
 
+def by_mode(docs):
+    """{mode: every row of its results documents} (a --label run's sizes join its mode's curves)."""
+    out = {}
+    for doc in docs:
+        out.setdefault(doc["mode"], []).extend(doc["rows"])
+    return out
+
+
 def _by_size_panels(docs, title, ylabel, value, log=False, target=None):
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(docs), figsize=(4.2 * len(docs), 3.4), squeeze=False)
-    for ax, doc in zip(axes[0], docs):
+    modes = by_mode(docs)
+    fig, axes = plt.subplots(1, len(modes), figsize=(4.2 * len(modes), 3.4), squeeze=False)
+    for ax, (mode, mode_rows) in zip(axes[0], modes.items()):
         kinds = {}
-        for r in doc["rows"]:
+        for r in mode_rows:
             kinds.setdefault(r["kind"], []).append(r)
         for kind, rows in kinds.items():
             rows = sorted(rows, key=lambda r: parse_size(r["size"]))
             xs = [parse_size(r["size"]) / 1000 for r in rows]
-            style = "--" if kind == MODES[doc["mode"]]["hermes"] else "-"
+            style = "--" if kind == MODES[mode]["hermes"] else "-"
             ax.plot(xs, [value(r) for r in rows], style, marker="o", label=kind)
-        hermes = sorted(kinds[MODES[doc["mode"]]["hermes"]], key=lambda r: parse_size(r["size"]))
+        hermes = sorted(kinds[MODES[mode]["hermes"]], key=lambda r: parse_size(r["size"]))
         if target == "rows_ratio":  # the target follows the release's own rate, measured beside ours
             xs = [parse_size(r["size"]) / 1000 for r in hermes]
             ax.plot(xs, [TARGETS["rows_ratio"] * r["rows_s"] for r in hermes], ":", color="red",
@@ -73,7 +82,7 @@ def _by_size_panels(docs, title, ylabel, value, log=False, target=None):
             ax.set_yscale("log")
         else:
             ax.set_ylim(bottom=0)
-        ax.set_title(LABELS[doc["mode"]], fontsize=10)
+        ax.set_title(LABELS[mode], fontsize=10)
         ax.set_xlabel("messages in the file")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
@@ -123,7 +132,7 @@ def draw(docs, out_dir):
         ),
     }
     for doc in docs:
-        figures["latency-%s.png" % doc["mode"]] = lambda doc=doc: _latency(doc)
+        figures["latency-%s.png" % doc["name"]] = lambda doc=doc: _latency(doc)
     written = []
     for name, _caption in files(docs):
         fig = figures[name]()

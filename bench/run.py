@@ -34,6 +34,9 @@ def parse_args(argv):
     parser.add_argument("--results", default=str(RESULTS), help="where <mode>.json is written (bench/results)")
     parser.add_argument("--plots", default=str(PLOTS), help="where the page's PNGs are written (docs/benchmarks)")
     parser.add_argument("--no-out", action="store_true", help="print only, write neither results nor the page")
+    parser.add_argument(
+        "--label", default="", help="results in <mode>-<label>.json beside the mode's own (make bench-large: large)"
+    )
     parser.add_argument("--no-inc", action="store_true", help="skip the ours-inc runs (0.19.0)")
     parser.add_argument("--sweep", action="store_true", help="also the batch_size x batch_pause x batch_time grid")
     parser.add_argument("--sweep-size", default="50k")
@@ -89,16 +92,17 @@ def main(argv=None):
     why = refusal(mode, args)
     if why:
         sys.exit(why)
-    doc = runs.measure(mode, args, argv)
+    name = mode + ("-" + args.label if args.label else "")
+    doc = runs.measure(mode, args, argv, name)
     print()
     print(report.console(doc))
     print("load average before %s, after %s" % (doc["load_before"], load_average()))
     if not args.no_out:
         results = Path(args.results)
         results.mkdir(parents=True, exist_ok=True)
-        (results / (mode + ".json")).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        (results / (name + ".json")).write_text(json.dumps(doc, indent=1, default=str) + "\n")
         report.write(results, Path(args.out), Path(args.plots))
-        print("wrote %s and rewrote %s from %s" % (results / (mode + ".json"), args.out, results))
+        print("wrote %s and rewrote %s from %s" % (results / (name + ".json"), args.out, results))
     print("(bench driver peak RSS %.0f MB)" % (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0))
     return 1 if report.missed([doc]) else 0
 

@@ -27,7 +27,7 @@ import time
 
 from bench import report
 from bench.common import MODES, collections_root, load_average, machine, parse_size, size_label
-from bench.datasets import base_db, control_db, count_messages, fresh_home
+from bench.datasets import GENERATED, base_db, control_db, count_messages, fresh_home
 from bench.writer import appended, longest_lock, transactions, with_writer
 from hermes_fixtures import hermes_python
 
@@ -376,8 +376,8 @@ def sweep(mode, workdir, n, grid, reps=1):
     return [dict(sweep_point(*point, runs), runs=runs) for point, runs in raw.items()]
 
 
-def measure(mode, args, argv):
-    """The whole bench of ``mode`` as its results document (what bench/results/<mode>.json holds)."""
+def measure(mode, args, argv, name=None):
+    """The whole bench of ``mode`` as its results document (what bench/results/<name>.json holds)."""
     sys.path.insert(0, collections_root())
     from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import DEFAULTS
 
@@ -385,6 +385,7 @@ def measure(mode, args, argv):
     workdir.mkdir(parents=True, exist_ok=True)
     doc = {
         "mode": mode,
+        "name": name or mode,
         "command": ("python bench/run.py " + " ".join(argv)).strip(),
         "machine": machine(),
         "load_before": load_average(),
@@ -401,5 +402,5 @@ def measure(mode, args, argv):
     if args.sweep:
         grid = parse_grid(args.grid or (WAL_GRID if mode == "wal-0.19" else ROLLBACK_GRID), DEFAULTS["batch_time"])
         sweep_rows = sweep(mode, workdir, parse_size(args.sweep_size), grid, args.reps)
-    doc.update(finished=time.time(), load_after=load_average(), rows=rows, sweep=sweep_rows)
+    doc.update(finished=time.time(), load_after=load_average(), rows=rows, sweep=sweep_rows, generated=dict(GENERATED))
     return doc

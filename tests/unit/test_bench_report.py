@@ -73,6 +73,15 @@ def test_a_new_run_rewrites_the_page_and_draws_every_plot(docs, tmp_path):
         }
     doc["rows"][-1]["worst"] = TARGETS["stall"] + 0.1  # ours at 800k now misses the stall target
     (results / "delete-0.22.json").write_text(json.dumps(doc))
+    # make bench-large's results (--label large): its rows join the mode's curves, its time per GB
+    # is set against the 800k file's (here 9.25x the file in 1.5 x 9.25x the time: 1.5x, missed)
+    large = json.loads((RESULTS / "delete-0.22.json").read_text())
+    large.update(rows=[dict(r, size="7400k") for r in large["rows"] if r["size"] == "800k"], sweep=[])
+    ours = large["rows"][1]
+    ours["wall"] *= 9.25 * 1.5
+    ours["backup_cmp"] = dict(ours["backup_cmp"], bytes=ours["backup_cmp"]["bytes"] * 9.25)
+    large["generated"] = {"rollback-base-7400000": 900.0}
+    (results / "delete-0.22-large.json").write_text(json.dumps(large))
     page_path = tmp_path / "docs" / "benchmarks.md"
     page_path.parent.mkdir()
     written = report.write(results, page_path, tmp_path / "docs" / "benchmarks")
@@ -84,4 +93,9 @@ def test_a_new_run_rewrites_the_page_and_draws_every_plot(docs, tmp_path):
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10000, name
         assert "(benchmarks/%s)" % name in text
     assert "| 0.22.2 DELETE | 800k | ours | 350 ms: MISSED by 100 ms |" in text
+    assert "| 0.22.2 DELETE (large) | 7400k | ours | 189 ms: met |" in text
+    assert "## Hermes 0.22.2, rollback-journal mode, large file (`make bench-large`)" in text
+    assert "(generated this run: rollback-base-7400000 in 900 s)" in text
+    assert ": 1.50x: MISSED by 0.20x (target <= 1.3x)." in text
+    assert (results / "delete-0.22-large.md").exists()
     assert (results / "delete-0.22.md").read_text().startswith("# Hermes 0.22.2, rollback-journal mode")
