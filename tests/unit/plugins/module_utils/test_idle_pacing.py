@@ -47,7 +47,7 @@ def test_another_connections_commit_resets_the_pacing(tmp_path, journal):
         ours.execute("COMMIT")
         pacing.observe()
 
-    for _ in range(IDLE_STREAK - 1):
+    for _step in range(IDLE_STREAK - 1):
         our_transaction()
         assert (pacing.bound(), pacing.pause(0.06)) == (0.06, 0.08)  # not idle for long enough yet
     our_transaction()
@@ -69,7 +69,7 @@ def test_another_connections_commit_resets_the_pacing(tmp_path, journal):
     for bound, pause, held, want in ((0.0, 0.03, 0.06, (0.0, 0.03)), (0.2, 0.01, 0.2, (0.2, 0.01))):
         conn = sqlite3.connect(db, isolation_level=None)
         pacing = IdlePacing(conn, bound, pause)
-        for _ in range(IDLE_STREAK + 2):
+        for _step in range(IDLE_STREAK + 2):
             pacing.observe()
         assert (pacing.bound(), pacing.pause(held)) == want
         conn.close()
