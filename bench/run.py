@@ -43,6 +43,13 @@ def parse_args(argv):
     parser.add_argument("--runs", type=int, default=3, help="rounds of the main runs per size (medians)")
     parser.add_argument("--reps", type=int, default=2, help="repeats of every sweep point (round robin)")
     parser.add_argument("--opts", default=None, help="JSON engine options for the ours runs (exploration only)")
+    parser.add_argument(
+        "--writer-interval",
+        type=float,
+        default=0.02,
+        help="seconds between the live writer's appends; 3600: a gateway that holds the file but does not write "
+        "(make bench-idle)",
+    )
     parser.add_argument("--rollback", action="store_true", help="Hermes 0.22.2 in journal_mode=DELETE instead")
     parser.add_argument(
         "--current-wal",

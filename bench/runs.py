@@ -143,24 +143,25 @@ def run_child(cmd, env=None, cwd=None):
     return result, result["vmhwm_kb"] / 1024.0
 
 
-def run_hermes(mode, workdir, home):
+def run_hermes(mode, workdir, home, interval=0.02):
     """The release's own prune on ``home`` beside the live writer."""
     release = MODES[mode]["release"]
     env = dict(os.environ, HERMES_HOME=str(home))
     env.pop("PYTHONPATH", None)
     msgs = count_messages(home / "state.db")
     cmd = [hermes_python(release), "-c", HERMES_CODE, str(home), release]
-    result, rss, stats = with_writer(home, release, control_db(workdir, mode), lambda: run_child(cmd, env))
+    result, rss, stats = with_writer(home, release, control_db(workdir, mode), lambda: run_child(cmd, env), interval)
     result["messages_pruned"] = msgs - count_messages(home / "state.db") + appended(home)
     return result, rss, stats
 
 
-def run_ours(mode, workdir, home, opts=None):
+def run_ours(mode, workdir, home, opts=None, interval=0.02):
     """``run_maintenance`` on ``home`` beside the live writer (the engine's defaults, then ``opts``)."""
     options = dict(EXTRA_OPTS[mode], hermes_home=[str(home)])
     options.update(opts or {})
     cmd = [sys.executable, "-c", OURS_CODE, collections_root(), json.dumps(options)]
-    result, rss, stats = with_writer(home, MODES[mode]["release"], control_db(workdir, mode), lambda: run_child(cmd))
+    control = control_db(workdir, mode)
+    result, rss, stats = with_writer(home, MODES[mode]["release"], control, lambda: run_child(cmd), interval)
     if result["status"] != "ok":
         raise RuntimeError("our run failed: %s" % result["error"])
     return result, rss, stats
@@ -213,17 +214,24 @@ def writing_worst(row):
     return max([row["phases"][p]["max"] for p in WRITING_PHASES if row["phases"].get(p, {}).get("max")] or [0.0])
 
 
+def worst_of(values):
+    """The largest of ``values`` that are figures (None: no append started in that window, as
+    beside a gateway that does not write); None when there is none."""
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
 def combine(reps):
     """The run with the median rows/s stands for its kind; stalls are the worst over all runs."""
     reps = sorted(reps, key=lambda r: r["rows_s"] or 0)
     row = dict(reps[len(reps) // 2])
     row["runs"] = len(reps)
     row["rows_s_all"] = [r["rows_s"] for r in reps]
-    row["worst"] = max(r["worst"] for r in reps)
+    row["worst"] = worst_of(r["worst"] for r in reps)
     row["failed"] = sum(r["failed"] for r in reps)
     row["file_problems"] = [p for r in reps for p in r["file_problems"]]
     row["writing_worst"] = max(writing_worst(r) for r in reps)
-    row["control_worst"] = max(r["control_worst"] for r in reps)
+    row["control_worst"] = worst_of(r["control_worst"] for r in reps)
     row["rss"] = max(r["rss"] for r in reps)
     # Every round's phases: the worst stall may fall in a round other than the median one.
     row["rounds"] = [
@@ -233,7 +241,7 @@ def combine(reps):
     return row
 
 
-def bench_size(mode, workdir, n, runs=3, include_inc=True, opts=None):
+def bench_size(mode, workdir, n, runs=3, include_inc=True, opts=None, interval=0.02):
     """``runs`` rounds of the release's prune / ours (/ ours-inc), alternating; then the backup against cp."""
     spec = MODES[mode]
     size = size_label(n)
@@ -242,14 +250,14 @@ def bench_size(mode, workdir, n, runs=3, include_inc=True, opts=None):
     reps = {spec["hermes"]: [], "ours": [], "ours-inc": []}
     for round_ in range(1, runs + 1):
         print("[%s %s] round %d/%d: %s's own prune ..." % (size, mode, round_, runs, spec["release"]), flush=True)
-        res = run_hermes(mode, workdir, fresh_home(workdir, "run-hermes", base))
+        res = run_hermes(mode, workdir, fresh_home(workdir, "run-hermes", base), interval)
         reps[spec["hermes"]].append(row_for(spec["hermes"], *res, size))
         print("[%s %s] round %d/%d: ours (defaults) ..." % (size, mode, round_, runs), flush=True)
-        res = run_ours(mode, workdir, fresh_home(workdir, "run-ours", base), opts)
+        res = run_ours(mode, workdir, fresh_home(workdir, "run-ours", base), opts, interval)
         reps["ours"].append(row_for("ours", *res, size))
         if inc:
             print("[%s %s] round %d/%d: ours on an auto_vacuum=INCREMENTAL copy ..." % (size, mode, round_, runs))
-            res = run_ours(mode, workdir, fresh_home(workdir, "run-ours-inc", inc), opts)
+            res = run_ours(mode, workdir, fresh_home(workdir, "run-ours-inc", inc), opts, interval)
             reps["ours-inc"].append(row_for("ours-inc", *res, size))
         for name in ("run-hermes", "run-ours", "run-ours-inc"):
             shutil.rmtree(workdir / name, ignore_errors=True)
@@ -322,7 +330,8 @@ def sweep_point(batch_size, pause, batch_time, runs):
     """One grid point: medians of its runs (max = the worst single stall)."""
 
     def med(key):
-        return statistics.median(r[key] for r in runs)
+        values = [r[key] for r in runs if r[key] is not None]
+        return statistics.median(values) if values else None
 
     return {
         "batch_size": batch_size,
@@ -334,7 +343,7 @@ def sweep_point(batch_size, pause, batch_time, runs):
         "ratio": med("ratio"),
         "prune_s": med("prune_s"),
         "worst": med("worst"),
-        "worst_max": max(r["worst"] for r in runs),
+        "worst_max": worst_of(r["worst"] for r in runs),
         "p99": med("p99"),
         "failed": sum(r["failed"] for r in runs),
         "control_worst": med("control_worst"),
@@ -342,7 +351,7 @@ def sweep_point(batch_size, pause, batch_time, runs):
     }
 
 
-def sweep(mode, workdir, n, grid, reps=1):
+def sweep(mode, workdir, n, grid, reps=1, interval=0.02):
     """Each grid point ``reps`` times, round robin (so load swings hit every point alike); medians.
     Prune phase only, backup off; the release's prune on its own copy right before each point."""
     base = base_db(workdir, mode, n)
@@ -354,9 +363,11 @@ def sweep(mode, workdir, n, grid, reps=1):
                 % (size_label(n), mode, rep + 1, batch_size, pause, batch_time),
                 flush=True,
             )
-            hermes = row_for("hermes", *run_hermes(mode, workdir, fresh_home(workdir, "run-sweep-hermes", base)), "")
+            res = run_hermes(mode, workdir, fresh_home(workdir, "run-sweep-hermes", base), interval)
+            hermes = row_for("hermes", *res, "")
             opts = {"batch_size": batch_size, "batch_pause": pause, "batch_time": batch_time, "backup": False}
-            row = row_for("ours", *run_ours(mode, workdir, fresh_home(workdir, "run-sweep", base), opts), "")
+            res = run_ours(mode, workdir, fresh_home(workdir, "run-sweep", base), opts, interval)
+            row = row_for("ours", *res, "")
             pr = row["phases"].get("prune", {})
             one = {
                 "rows_s": row["rows_s"],
@@ -386,6 +397,7 @@ def measure(mode, args, argv, name=None):
     doc = {
         "mode": mode,
         "name": name or mode,
+        "writer_interval": args.writer_interval,
         "command": ("python bench/run.py " + " ".join(argv)).strip(),
         "machine": machine(),
         "load_before": load_average(),
@@ -396,11 +408,11 @@ def measure(mode, args, argv, name=None):
     opts = json.loads(args.opts) if args.opts else None
     rows = []
     for text in [t for t in args.sizes.split(",") if t.strip()]:
-        rows += bench_size(mode, workdir, parse_size(text), args.runs, not args.no_inc, opts)
+        rows += bench_size(mode, workdir, parse_size(text), args.runs, not args.no_inc, opts, args.writer_interval)
         print("\n".join(report.targets_table([dict(doc, rows=rows)])), flush=True)
     sweep_rows = []
     if args.sweep:
         grid = parse_grid(args.grid or (WAL_GRID if mode == "wal-0.19" else ROLLBACK_GRID), DEFAULTS["batch_time"])
-        sweep_rows = sweep(mode, workdir, parse_size(args.sweep_size), grid, args.reps)
+        sweep_rows = sweep(mode, workdir, parse_size(args.sweep_size), grid, args.reps, args.writer_interval)
     doc.update(finished=time.time(), load_after=load_average(), rows=rows, sweep=sweep_rows, generated=dict(GENERATED))
     return doc

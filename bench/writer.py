@@ -19,16 +19,17 @@ from hermes_fixtures import hermes_python
 BETWEEN = "(between phases)"
 
 
-def with_writer(home, release, control_src, run):
-    """Start the writers on home/state.db and on a copy of ``control_src``, run(), stop them;
-    return (result, rss, writer stats)."""
+def with_writer(home, release, control_src, run, interval=0.02):
+    """Start the writers on home/state.db (an append every ``interval`` seconds; 3600: a gateway
+    that holds the file but does not write) and on a copy of ``control_src`` (every 20 ms), run(),
+    stop them; return (result, rss, writer stats)."""
     db = str(home / "state.db")
     control_home = home.parent / "control"
     shutil.rmtree(control_home, ignore_errors=True)
     control_home.mkdir()
     shutil.copyfile(str(control_src), control_home / "state.db")
     python = hermes_python(release)
-    writer = WriterProcess(python, db, str(home / "writer.jsonl"), prefix="bench-w")
+    writer = WriterProcess(python, db, str(home / "writer.jsonl"), prefix="bench-w", interval=interval)
     control = WriterProcess(
         python, str(control_home / "state.db"), str(control_home / "writer.jsonl"), prefix="control"
     )
@@ -41,6 +42,8 @@ def with_writer(home, release, control_src, run):
         after = db_bytes(db)
         time.sleep(0.5)
     finally:
+        if interval >= 1:  # it waits for its next append; SIGTERM ends that wait (the stop file does not)
+            writer.proc.terminate()
         summary = writer.stop()
         control.stop()
     # Settled size: once the writers are gone, one TRUNCATE checkpoint (what Hermes does when

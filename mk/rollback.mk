@@ -15,13 +15,17 @@
 #                           0.22.2's schema, generated once (in chunks of 800k messages) into
 #                           .cache/bench-large and kept there; needs ~20 GB free (the base file,
 #                           a copy per run, the backup's copy); writes bench/results/delete-0.22-large.json
+#   make bench-idle         bench-rollback's runs beside a gateway that holds the file but does not
+#                           write (its SessionDB open, no append during the run): the idle target
+#                           (0.9x the release's rows/s); writes bench/results/delete-0.22-idle.json
 
 ROLLBACK_BENCH_ARGS ?=
 LARGE_SIZE ?= 7400k
 LARGE_WORKDIR ?= $(CURDIR)/.cache/bench-large
 LARGE_BENCH_ARGS ?=
+IDLE_BENCH_ARGS ?=
 
-.PHONY: live-full-delete bench-rollback bench-current-wal bench-large
+.PHONY: live-full-delete bench-rollback bench-current-wal bench-large bench-idle
 
 live-full-delete: $(STAMP) collection-link ## live test in DELETE mode at full size (120k messages, real 0.22.2 writer)
 	@HERMES_LIVE_SIZE=full bash scripts/pytest.sh $(BIN)/pytest tests/unit/plugins/module_utils/test_live_rollback.py \
@@ -37,3 +41,6 @@ bench-current-wal: $(STAMP) collection-link bench-setup ## WAL-mode bench on a f
 bench-large: $(STAMP) collection-link bench-setup ## bench-rollback on a ~5 GB 0.22.2 file (made once into .cache/bench-large)
 	$(BENCH_PY) bench/run.py --rollback --label large --sizes $(LARGE_SIZE) --runs 1 --workdir $(LARGE_WORKDIR) \
 		$(LARGE_BENCH_ARGS)
+
+bench-idle: $(STAMP) collection-link bench-setup ## bench-rollback beside a gateway that holds the file but does not write
+	$(BENCH_PY) bench/run.py --rollback --label idle --writer-interval 3600 --runs 2 $(IDLE_BENCH_ARGS)

@@ -82,6 +82,10 @@ def test_a_new_run_rewrites_the_page_and_draws_every_plot(docs, tmp_path):
     ours["backup_cmp"] = dict(ours["backup_cmp"], bytes=ours["backup_cmp"]["bytes"] * 9.25)
     large["generated"] = {"rollback-base-7400000": 900.0}
     (results / "delete-0.22-large.json").write_text(json.dumps(large))
+    # make bench-idle's (--writer-interval 3600): no append during the runs, the idle target for rows/s
+    quiet = json.loads((RESULTS / "delete-0.22.json").read_text())
+    quiet.update(writer_interval=3600.0, sweep=[], rows=[dict(r, worst=None, p99=None) for r in quiet["rows"]])
+    (results / "delete-0.22-idle.json").write_text(json.dumps(quiet))
     page_path = tmp_path / "docs" / "benchmarks.md"
     page_path.parent.mkdir()
     written = report.write(results, page_path, tmp_path / "docs" / "benchmarks")
@@ -94,8 +98,13 @@ def test_a_new_run_rewrites_the_page_and_draws_every_plot(docs, tmp_path):
         assert "(benchmarks/%s)" % name in text
     assert "| 0.22.2 DELETE | 800k | ours | 350 ms: MISSED by 100 ms |" in text
     assert "| 0.22.2 DELETE (large) | 7400k | ours | 189 ms: met |" in text
-    assert "## Hermes 0.22.2, rollback-journal mode, large file (`make bench-large`)" in text
-    assert "(generated this run: rollback-base-7400000 in 900 s)" in text
+    assert "## Hermes 0.22.2, rollback-journal mode, a ~5 GB file (`make bench-large`)" in text
+    assert "generated this run: rollback-base-7400000 in 900 s)." in text
     assert ": 1.50x: MISSED by 0.20x (target <= 1.3x)." in text
     assert (results / "delete-0.22-large.md").exists()
+    assert (
+        "| 0.22.2 DELETE (idle) | 800k | ours | - | - | 0: met | 0.46x: MISSED by 0.44x (idle gateway: >= 0.9x) |"
+        in text
+    )
+    assert "## Hermes 0.22.2, rollback-journal mode, beside an idle gateway (`make bench-idle`)" in text
     assert (results / "delete-0.22.md").read_text().startswith("# Hermes 0.22.2, rollback-journal mode")
