@@ -73,7 +73,7 @@ def _by_size_panels(docs, title, ylabel, value, log=False, target=None):
             ax.plot(xs, [TARGETS["rows_ratio"] * r["rows_s"] for r in hermes], ":", color="red",
                     linewidth=0.8, label="target: %.1fx the release's" % TARGETS["rows_ratio"])  # fmt: skip
         elif target is not None:
-            ax.axhline(target, color="red", linewidth=0.8, linestyle=":", label="target")
+            ax.axhline(target, color="red", linewidth=0.8, linestyle=":", label="target: %g %s" % (target, ylabel))
         ax.set_xscale("log")
         ax.minorticks_off()
         ax.set_xticks([parse_size(r["size"]) / 1000 for r in hermes])
