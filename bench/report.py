@@ -150,7 +150,7 @@ def target_cells(doc, size, kind):
         check(_ms(r["worst"]), TARGETS["stall"] * 1000, "%.0f ms", False),
         ("-" if h["worst"] is None else "%.0f ms" % (h["worst"] * 1000), True),
         ("%d: met" % failed if failed == 0 else "%d: MISSED" % failed, failed == 0),
-        ratio_cell(r["rows_s"] / h["rows_s"], idle(doc)),
+        ratio_cell(r["rows_s"] / h["rows_s"] if r["rows_s"] and h["rows_s"] else None, idle(doc)),
         check(b["ratio_fsync"] if b else None, TARGETS["backup_ratio"], "%.2fx", True),
         check(r["rss"], TARGETS["rss_mb"], "%.1f MB", False),
     ]
@@ -158,7 +158,7 @@ def target_cells(doc, size, kind):
 
 def ratio_cell(ratio, idle_gateway):
     """Beside a gateway that does not write, the target is IDLE_ROWS_RATIO (said in the cell)."""
-    if not idle_gateway:
+    if not idle_gateway or ratio is None:
         return check(ratio, TARGETS["rows_ratio"], "%.2fx", True)
     cell, met = check(ratio, IDLE_ROWS_RATIO, "%.2fx", True)
     return "%s (idle gateway: >= %.1fx)" % (cell, IDLE_ROWS_RATIO), met
