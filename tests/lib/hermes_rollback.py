@@ -7,7 +7,7 @@ _hermes_release_writer.py in init mode, under the release's venv python); the ro
 bulk INSERTed here through the release's own triggers (FTS, message_uid, display order).
 Half the sessions (by default) ended 8..90 days ago, so a 7-day prune takes them.
 
-Used by tests/unit/plugins/module_utils/test_live_rollback.py and bench/run.py.
+Used by tests/unit/plugins/module_utils/test_live_rollback.py and bench/datasets.py.
 """
 
 import json
