@@ -79,7 +79,6 @@ class PruneResult:
         self.left_alone = set()  # sessions that stopped qualifying while we worked
         self.stopped = None  # why the prune stopped before the end of its plan (the next run goes on)
         self.refused = []  # {"session", "by", "message"}: deletes Hermes's own store refused (trigger, RESTRICT)
-        self.paced_up = 0  # transactions run with a longer bound, no other connection having committed (IdlePacing)
 
     def add(self, other):
         for name in ("sessions", "messages", "orphaned", "transcripts", "prompts"):
@@ -257,7 +256,6 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
             if result.stopped:
                 break
             budget.seconds = pacing.bound()  # the hard bound stays the configured one's
-            result.paced_up += budget.seconds > bound
             batch = queue.popleft()
             began = time.monotonic()
             try:
