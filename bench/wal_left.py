@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/wal_left.py [--size 800k] [--workdir build/bench]
 
-Uses bench/run.py's cached base file (a real 0.19.0 home; generated on first use), in WAL
+Uses the cached base file of ``make bench`` (bench/datasets.py: a real 0.19.0 home, generated on first use), in WAL
 mode, next to a holder that never checkpoints either (an idle reader with
 wal_autocheckpoint=0: the worst case, nobody moves our frames into the file). Runs the
 engine with its defaults and prints, while the holder is still open: the -wal size, the
@@ -21,8 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run as bench  # noqa: E402  (bench/run.py: the cached base files)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import REPO, collections_root, parse_size, size_label  # noqa: E402
+from bench.datasets import base_db  # noqa: E402  (the cached base files of make bench)
 
 HOLDER = r"""
 import sqlite3, sys
@@ -41,7 +42,7 @@ def shm_counts(db):
 
 
 def measure(workdir, n):
-    base = bench.base_db(workdir, n)
+    base = base_db(workdir, "wal-0.19", n)
     home = workdir / "wal-left"
     shutil.rmtree(home, ignore_errors=True)
     (home / "sessions").mkdir(parents=True)
@@ -53,7 +54,7 @@ def measure(workdir, n):
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, db], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         holder.stdout.readline()
-        sys.path.insert(0, bench.collections_root())
+        sys.path.insert(0, collections_root())
         from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 
         started = time.time()
@@ -65,7 +66,7 @@ def measure(workdir, n):
         holder.communicate(b"", timeout=60)
     p = result["profiles"][0]
     return {
-        "size": bench.size_label(n),
+        "size": size_label(n),
         "sqlite": result["sqlite"],
         "db_mb": round(os.path.getsize(db) / 1e6, 1),
         "wal_left_mb": round(wal / 1e6, 1),
@@ -84,11 +85,11 @@ def measure(workdir, n):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--size", default="800k")
-    parser.add_argument("--workdir", default=str(bench.REPO / "build" / "bench"))
+    parser.add_argument("--workdir", default=str(REPO / "build" / "bench"))
     args = parser.parse_args(argv)
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    print(json.dumps(measure(workdir, bench.parse_size(args.size)), indent=2))
+    print(json.dumps(measure(workdir, parse_size(args.size)), indent=2))
 
 
 if __name__ == "__main__":

@@ -2,22 +2,40 @@
 # `-include $(wildcard mk/*.mk)`; nothing here is part of `make test`.
 #
 #   make bench        bench/run.py: Hermes 0.19.0's prune+vacuum vs ours at 50k/200k/800k
-#                     messages under a live writer; prints the table, writes docs/benchmarks.md
+#                     messages under a live writer; prints the targets table, writes
+#                     bench/results/wal-0.19.json and rewrites docs/benchmarks.md with its plots
 #   make bench-sweep  the same plus the batch_size x batch_pause x batch_time grid behind the defaults
+#   make bench-report docs/benchmarks.md, its plots (docs/benchmarks/*.png) and bench/results/*.md
+#                     rewritten from bench/results/*.json alone (no run; seconds)
 #   make live-full    tests/unit/.../test_live_writer.py at the full size (prunes 110k messages)
+#
+# The bench targets run in their own venv (.cache/bench-venv, requirements/bench.txt: matplotlib
+# for the plots), made on first use; `make test` and CI never make it.
 #
 # The release matrix itself runs in `make test` (tests/unit/.../test_release_resume.py,
 # test_scenarios.py); `make matrix` (Makefile) runs whatever is marked `matrix`.
 
 BENCH_ARGS ?=
+BENCH_VENV ?= $(CURDIR)/.cache/bench-venv
+BENCH_PY := $(BENCH_VENV)/bin/python
 
-.PHONY: bench bench-sweep live-full
+.PHONY: bench bench-sweep bench-setup bench-report live-full
 
-bench: $(STAMP) collection-link ## benchmark vs Hermes's own prune (not CI; ~15 min; writes docs/benchmarks.md)
-	$(BIN)/python bench/run.py $(BENCH_ARGS)
+$(BENCH_VENV)/.stamp: requirements/bench.txt
+	test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_PY) -m pip install --quiet --no-input -r requirements/bench.txt $(PIP_FILTER)
+	touch $@
 
-bench-sweep: $(STAMP) collection-link ## bench plus the batch_size x batch_pause x batch_time grid (writes the docs page)
-	$(BIN)/python bench/run.py --sweep $(BENCH_ARGS)
+bench-setup: $(BENCH_VENV)/.stamp ## the venv of the bench targets (.cache/bench-venv: matplotlib for the plots)
+
+bench-report: bench-setup ## rewrite docs/benchmarks.md and its plots from bench/results/*.json (no run)
+	$(BENCH_PY) bench/report.py
+
+bench: $(STAMP) collection-link bench-setup ## benchmark vs Hermes's own prune (not CI; ~15 min; writes docs/benchmarks.md)
+	$(BENCH_PY) bench/run.py $(BENCH_ARGS)
+
+bench-sweep: $(STAMP) collection-link bench-setup ## bench plus the batch_size x batch_pause x batch_time grid (writes the docs page)
+	$(BENCH_PY) bench/run.py --sweep $(BENCH_ARGS)
 
 live-full: $(STAMP) collection-link ## live-writer test at full size (prune of 110k messages under a 20 ms writer)
 	@HERMES_LIVE_SIZE=full bash scripts/pytest.sh $(BIN)/pytest tests/unit/plugins/module_utils/test_live_writer.py \

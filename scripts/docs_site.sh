@@ -22,6 +22,8 @@ export PATH="$bin:$PATH" ANSIBLE_COLLECTIONS_PATH="$root" ANSIBLE_NOCOLOR=1 ANSI
 
 rm -rf "$root" && mkdir -p "$copy"
 (cd "$repo" && cp -r galaxy.yml README.md LICENSE meta plugins roles playbooks docs changelogs "$copy/")
+# benchmarks.md links the bench's raw data (bench/results/): there for md_to_rst's check that it exists
+mkdir -p "$copy/bench" && cp -r "$repo/bench/results" "$copy/bench/"
 find "$copy" -name __pycache__ -prune -exec rm -rf {} +
 "$bin/python" "$repo/scripts/md_to_rst.py" "$copy"
 stamp "collection copied, guides converted"

@@ -15,7 +15,8 @@ AST; the links are rewritten before pandoc writes RST:
   lint-collection-docs --check-extra-docs-refs`` check every one;
 - to the role's README: the role's page;
 - to any other file of the repository: galaxy.yml's ``repository`` + ``/blob/main/``, or
-  the link's text and the path as literal text when galaxy.yml names no repository.
+  the link's text and the path as literal text when galaxy.yml names no repository; an image
+  (benchmarks.md's plots) likewise, with ``/raw/main/``.
 """
 
 import json
@@ -107,7 +108,7 @@ class Converter:
             text = f.read()
         return json.loads(pypandoc.convert_text(text, "json", format="gfm"))
 
-    def link(self, node, guide):
+    def link(self, node, guide, view="blob"):
         text, (target, _title) = node["c"][1], node["c"][2]
         if re.match(r"^[a-z]+:", target):
             return None
@@ -124,7 +125,7 @@ class Converter:
         if not os.path.exists(os.path.join(self.collection, name)):
             sys.exit("md_to_rst: %s links to %s: no such file in the collection" % (guide, target))
         if self.repository:
-            node["c"][2][0] = "%s/blob/main/%s%s" % (self.repository, name, "#" + fragment if fragment else "")
+            node["c"][2][0] = "%s/%s/main/%s%s" % (self.repository, view, name, "#" + fragment if fragment else "")
             return None
         # the link's text, then the path it named
         code = {"t": "Code", "c": [["", [], []], name]}
@@ -134,6 +135,8 @@ class Converter:
     def fix(self, node, guide):
         if node.get("t") == "Link":
             return self.link(node, guide)
+        if node.get("t") == "Image":  # a file of the repository too (the site has no copy of it)
+            return self.link(node, guide, view="raw")
         content = node.get("c")
         if node.get("t") == "CodeBlock" and not content[0][1]:
             content[0][1] = ["text"]  # not the site's default YAML+Jinja highlighting

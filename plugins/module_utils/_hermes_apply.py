@@ -32,6 +32,11 @@ PROGRESS_STEPS = 1000  # SQLite VM steps between two looks at the clock while a 
 BUSY_POLL_MS = (1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100)
 # Beside state.db while a batch commits: the transcripts of its sessions, removed right after.
 PENDING_SUFFIX = ".hermes-ops-transcripts"
+# A gateway that has not committed for IDLE_STREAK of our transactions in a row is idle: the time
+# bound doubles per further quiet transaction up to IDLE_HOLD_CAP, which a writer that turns up
+# meanwhile waits out within 250 ms (it gets in at its 128 ms poll; IdlePacing).
+IDLE_STREAK = 3
+IDLE_HOLD_CAP = 0.12
 
 
 def close_zombies(conn, plan, schema, end_reason, pause, closed):
@@ -171,6 +176,48 @@ class WriterTurn:
             time.sleep(self.STEP)
 
 
+class IdlePacing:
+    """Pacing that follows the gateway, seen from SQLite's own state: ``PRAGMA data_version`` on our
+    connection changes when, and only when, another connection has committed (either journal mode).
+
+    ``observe`` is called after each transaction and its pause: after IDLE_STREAK of ours in a row
+    with no other commit (their pauses included, which is when a waiting writer gets in) the
+    ``bound`` doubles per further quiet one, up to IDLE_HOLD_CAP (never below the configured bound),
+    while the pause halves, down to just past the next poll of a writer that may have waited for the
+    whole transaction (never above the configured pause). The first commit of another connection
+    seen resets both to the configured values: beside a gateway that writes, nothing changes.
+    """
+
+    def __init__(self, conn, bound, pause):
+        self.conn = conn
+        self.base_bound, self.base_pause = bound, pause
+        self.version = self._version()
+        self.streak = 0  # our transactions since the last commit of another connection we saw
+
+    def _version(self):
+        return self.conn.execute("PRAGMA data_version").fetchone()[0]
+
+    def observe(self):
+        version = self._version()
+        self.streak = self.streak + 1 if version == self.version else 0
+        self.version = version
+
+    def _doublings(self):
+        return max(0, self.streak - IDLE_STREAK + 1)
+
+    def bound(self):
+        if not self.base_bound or not self._doublings():
+            return self.base_bound
+        grown = self.base_bound * 2 ** min(self._doublings(), 8)
+        return max(self.base_bound, min(grown, IDLE_HOLD_CAP))
+
+    def pause(self, held):
+        if not self._doublings():
+            return self.base_pause
+        floor = min(self.base_pause, poll_gap(held) + 0.005)
+        return max(floor, self.base_pause / 2 ** min(self._doublings(), 8))
+
+
 def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_after_commit=False, stop=None):
     """Delete plan.delete_order in transactions of at most batch_size messages.
 
@@ -184,6 +231,7 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     interrupted (SQLite rolls the transaction back; its sessions are retried in two smaller
     batches). After each commit the prune waits for the gateway's turn (WriterTurn) instead of
     a fixed pause: until a waiting writer has committed, or at most until just past its next poll.
+    While no other connection commits, the bound grows and the pause shrinks (IdlePacing).
 
     ``result`` (a PruneResult) is updated as each transaction commits, so a run that fails
     halfway still reports what it did. ``stop``, when given, is asked before each
@@ -199,6 +247,7 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     queue = collections.deque(_batches(plan, max(1, int(batch_size))))
     bound = (batch_time or 0.0) + (ROLLBACK_COMMIT_TIME if pause_after_commit and batch_time else 0.0)
     budget = LockBudget(bound, hard=bound * HARD_BOUND_FACTOR if pause_after_commit and bound else None)
+    pacing = IdlePacing(conn, bound, pause)
     if budget.hard:
         conn.set_progress_handler(budget.interrupt, PROGRESS_STEPS)
     try:
@@ -206,6 +255,7 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
             result.stopped = stop() if stop else None
             if result.stopped:
                 break
+            budget.seconds = pacing.bound()  # the hard bound stays the configured one's
             batch = queue.popleft()
             began = time.monotonic()
             try:
@@ -226,10 +276,13 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
             if files:
                 remove_files([pending])
             held = time.monotonic() - began
+            paused = pacing.pause(held)
             if turn:
+                turn.pause = paused
                 turn.wait(held)
             else:
-                time.sleep(max(pause, poll_gap(held) + 0.005) if pause_after_commit else pause)
+                time.sleep(max(paused, poll_gap(held) + 0.005) if pause_after_commit else paused)
+            pacing.observe()  # did the gateway commit during that transaction's turn?
     finally:
         if budget.hard:
             conn.set_progress_handler(None, 0)

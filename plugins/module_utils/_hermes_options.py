@@ -164,7 +164,9 @@ OPTIONS = (
     )),
     Option("batch_time", "float", default=0.06, minimum=0, doc=(
         "Seconds one transaction may hold the write lock before it commits and lets the gateway in. Wall time, so a "
-        "busy machine cannot stretch the stall a live writer sees.",
+        "busy machine cannot stretch the stall a live writer sees. While no other connection commits to the file (an "
+        "idle gateway) the bound grows to at most 0.12 s and a O(batch_pause) longer than a waiting writer's next poll "
+        "shrinks towards it; the gateway's first commit puts both back.",
         "With O(batch_pause), the defaults kept a live Hermes writer's worst stall within 250 ms in the collection's "
         "benchmark (docs/benchmarks.md), at 0.6x to 0.8x the speed of Hermes 0.19's own single-transaction "
         "prune and 0.37x to 0.72x that of 0.22's. Where Hermes runs WAL on a fixed SQLite, V(0.1) brought 0.22 to "

