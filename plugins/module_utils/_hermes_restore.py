@@ -77,7 +77,7 @@ def db_counts(path):
         conn.close()
 
 
-def _unpack(backup, target):
+def unpack_backup(backup, target):
     """Copy or decompress ``backup`` into the new file ``target`` (0600), fsynced."""
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as dst:
@@ -98,7 +98,7 @@ def verify_backup(path):
     try:
         plain = os.path.join(tmpdir, "backup.db")
         try:
-            _unpack(path, plain)
+            unpack_backup(path, plain)
         except (OSError, EOFError) as exc:
             raise MaintenanceError("cannot decompress: %s" % exc) from None
         counts = db_counts(plain)
@@ -203,7 +203,7 @@ def _restore(plan, force):
     if os.path.lexists(partial):
         os.unlink(partial)  # left by an interrupted restore
     try:
-        _unpack(backup["path"], partial)
+        unpack_backup(backup["path"], partial)
         got = db_counts(partial)
         if (got["sessions"], got["messages"]) != (backup["sessions"], backup["messages"]):
             raise MaintenanceError("the copy of %s does not match its verified counts" % backup["path"])

@@ -67,7 +67,7 @@ from ._hermes_engine import LOCK_SUFFIX, ProfileLock, backups_of, profile_path, 
 from ._hermes_hazards import refuse_during_hermes_operation
 from ._hermes_inspect import REQUIRED_COLUMNS, columns, quick_check_rows
 from ._hermes_plan import load_sessions, parents_first, taken_along
-from ._hermes_restore import _unpack, db_counts
+from ._hermes_restore import db_counts, unpack_backup
 
 ID_CHUNK = 500  # message ids looked up per read transaction of state.db
 NEWEST = "newest"  # backup: the profile's newest whole-file backup
@@ -158,7 +158,7 @@ def _decompress(path, profile):
     workdir = tempfile.mkdtemp(prefix=WORK_PREFIX + profile + ".", dir=backup_dir)
     plain = os.path.join(workdir, "backup.db")
     try:
-        _unpack(path, plain)
+        unpack_backup(path, plain)
     except (OSError, EOFError, zlib.error) as exc:
         shutil.rmtree(workdir, ignore_errors=True)
         raise MaintenanceError("cannot decompress backup %s: %s; nothing was restored" % (path, exc)) from None
