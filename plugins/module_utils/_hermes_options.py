@@ -188,7 +188,7 @@ OPTIONS = (
         "(C(sessions/) files whose session is not in C(state.db)) take C(days); a transcript is removed only when no "
         "process has it open and no retired WAL generation is in the home. Retired WAL generations are never "
         "removed.",
-        "Check mode lists exactly what a real run removes (RV(profiles[].file_retention)).",
+        "Check mode lists exactly what a real run removes (C(file_retention) of each profile in the result).",
     )),
     Option("reclaim_stores", "bool", default=False, doc=(
         "Also VACUUM the home's other SQLite stores (C(cron/executions.db), C(cron/deliveries.db), "

@@ -132,7 +132,7 @@ options:
       - V(malformed_backup) (Hermes's forensic copies, with their sidecars) and V(orphaned_transcripts) (C(sessions/)
         files whose session is not in C(state.db)) take C(days); a transcript is removed only when no process has it
         open and no retired WAL generation is in the home. Retired WAL generations are never removed.
-      - Check mode lists exactly what a real run removes (RV(profiles[].file_retention)).
+      - Check mode lists exactly what a real run removes (C(file_retention) of each profile in the result).
     type: dict
   reclaim_stores:
     description:
