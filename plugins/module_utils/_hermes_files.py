@@ -101,8 +101,9 @@ class Item:
         self.group = group
         self.paths = [os.path.join(root, rel) for rel in rels]
         self.identity = [_identity(path) for path in self.paths]
-        self.bytes = sum(_tree_bytes(path) for path in self.paths)
-        self.mtime = max(_tree_mtime(path) for path in self.paths)
+        entries = [st for path in self.paths for st in _tree_entries(path)]  # one walk for both figures
+        self.bytes = sum(st.st_size for st in entries if not stat.S_ISDIR(st.st_mode))
+        self.mtime = int(max(st.st_mtime for st in entries))
 
     def as_result(self, why):
         return {"kind": self.kind, "path": self.paths[0], "files": self.rels, "bytes": self.bytes, "why": why}
@@ -123,14 +124,6 @@ def _tree_entries(path):
                     yield os.lstat(os.path.join(base, name))
                 except OSError:
                     continue
-
-
-def _tree_bytes(path):
-    return sum(st.st_size for st in _tree_entries(path) if not stat.S_ISDIR(st.st_mode))
-
-
-def _tree_mtime(path):
-    return int(max(st.st_mtime for st in _tree_entries(path)))
 
 
 def _partial(name):
@@ -206,9 +199,12 @@ def _update_running(home):
     marker = os.path.join(home, UPDATE_MARKER)
     if not os.path.lexists(marker):
         return None
-    try:
-        with open(marker, "rb") as handle:
-            pid = int(handle.read(64).split(b"\n", 1)[0])
+    try:  # the Hermes user writes this file: no link followed, a FIFO planted there cannot block us
+        fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            pid = int(os.read(fd, 64).split(b"\n", 1)[0])
+        finally:
+            os.close(fd)
     except (OSError, ValueError):
         return "%s exists and cannot be read: an update may be running" % marker
     try:

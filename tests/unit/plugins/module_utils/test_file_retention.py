@@ -204,6 +204,11 @@ def test_nothing_is_removed_while_hermess_backup_or_update_runs(home):
     (home / ".hermes-update-in-progress").write_text("%d\n2026-12-01T00:00:00Z\nct:1.000\n" % dead.pid)
     profiles = _run(home, check_mode=True)[0]
     assert "state_snapshots" not in profiles["default"]["file_retention"]["skipped"]
+    # a FIFO the agent planted as the marker neither blocks the run nor counts as no update
+    (home / ".hermes-update-in-progress").unlink()
+    os.mkfifo(str(home / ".hermes-update-in-progress"))
+    profiles = _run(home, check_mode=True)[0]
+    assert "cannot be read" in profiles["default"]["file_retention"]["skipped"]["state_snapshots"]
 
 
 def test_orphaned_transcripts_stay_while_a_retired_wal_generation_or_a_process_holds_them(home):
