@@ -37,6 +37,11 @@ PENDING_SUFFIX = ".hermes-ops-transcripts"
 # meanwhile waits out within 250 ms (it gets in at its 128 ms poll; IdlePacing).
 IDLE_STREAK = 3
 IDLE_HOLD_CAP = 0.12
+# Session ids per IN list (SQLite before 3.32 allows 999 bound parameters; one statement binds a list twice).
+IN_LIST = 400
+# A transaction's first group is sized at this share of the room the previous transaction's rate gives
+# (after the gateway's commit our page cache starts cold); the groups after it use this one's own rate.
+FIRST_GROUP_SHARE = 0.8
 
 
 def close_zombies(conn, plan, schema, end_reason, pause, closed):
@@ -100,17 +105,18 @@ class LockBudget:
     """How long one transaction may hold the write lock: ``seconds`` from BEGIN to the end of
     its COMMIT (0: no bound).
 
-    Before each session it adds, the transaction asks whether the time so far, that session's
-    messages at the rate measured so far in this transaction, and the last COMMIT's duration
-    still fit; so the bound holds for the whole transaction, commit included, rather than
-    being checked once it has already passed. A busy machine slows the measured rate, and the
-    transactions get smaller.
+    Before each group of sessions it deletes, the transaction asks whether the time so far, the
+    group's messages at the rate measured so far (``fits``), and the last COMMIT's duration still
+    fit; so the bound holds for the whole transaction, commit included, rather than being checked
+    once it has already passed. A busy machine slows the measured rate, and the transactions get
+    smaller.
     """
 
     def __init__(self, seconds, hard=None):
         self.seconds = seconds
         self.hard = hard  # seconds after BEGIN past which a running statement is interrupted (None: never)
         self.commit = 0.0  # how long the last COMMIT took
+        self.per_row = None  # seconds per message deleted in the last transaction (None: not known)
         self.armed = self.tripped = False
 
     def begin(self):
@@ -126,11 +132,37 @@ class LockBudget:
         return False
 
     def fits(self, rows_done, next_rows):
+        """Whether ``next_rows`` more messages still fit, at the rate measured so far in this transaction
+        (before any: the previous transaction's, taken FIRST_GROUP_SHARE slower; none known: always)."""
         if not self.seconds:
             return True
         elapsed = time.monotonic() - self.started
-        per_row = elapsed / rows_done if rows_done else 0.0
+        if rows_done:
+            per_row = elapsed / rows_done
+        else:
+            per_row = self.per_row / FIRST_GROUP_SHARE if self.per_row else 0.0
         return elapsed + per_row * next_rows + self.commit <= self.seconds
+
+    def room(self, batch, index, rows_done, plan):
+        """How many entries of ``batch[index:]`` the next group of this transaction takes (``fits``);
+        the first group takes at least one, and with no rate known yet only one, whose time gives the
+        rate. 0: the transaction ends here."""
+        if not self.seconds:
+            return len(batch) - index
+        if not rows_done and not self.per_row:
+            return 1 if index == 0 or self.fits(0, 0) else 0
+        take = rows = 0
+        for sid, chunk in batch[index:]:
+            rows += chunk or plan.messages.get(sid, 0)
+            if (take or index) and not self.fits(rows_done, rows):
+                break
+            take += 1
+        return take
+
+    def measured(self, rows):
+        """The rate of this transaction's deletes (seconds per message), for the next one's first group."""
+        if rows:
+            self.per_row = (time.monotonic() - self.started) / rows
 
 
 class WriterTurn:
@@ -269,6 +301,7 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
                 # happened. The sessions done before that one are retried on their own.
                 queue.extendleft([batch[budget.unit :], batch[: budget.unit]])
                 done, counts, files = [], PruneResult(), None
+                budget.per_row = None  # slower than measured: the next transaction measures again
             counts.sessions = len(done)
             result.add(counts)
             for sid in done:
@@ -292,39 +325,40 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
 def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts, pending):
     """One transaction of the prune: returns (sessions deleted, counts, transcripts listed as pending).
 
-    Sessions that do not fit ``budget`` go back to the front of ``queue``.
+    The sessions that still qualify are deleted a group at a time, each group in one set of
+    statements (``_delete_group``): FTS5 writes its pending changes out as a new segment at the
+    start of every statement that follows one that changed it, so a statement per session made a
+    segment per session in both indexes, and the merges that follow (a third of the prune's time).
+    A group is as large as ``budget`` has room for at the rate measured so far; sessions that do
+    not fit go back to the front of ``queue``.
     """
     counts = PruneResult()  # joins the run's result only once its transaction commits
     with write_transaction(conn):
         budget.begin()
         leased = live_leases(conn, schema, time.time())
         routed = routed_sessions(conn, schema)
-        done = []
-        for index, (sid, chunk) in enumerate(batch):
-            budget.unit, budget.armed = index, index > 0  # the first session always completes
-            if index and not budget.fits(counts.messages, chunk or plan.messages.get(sid, 0)):
+        done, index = [], 0
+        while index < len(batch):
+            take = budget.room(batch, index, counts.messages, plan)
+            if not take:
                 queue.appendleft(batch[index:])  # the rest waits for the next transaction
                 break
-            if sid in skipped or sid in routed or not _still_prunable(conn, sid, plan, schema, leased):
-                _skip_with_ancestors(sid, plan, skipped)
-                continue
-            one = PruneResult()
-            conn.execute("SAVEPOINT hermes_ops_session")  # a refused delete is undone alone
-            try:
-                _delete_session(conn, schema, sid, chunk, has_prompts, one)
-            except sqlite3.IntegrityError as exc:
-                refused_by = _refused_by(exc, schema)
-                if refused_by is None or not conn.in_transaction:
-                    raise
-                conn.execute("ROLLBACK TO hermes_ops_session")
-                conn.execute("RELEASE hermes_ops_session")
-                counts.refused.append({"session": sid, "by": refused_by, "message": str(exc)})
-                _skip_with_ancestors(sid, plan, skipped)
-                continue
-            conn.execute("RELEASE hermes_ops_session")
-            counts.add(one)
-            if not chunk:
-                done.append(sid)
+            group = []
+            for offset in range(index, index + take):
+                sid, chunk = batch[offset]
+                budget.unit, budget.armed = offset, offset > 0  # the first session always completes
+                if sid in skipped or sid in routed or not _still_prunable(conn, sid, plan, schema, leased):
+                    _skip_with_ancestors(sid, plan, skipped)
+                    continue
+                group.append((sid, chunk))
+            # Interrupted inside the group's statements: what came before it is retried on its own
+            # (a first group of several is split in two instead; a single first session completes).
+            budget.unit = index if index else take // 2
+            budget.armed = budget.unit > 0
+            index += take
+            if group:
+                done += _delete_group(conn, schema, group, has_prompts, counts, plan, skipped)
+        budget.measured(counts.messages)
         files = {sid: list(plan.transcripts.get(sid, ())) for sid in done if plan.transcripts.get(sid)}
         if files:  # a kill after the COMMIT must not leave these behind for good
             _write_pending(pending, files)
@@ -332,6 +366,58 @@ def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts,
         committing = time.monotonic()
     budget.commit = time.monotonic() - committing
     return done, counts, files
+
+
+def _delete_group(conn, schema, group, has_prompts, counts, plan, skipped):
+    """Delete ``group`` [(session id, chunk)]: whole sessions together, a slice of a large session on
+    its own. A delete Hermes's store refuses (a trigger's RAISE, a RESTRICT foreign key) undoes the
+    group's statements, and its sessions are then deleted one at a time, so that only the refused
+    one stays (``counts.refused``), with what depends on it (``skipped``). Returns the ids of the
+    sessions deleted whole."""
+    whole = [sid for sid, chunk in group if not chunk]
+    if len(whole) < 2:
+        return [
+            sid for sid, chunk in group if _delete_one(conn, schema, sid, chunk, has_prompts, counts, plan, skipped)
+        ]
+    conn.execute("SAVEPOINT hermes_ops_group")
+    one = PruneResult()
+    try:
+        _delete_sessions(conn, schema, whole, has_prompts, one)
+    except sqlite3.IntegrityError as exc:
+        if _refused_by(exc, schema) is None or not conn.in_transaction:
+            raise
+        conn.execute("ROLLBACK TO hermes_ops_group")
+        conn.execute("RELEASE hermes_ops_group")
+        return [
+            sid
+            for sid in whole
+            if sid not in skipped and _delete_one(conn, schema, sid, 0, has_prompts, counts, plan, skipped)
+        ]
+    conn.execute("RELEASE hermes_ops_group")
+    counts.add(one)
+    return whole
+
+
+def _delete_one(conn, schema, sid, chunk, has_prompts, counts, plan, skipped):
+    """One session (or a slice of it) in a savepoint of its own: True when it was deleted whole, False
+    when Hermes's store refused it (``counts.refused``; it and what depends on it join ``skipped``)
+    or only a slice went."""
+    one = PruneResult()
+    conn.execute("SAVEPOINT hermes_ops_session")  # a refused delete is undone alone
+    try:
+        _delete_session(conn, schema, sid, chunk, has_prompts, one)
+    except sqlite3.IntegrityError as exc:
+        refused_by = _refused_by(exc, schema)
+        if refused_by is None or not conn.in_transaction:
+            raise
+        conn.execute("ROLLBACK TO hermes_ops_session")
+        conn.execute("RELEASE hermes_ops_session")
+        counts.refused.append({"session": sid, "by": refused_by, "message": str(exc)})
+        _skip_with_ancestors(sid, plan, skipped)
+        return False
+    conn.execute("RELEASE hermes_ops_session")
+    counts.add(one)
+    return not chunk
 
 
 def _delete_session(conn, schema, sid, chunk, has_prompts, counts):
@@ -343,20 +429,45 @@ def _delete_session(conn, schema, sid, chunk, has_prompts, counts):
             (sid, chunk),
         ).rowcount
         return
-    prompt = _prompt_hash(conn, sid) if has_prompts else None
-    if schema.get("catalogue", {}).get("ledger"):
-        retire_ledger(conn, schema, sid)
-    counts.orphaned += conn.execute(
-        "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = ?", (sid,)
-    ).rowcount
-    counts.messages += conn.execute("DELETE FROM messages WHERE session_id = ?", (sid,)).rowcount
-    conn.execute("DELETE FROM sessions WHERE id = ?", (sid,))
-    if prompt is not None:
-        counts.prompts += conn.execute(
-            "DELETE FROM system_prompts WHERE hash = ? AND NOT EXISTS "
-            "(SELECT 1 FROM sessions WHERE system_prompt_hash = ?)",
-            (prompt, prompt),
+    _delete_sessions(conn, schema, [sid], has_prompts, counts)
+
+
+def _delete_sessions(conn, schema, sids, has_prompts, counts):
+    """Whole sessions, a statement per table for all of them (``IN`` lists of at most IN_LIST ids).
+
+    Children come before parents in the plan's order, so a parent's children are either in
+    ``sids`` (deleted with it, not counted as orphaned) or kept: those are orphaned, as Hermes does.
+    """
+    for start in range(0, len(sids), IN_LIST):
+        part = sids[start : start + IN_LIST]
+        marks = ",".join("?" * len(part))
+        prompts = []
+        if has_prompts:
+            prompts = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT DISTINCT system_prompt_hash FROM sessions WHERE id IN (%s) "
+                    "AND system_prompt_hash IS NOT NULL" % marks,
+                    part,
+                )
+            ]
+        if schema.get("catalogue", {}).get("ledger"):
+            for sid in part:
+                retire_ledger(conn, schema, sid)
+        counts.orphaned += conn.execute(
+            "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN (%s) AND id NOT IN (%s)"
+            % (marks, marks),
+            part + part,
         ).rowcount
+        counts.messages += conn.execute("DELETE FROM messages WHERE session_id IN (%s)" % marks, part).rowcount
+        conn.execute("DELETE FROM sessions WHERE id IN (%s)" % marks, part)
+        if prompts:
+            counts.prompts += conn.execute(
+                "DELETE FROM system_prompts WHERE hash IN (%s) AND NOT EXISTS "
+                "(SELECT 1 FROM sessions WHERE system_prompt_hash = system_prompts.hash)"
+                % ",".join("?" * len(prompts)),
+                prompts,
+            ).rowcount
 
 
 def _refused_by(exc, schema):
@@ -446,11 +557,6 @@ def _skip_with_ancestors(sid, plan, skipped):
     while sid is not None and sid not in skipped and sid in plan.messages:
         skipped.add(sid)
         sid = plan.delegate_root.get(sid) or plan.parents.get(sid)
-
-
-def _prompt_hash(conn, sid):
-    row = conn.execute("SELECT system_prompt_hash FROM sessions WHERE id = ?", (sid,)).fetchone()
-    return row[0] if row else None
 
 
 def remove_files(paths):
