@@ -149,7 +149,8 @@ RELEASE_USER = "hermes-ops-rr23"  # unique to this test: it creates a system use
 def hermes_python_for(layout, base):
     """The release's code under an interpreter the Hermes user can run: the venv's python lives
     under /root here, so a wrapper runs the system python3 (same 3.11 ABI) on the venv's packages."""
-    site = Path(hermes_python(layout)).parent.parent / "lib" / "python3.11" / "site-packages"
+    # the venv's own Python version (3.11 from pyenv here, Debian 13's 3.13 in the fresh-machine container)
+    site = sorted((Path(hermes_python(layout)).parent.parent / "lib").glob("python3*/site-packages"))[0]
     wrapper = base / "hermes-python"
     wrapper.write_text('#!/bin/sh\nPYTHONPATH=%s exec /usr/bin/python3 "$@"\n' % site)
     wrapper.chmod(0o755)
@@ -164,7 +165,8 @@ def test_release_rules_prune_only_what_the_installed_hermes_prunes_too(tmp_path,
     intersection of our rules and 0.22.2's own prune_sessions, which 0.22.2 itself answers, run
     as the Hermes user (the root run switches to the file's owner first)."""
     layout = "hermes-0.22.2.post1"
-    site = Path(hermes_python(layout)).parent.parent / "lib" / "python3.11" / "site-packages"
+    # the venv's own Python version (3.11 from pyenv here, Debian 13's 3.13 in the fresh-machine container)
+    site = sorted((Path(hermes_python(layout)).parent.parent / "lib").glob("python3*/site-packages"))[0]
     closed = [str(d) for d in [site, *site.parents] if not os.stat(str(d)).st_mode & 0o001]
     if closed:  # e.g. a checkout under /root, as in the fresh-machine container
         pytest.skip("the Hermes user cannot reach %s's packages: %s is not searchable by others" % (layout, closed[0]))
