@@ -166,8 +166,8 @@ class LockBudget:
 
 
 class WriterTurn:
-    """After each of our commits beside a live rollback-journal gateway: wait until a writer
-    that waited for us has had its turn, rather than for a fixed pause.
+    """After each of our commits beside a live gateway: wait until a writer that waited for us has
+    had its turn, rather than for a fixed pause.
 
     ``writing`` (_hermes_db.writer_probe) says whether another process is inside a write
     transaction. Once one was seen and the lock then stayed free for GRACE, the gateway has
@@ -175,16 +175,19 @@ class WriterTurn:
     commit, well before a fixed pause would. When none shows up, the wait lasts until just past
     the next poll of a writer that may have been waiting since the gateway's last commit we saw
     (``poll_gap``), at least ``pause``: a writer that missed one window is let in at the next
-    instead of waiting through another transaction with ever longer polls.
+    instead of waiting through another transaction with ever longer polls. With ``cover_poll``
+    false (WAL mode, whose commits are short) the wait is never longer than ``pause``: the turn
+    only ends it early, once the gateway has committed.
     """
 
     GRACE = 0.002  # free this long after a writer's commit: no other writer was queued behind it
     STEP = 0.001
     IDLE = 1.0  # no writer seen for this long: an idle gateway, waiting only as long as our transaction
 
-    def __init__(self, writing, pause):
+    def __init__(self, writing, pause, cover_poll=True):
         self.writing = writing
         self.pause = pause
+        self.cover_poll = cover_poll
         self.last_commit = None  # when we last saw a writer of the gateway finish
 
     def wait(self, held):
@@ -192,7 +195,7 @@ class WriterTurn:
         waited = held
         if self.last_commit is not None and start - self.last_commit < self.IDLE:
             waited = max(held, start - self.last_commit)
-        limit = max(self.pause, poll_gap(waited) + 0.005)
+        limit = max(self.pause, poll_gap(waited) + 0.005) if self.cover_poll else self.pause
         seen, free_since = False, start
         while True:
             now = time.monotonic()
@@ -263,7 +266,9 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     interrupted (SQLite rolls the transaction back; its sessions are retried in two smaller
     batches). After each commit the prune waits for the gateway's turn (WriterTurn) instead of
     a fixed pause: until a waiting writer has committed, or at most until just past its next poll.
-    While no other connection commits, the bound grows and the pause shrinks (IdlePacing).
+    In WAL mode the pause is ``pause`` as configured, ended early once a writer that waited for
+    us has committed (the -shm's write lock). While no other connection commits, the bound grows
+    and the pause shrinks (IdlePacing).
 
     ``result`` (a PruneResult) is updated as each transaction commits, so a run that fails
     halfway still reports what it did. ``stop``, when given, is asked before each
@@ -273,8 +278,9 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     has_prompts = "system_prompts" in schema["tables"] and "system_prompt_hash" in schema["session_columns"]
     db_path = conn.execute("PRAGMA database_list").fetchone()[2]
     pending = db_path + PENDING_SUFFIX
-    writing = writer_probe(db_path) if pause_after_commit else None
-    turn = WriterTurn(writing, pause) if writing else None
+    wal = conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"
+    writing = writer_probe(db_path, wal=wal) if pause_after_commit or wal else None
+    turn = WriterTurn(writing, pause, cover_poll=pause_after_commit) if writing else None
     result.transcripts += finish_pending(conn, pending)
     queue = collections.deque(_batches(plan, max(1, int(batch_size))))
     bound = (batch_time or 0.0) + (ROLLBACK_COMMIT_TIME if pause_after_commit and batch_time else 0.0)

@@ -355,18 +355,25 @@ def lock_owner(path, start, length):
     return None if l_type == fcntl.F_UNLCK else l_pid
 
 
-def writer_probe(path):
+# The -shm's WAL_WRITE_LOCK byte (WALINDEX_LOCK_OFFSET 120 + 0): in WAL mode a writer holds it
+# from its BEGIN IMMEDIATE to the end of its COMMIT, as a rollback-journal writer holds RESERVED.
+WAL_WRITE_LOCK_BYTE = SHM_LOCK_RANGE[0]
+
+
+def writer_probe(path, wal=False):
     """A function that says whether another process is inside a write transaction on ``path``
-    (holds SQLite's RESERVED byte: from its ``BEGIN IMMEDIATE`` to the end of its COMMIT in
-    rollback-journal mode), or None when this process has no descriptor on the file to ask with.
+    (holds SQLite's RESERVED byte in rollback-journal mode, the -shm's WAL_WRITE_LOCK byte with
+    ``wal``: from its ``BEGIN IMMEDIATE`` to the end of its COMMIT), or None when this process has
+    no descriptor on that file to ask with.
 
     Call it only while the connection that opened ``path`` stays open: it asks through that
     connection's own descriptor (closing any descriptor of the file would drop SQLite's locks).
     """
-    fd = _own_fd(path)
+    fd = _own_fd(path + "-shm" if wal else path)
     if fd is None:
         return None
-    query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, PENDING_BYTE + 1, 1, 0) + b"\0" * 16
+    byte = WAL_WRITE_LOCK_BYTE if wal else PENDING_BYTE + 1
+    query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, byte, 1, 0) + b"\0" * 16
     size = struct.calcsize(_FLOCK)
 
     def writing():

@@ -1,9 +1,11 @@
-"""The prune's pacing beside a live rollback-journal gateway, with a real second process.
+"""The prune's pacing beside a live gateway, with a real second process.
 
-* ``writer_probe`` sees another process inside a write transaction (its RESERVED lock) and
-  nothing once it committed, without dropping our own connection's locks;
+* ``writer_probe`` sees another process inside a write transaction (its RESERVED lock; in WAL
+  mode the -shm's write lock) and nothing once it committed, without dropping our own
+  connection's locks;
 * ``WriterTurn.wait`` ends soon after a writer that was waiting has committed, and without
-  one lasts until just past a waiting writer's next poll (never shorter than the pause);
+  one lasts until just past a waiting writer's next poll (never shorter than the pause); in
+  WAL mode it is never longer than the pause;
 * ``LockBudget`` refuses another session once the time so far, that session at the rate
   measured so far and the last COMMIT would not fit;
 * a prune transaction still running past the hard bound is interrupted, rolled back by
@@ -71,6 +73,48 @@ def test_probe_sees_another_process_writing(tmp_path):
     assert proc.wait(10) == 0
     assert not writing()
     assert conn.execute("SELECT COUNT(*) FROM t").fetchone() == (1,)
+    conn.close()
+
+
+def test_probe_sees_a_wal_writer_through_the_shm_write_lock(tmp_path):
+    db = rollback_db(tmp_path)
+    setup = sqlite3.connect(db, isolation_level=None)
+    setup.execute("PRAGMA journal_mode=WAL")
+    setup.close()
+    conn = open_rw(db)
+    conn.execute("SELECT COUNT(*) FROM t").fetchone()  # SQLite has state.db and its -shm open now
+    writing = writer_probe(db, wal=True)
+    assert writing is not None and not writing()
+    proc = writer(db, 0, 0.5)
+    assert proc.stdout.readline().strip() == "in"
+    assert writing()
+    assert conn.execute("SELECT COUNT(*) FROM t").fetchone() == (0,)  # a WAL reader is not blocked
+    proc.stdout.readline()
+    assert proc.wait(10) == 0
+    assert not writing()
+    assert conn.execute("SELECT COUNT(*) FROM t").fetchone() == (1,)
+    conn.close()
+
+
+def test_a_wal_turn_is_never_longer_than_the_pause(tmp_path):
+    db = rollback_db(tmp_path)
+    setup = sqlite3.connect(db, isolation_level=None)
+    setup.execute("PRAGMA journal_mode=WAL")
+    setup.close()
+    conn = open_rw(db)
+    conn.execute("SELECT COUNT(*) FROM t").fetchone()
+    turn = WriterTurn(writer_probe(db, wal=True), pause=0.01, cover_poll=False)
+    start = time.monotonic()
+    turn.wait(held=0.2)  # a rollback-mode turn would wait for the 50 ms poll
+    assert 0.01 <= time.monotonic() - start < poll_gap(0.2)
+    turn = WriterTurn(writer_probe(db, wal=True), pause=5.0, cover_poll=False)
+    proc = writer(db, 0.05, 0.1)  # takes the lock 50 ms into the wait, commits 100 ms later
+    start = time.time()
+    turn.wait(held=0.0)
+    ended = time.time()
+    committed = float(proc.stdout.read().split()[-1])
+    assert proc.wait(10) == 0
+    assert committed <= ended < start + 2.0  # ended by the writer's commit, far less than the 5 s pause
     conn.close()
 
 
