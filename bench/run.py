@@ -38,6 +38,12 @@ def parse_args(argv):
         "--label", default="", help="results in <mode>-<label>.json beside the mode's own (make bench-large: large)"
     )
     parser.add_argument("--no-inc", action="store_true", help="skip the ours-inc runs (0.19.0)")
+    parser.add_argument(
+        "--refusals",
+        action="store_true",
+        help="also a copy of the largest file on a disk that cannot hold its backup or a VACUUM (root: a tmpfs; "
+        "make bench-large)",
+    )
     parser.add_argument("--sweep", action="store_true", help="also the batch_size x batch_pause x batch_time grid")
     parser.add_argument("--sweep-size", default="50k")
     parser.add_argument("--runs", type=int, default=3, help="rounds of the main runs per size (medians)")

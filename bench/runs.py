@@ -15,6 +15,7 @@ Measured: wall time of the maintenance process, its phases, prune rows/s, the wr
 (its VmHWM; ``wait4`` ru_maxrss too), our backup against ``cp`` (+ fsync) of the same file.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ import tempfile
 import time
 
 from bench import report
-from bench.common import MODES, collections_root, load_average, machine, parse_size, size_label
+from bench.common import MB, MODES, collections_root, load_average, machine, parse_size, size_label
 from bench.datasets import GENERATED, base_db, control_db, count_messages, fresh_home
 from bench.writer import appended, longest_lock, transactions, with_writer
 from hermes_fixtures import hermes_python
@@ -123,6 +124,7 @@ EXTRA_OPTS = {"wal-0.19": {}, "delete-0.22": {"allow_unknown_schema": True}, "wa
 WAL_GRID = "500:0.03:0,2000:0.03:0,2000:0.02,2000:0.03:0.04,2000:0.03,2000:0.03:0.1"
 ROLLBACK_GRID = "2000:0.03:0.04,2000:0.03:0.06,2000:0.01:0.06,4000:0.03:0.1"
 WRITING_PHASES = ("close_zombies", "prune", "reclaim")  # the 0.19.0 bench's "through prune and reclaim"
+REFUSAL_MARGIN = 256 * MB  # free space beside the file on the refusal disk: less than a backup or a VACUUM needs
 
 
 def run_child(cmd, env=None, cwd=None):
@@ -317,6 +319,64 @@ def backup_vs_cp(workdir, base, reps=5, wal=True):
     }
 
 
+def sha256(path):
+    digest = hashlib.sha256()
+    with open(str(path), "rb") as fh:
+        for block in iter(lambda: fh.read(8 * MB), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def disk_refusals(workdir, base):
+    """Issue 26's refusal before any write on a disk that cannot hold the backup or a VACUUM: a copy
+    of ``base`` on a tmpfs only REFUSAL_MARGIN larger than the file (mounted here: root), then
+    ``run_maintenance`` twice, with no holder: the defaults (a backup beside the home), and with no
+    backup and ``vacuum_mode: full`` (nothing old enough to prune, so the VACUUM is all it would do).
+    Each must say why it refused, and leave state.db byte for byte as it was, with no journal."""
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+
+    if os.geteuid() != 0:
+        return {"tried": False, "why": "needs root to mount a tmpfs of a chosen size"}
+    mount = workdir / "refusal-disk"
+    mount.mkdir(parents=True, exist_ok=True)
+    size = os.path.getsize(str(base))
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=%d,mode=0700" % (size + REFUSAL_MARGIN), "tmpfs", str(mount)], check=True
+    )
+    cases = []
+    try:
+        home = mount / "home"
+        (home / "sessions").mkdir(parents=True)
+        db = home / "state.db"
+        shutil.copyfile(str(base), str(db))
+        before = sha256(db)
+        free_mb = shutil.disk_usage(str(mount)).free // MB
+        for what, extra in (
+            ("backup", {}),
+            ("VACUUM", {"backup": False, "vacuum_mode": "full", "prune_days": 36500, "zombie_days": 36500}),
+        ):
+            opts = dict(EXTRA_OPTS["delete-0.22"], hermes_home=[str(home)], **extra)
+            t0 = time.time()
+            profile = run_maintenance(opts)["profiles"][0]
+            reason = profile["error"] or (profile.get("reclaim") or {}).get("skipped_reason")
+            unchanged = sha256(db) == before and not any(os.path.exists(str(db) + sfx) for sfx in ("-journal", "-wal"))
+            refused = bool(reason) and "free" in reason and profile["sessions_pruned"] == 0
+            cases.append(
+                {
+                    "what": what,
+                    "status": profile["status"],
+                    "reason": reason,
+                    "unchanged": unchanged,
+                    "met": refused and unchanged,
+                    "seconds": round(time.time() - t0, 2),
+                }
+            )
+            print("[refusal] %s: %s: %s (state.db unchanged: %s)" % (what, profile["status"], reason, unchanged))
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+    return {"tried": True, "file_bytes": size, "disk_free_mb": free_mb, "cases": cases}
+
+
 def parse_grid(text, default_time):
     """``batch_size:batch_pause[:batch_time],...`` -> [(size, pause, time)]."""
     grid = []
@@ -414,5 +474,8 @@ def measure(mode, args, argv, name=None):
     if args.sweep:
         grid = parse_grid(args.grid or (WAL_GRID if mode == "wal-0.19" else ROLLBACK_GRID), DEFAULTS["batch_time"])
         sweep_rows = sweep(mode, workdir, parse_size(args.sweep_size), grid, args.reps, args.writer_interval)
+    if args.refusals:
+        largest = max(parse_size(t) for t in args.sizes.split(",") if t.strip())
+        doc["refusals"] = disk_refusals(workdir, base_db(workdir, mode, largest))
     doc.update(finished=time.time(), load_after=load_average(), rows=rows, sweep=sweep_rows, generated=dict(GENERATED))
     return doc

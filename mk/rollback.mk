@@ -39,7 +39,7 @@ bench-current-wal: $(STAMP) collection-link bench-setup ## WAL-mode bench on a f
 		$(BENCH_PY) bench/run.py --current-wal $(ROLLBACK_BENCH_ARGS)
 
 bench-large: $(STAMP) collection-link bench-setup ## bench-rollback on a ~5 GB 0.22.2 file (made once into .cache/bench-large)
-	$(BENCH_PY) bench/run.py --rollback --label large --sizes $(LARGE_SIZE) --runs 1 --workdir $(LARGE_WORKDIR) \
+	$(BENCH_PY) bench/run.py --rollback --label large --sizes $(LARGE_SIZE) --runs 1 --workdir $(LARGE_WORKDIR) --refusals \
 		$(LARGE_BENCH_ARGS)
 
 bench-idle: $(STAMP) collection-link bench-setup ## bench-rollback beside a gateway that holds the file but does not write
