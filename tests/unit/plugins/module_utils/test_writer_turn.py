@@ -9,9 +9,13 @@
 * ``LockBudget`` refuses another session once the time so far, that session at the rate
   measured so far and the last COMMIT would not fit;
 * a prune transaction still running past the hard bound is interrupted, rolled back by
-  SQLite and retried in two: every session is still pruned, the file is sound.
+  SQLite and retried in two: every session is still pruned, the file is sound;
+* in rollback-journal mode the prune keeps its journal between its transactions
+  (``journal_mode=PERSIST`` on its connection: no file created and deleted per commit) and
+  leaves neither the journal nor another journal mode behind.
 """
 
+import os
 import sqlite3
 import subprocess
 import sys
@@ -206,5 +210,33 @@ def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried(tmp_path, 
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT COUNT(*) FROM sessions WHERE id LIKE 'p%'").fetchone() == (0,)
     assert conn.execute("SELECT COUNT(*) FROM messages WHERE session_id LIKE 'p%'").fetchone() == (0,)
+    conn.close()
+    assert db_problems(db) == []
+
+
+def test_a_rollback_prune_keeps_its_journal_between_transactions_and_leaves_none(tmp_path, monkeypatch):
+    specs = [
+        {"id": "p%02d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
+        for i in range(4)
+    ]
+    db = str(build_home(str(tmp_path), "v30", specs))
+    setup = sqlite3.connect(db, isolation_level=None)
+    assert setup.execute("PRAGMA journal_mode=DELETE").fetchone() == ("delete",)
+    setup.close()
+    real_batch, between = _hermes_apply._prune_batch, []
+
+    def watched(*args, **kwargs):
+        out = real_batch(*args, **kwargs)
+        between.append(os.path.exists(db + "-journal"))
+        return out
+
+    monkeypatch.setattr(_hermes_apply, "_prune_batch", watched)
+    options = {"hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0, "backup": False}
+    profile = run_maintenance(options)["profiles"][0]
+    assert profile["status"] == "ok", profile["error"]
+    assert profile["sessions_pruned"] == 4 and between == [True] * 4  # a transaction per session
+    assert not os.path.exists(db + "-journal")
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
     conn.close()
     assert db_problems(db) == []
