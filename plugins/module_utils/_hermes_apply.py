@@ -389,7 +389,7 @@ def _delete_group(conn, schema, group, has_prompts, counts, plan, skipped):
     one stays (``counts.refused``), with what depends on it (``skipped``). Returns the ids of the
     sessions deleted whole."""
     whole = [sid for sid, chunk in group if not chunk]
-    if len(whole) < 2:
+    if len(whole) < 2 or len(whole) < len(group):  # one session, or a slice (alone in its batch: _batches)
         return [
             sid for sid, chunk in group if _delete_one(conn, schema, sid, chunk, has_prompts, counts, plan, skipped)
         ]

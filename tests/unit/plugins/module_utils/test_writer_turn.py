@@ -45,9 +45,10 @@ WRITER = textwrap.dedent(
 )
 
 
-def rollback_db(tmp_path):
+def rollback_db(tmp_path, journal="delete"):
     db = str(tmp_path / "state.db")
     conn = sqlite3.connect(db)
+    conn.execute("PRAGMA journal_mode=%s" % journal)
     conn.execute("CREATE TABLE t (x)")
     conn.commit()
     conn.close()
@@ -81,10 +82,7 @@ def test_probe_sees_another_process_writing(tmp_path):
 
 
 def test_probe_sees_a_wal_writer_through_the_shm_write_lock(tmp_path):
-    db = rollback_db(tmp_path)
-    setup = sqlite3.connect(db, isolation_level=None)
-    setup.execute("PRAGMA journal_mode=WAL")
-    setup.close()
+    db = rollback_db(tmp_path, journal="wal")
     conn = open_rw(db)
     conn.execute("SELECT COUNT(*) FROM t").fetchone()  # SQLite has state.db and its -shm open now
     writing = writer_probe(db, wal=True)
@@ -101,10 +99,7 @@ def test_probe_sees_a_wal_writer_through_the_shm_write_lock(tmp_path):
 
 
 def test_a_wal_turn_is_never_longer_than_the_pause(tmp_path):
-    db = rollback_db(tmp_path)
-    setup = sqlite3.connect(db, isolation_level=None)
-    setup.execute("PRAGMA journal_mode=WAL")
-    setup.close()
+    db = rollback_db(tmp_path, journal="wal")
     conn = open_rw(db)
     conn.execute("SELECT COUNT(*) FROM t").fetchone()
     turn = WriterTurn(writer_probe(db, wal=True), pause=0.01, cover_poll=False)
