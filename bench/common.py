@@ -26,6 +26,11 @@ MODES = {
 }
 
 
+def idle_gateway(doc):
+    """Whether the live writer of a results document held the file without writing (make bench-idle)."""
+    return (doc.get("writer_interval") or 0.02) >= 1
+
+
 def collections_root():
     """build/collections, where ansible_collections.hermes_agent.ops is this checkout."""
     root = REPO / "build" / "collections"

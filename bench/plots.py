@@ -10,7 +10,7 @@
 
 from pathlib import Path
 
-from bench.common import MODES, TARGETS, parse_size
+from bench.common import MODES, TARGETS, idle_gateway, parse_size
 
 LABELS = {"wal-0.19": "Hermes 0.19.0, WAL", "delete-0.22": "Hermes 0.22.2, DELETE", "wal-0.22": "Hermes 0.22.2, WAL"}
 
@@ -34,7 +34,7 @@ def files(docs):
         ("stall.png", "The writer's worst stall by file size (log scale), per benchmark"),
     ]
     for doc in docs:
-        found = _largest_with_series(doc)
+        found = None if idle_gateway(doc) else _largest_with_series(doc)  # idle: no append to plot
         if found:
             out.append(
                 (
@@ -46,10 +46,14 @@ def files(docs):
 
 
 def by_mode(docs):
-    """{mode: every row of its results documents} (a --label run's sizes join its mode's curves)."""
+    """{mode: every row of its results documents} (a --label run's sizes join its mode's curves; beside an
+    idle gateway, curves of their own)."""
     out = {}
     for doc in docs:
-        out.setdefault(doc["mode"], []).extend(doc["rows"])
+        rows = doc["rows"]
+        if idle_gateway(doc):
+            rows = [dict(r, kind=r["kind"] + ", idle gateway") for r in rows]
+        out.setdefault(doc["mode"], []).extend(rows)
     return out
 
 

@@ -18,7 +18,20 @@ if __package__ in (None, ""):  # run as a script: python bench/report.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import plots
-from bench.common import IDLE_ROWS_RATIO, MODES, NOTES, PAGE, PLOTS, RESULTS, TARGETS, fmt_mb, ms, parse_size, utc
+from bench.common import (
+    IDLE_ROWS_RATIO,
+    MODES,
+    NOTES,
+    PAGE,
+    PLOTS,
+    RESULTS,
+    TARGETS,
+    fmt_mb,
+    idle_gateway,
+    ms,
+    parse_size,
+    utc,
+)
 
 TITLES = {
     "wal-0.19": "Hermes 0.19.0, WAL mode (`make bench`)",
@@ -140,11 +153,6 @@ def check(value, target, fmt, higher_is_better):
     return (fmt % value + (": met" if met else ": MISSED by " + fmt % abs(value - target))), met
 
 
-def idle(doc):
-    """Whether the live writer of these runs held the file without writing (make bench-idle)."""
-    return (doc.get("writer_interval") or 0.02) >= 1
-
-
 def _ms(seconds):
     return None if seconds is None else seconds * 1000
 
@@ -159,7 +167,7 @@ def target_cells(doc, size, kind):
         check(_ms(r["worst"]), TARGETS["stall"] * 1000, "%.0f ms", False),
         ("-" if h["worst"] is None else "%.0f ms" % (h["worst"] * 1000), True),
         ("%d: met" % failed if failed == 0 else "%d: MISSED" % failed, failed == 0),
-        ratio_cell(r["rows_s"] / h["rows_s"] if r["rows_s"] and h["rows_s"] else None, idle(doc)),
+        ratio_cell(r["rows_s"] / h["rows_s"] if r["rows_s"] and h["rows_s"] else None, idle_gateway(doc)),
         check(b["ratio_fsync"] if b else None, TARGETS["backup_ratio"], "%.2fx", True),
         check(r["rss"], TARGETS["rss_mb"], "%.1f MB", False),
     ]
@@ -548,7 +556,7 @@ def label_lines(doc, docs):
     """A --label run (make bench-large, make bench-idle): what differs from the mode's own runs, how
     its files were made, and its time per GB on files larger than the mode's own largest."""
     lines = ["The same runs as `make %s`" % TITLES[doc["mode"]].split("`make ")[1].rstrip("`)")]
-    if idle(doc):
+    if idle_gateway(doc):
         lines.append(
             "beside a gateway that holds the file but does not write (its `SessionDB` open, one append before "
             "the run and none during it: `--writer-interval %g`)," % doc["writer_interval"]
