@@ -14,7 +14,9 @@
 #   make bench-large        bench-rollback's runs (one round) on a ~5 GB file: 7.4M messages with
 #                           0.22.2's schema, generated once (in chunks of 800k messages) into
 #                           .cache/bench-large and kept there; needs ~20 GB free (the base file,
-#                           a copy per run, the backup's copy); writes bench/results/delete-0.22-large.json
+#                           a copy per run, the backup's copy); as root also the refusal before any
+#                           write on a tmpfs that cannot hold the backup or a VACUUM (--refusals);
+#                           writes bench/results/delete-0.22-large.json
 #   make bench-idle         bench-rollback's runs beside a gateway that holds the file but does not
 #                           write (its SessionDB open, no append during the run): the idle target
 #                           (0.9x the release's rows/s); writes bench/results/delete-0.22-idle.json
