@@ -562,8 +562,10 @@ def label_lines(doc, docs):
             "the run and none during it: `--writer-interval %g`)," % doc["writer_interval"]
         )
     made = ", ".join("%s in %.0f s" % kv for kv in sorted((doc.get("generated") or {}).items())) or "cached already"
+    earlier = ", ".join("%s in %.0f s" % kv for kv in sorted((doc.get("made_earlier") or {}).items()))
     lines.append(
-        "on files made once with the release's own schema (`bench/datasets.py`; generated this run: %s)." % made
+        "on files made once with the release's own schema (`bench/datasets.py`; generated this run: %s%s)."
+        % (made, "; made by an earlier run: " + earlier if earlier else "")
     )
     base = next((d for d in docs if d["name"] == doc["mode"]), None)
     here, there = per_gb(doc), per_gb(base) if base else {}

@@ -28,7 +28,7 @@ import time
 
 from bench import report
 from bench.common import MB, MODES, collections_root, load_average, machine, parse_size, size_label
-from bench.datasets import GENERATED, base_db, control_db, count_messages, fresh_home
+from bench.datasets import CACHED, GENERATED, base_db, control_db, count_messages, fresh_home
 from bench.writer import appended, longest_lock, transactions, with_writer
 from hermes_fixtures import hermes_python
 
@@ -478,5 +478,6 @@ def measure(mode, args, argv, name=None):
     if args.refusals:
         largest = max(parse_size(t) for t in args.sizes.split(",") if t.strip())
         doc["refusals"] = disk_refusals(workdir, base_db(workdir, mode, largest))
-    doc.update(finished=time.time(), load_after=load_average(), rows=rows, sweep=sweep_rows, generated=dict(GENERATED))
+    doc.update(finished=time.time(), load_after=load_average(), rows=rows, sweep=sweep_rows)
+    doc.update(generated=dict(GENERATED), made_earlier=dict(CACHED))
     return doc
