@@ -342,7 +342,9 @@ def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts,
     The sessions that still qualify are deleted a group at a time, each group in one set of
     statements (``_delete_group``): FTS5 writes its pending changes out as a new segment at the
     start of every statement that follows one that changed it, so a statement per session made a
-    segment per session in both indexes, and the merges that follow (a third of the prune's time).
+    segment per session in both indexes, and the merges that follow (100k messages of 0.22.2's
+    schema in one transaction: 5.5-6.7 s a statement per session, 4.4-4.7 s grouped; the FTS merge
+    after the prune 2.1-2.2 s, now 0.2-0.4 s).
     A group is as large as ``budget`` has room for at the rate measured so far; sessions that do
     not fit go back to the front of ``queue``.
     """
