@@ -124,7 +124,7 @@ EXTRA_OPTS = {"wal-0.19": {}, "delete-0.22": {"allow_unknown_schema": True}, "wa
 WAL_GRID = "500:0.03:0,2000:0.03:0,2000:0.02,2000:0.03:0.04,2000:0.03,2000:0.03:0.1"
 ROLLBACK_GRID = "2000:0.03:0.04,2000:0.03:0.06,2000:0.01:0.06,4000:0.03:0.1"
 WRITING_PHASES = ("close_zombies", "prune", "reclaim")  # the 0.19.0 bench's "through prune and reclaim"
-REFUSAL_MARGIN = 256 * MB  # free space beside the file on the refusal disk: less than a backup or a VACUUM needs
+REFUSAL_MARGIN = 256 * MB  # free space beside the file on the refusal disk (at most a quarter of the file)
 
 
 def run_child(cmd, env=None, cwd=None):
@@ -330,7 +330,7 @@ def sha256(path):
 
 def disk_refusals(workdir, base):
     """Issue 26's refusal before any write on a disk that cannot hold the backup or a VACUUM: a copy
-    of ``base`` on a tmpfs only REFUSAL_MARGIN larger than the file (mounted here: root), then
+    of ``base`` on a tmpfs only REFUSAL_MARGIN (or a quarter of the file) larger than it (mounted here: root), then
     ``run_maintenance`` twice, with no holder: the defaults (a backup beside the home), and with no
     backup and ``vacuum_mode: full`` (nothing old enough to prune, so the VACUUM is all it would do).
     Each must say why it refused, and leave state.db byte for byte as it was, with no journal."""
@@ -342,7 +342,8 @@ def disk_refusals(workdir, base):
     mount.mkdir(parents=True, exist_ok=True)
     size = os.path.getsize(str(base))
     subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=%d,mode=0700" % (size + REFUSAL_MARGIN), "tmpfs", str(mount)], check=True
+        ["mount", "-t", "tmpfs", "-o", "size=%d,mode=0700" % (size + min(REFUSAL_MARGIN, size // 4)), "tmpfs", str(mount)],
+        check=True,
     )
     cases = []
     try:
