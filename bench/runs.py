@@ -341,10 +341,8 @@ def disk_refusals(workdir, base):
     mount = workdir / "refusal-disk"
     mount.mkdir(parents=True, exist_ok=True)
     size = os.path.getsize(str(base))
-    subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=%d,mode=0700" % (size + min(REFUSAL_MARGIN, size // 4)), "tmpfs", str(mount)],
-        check=True,
-    )
+    room = size + min(REFUSAL_MARGIN, size // 4)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%d,mode=0700" % room, "tmpfs", str(mount)], check=True)
     cases = []
     try:
         home = mount / "home"
