@@ -26,7 +26,7 @@ import re
 import sqlite3
 import time
 
-from ._hermes_backup import list_stamped, remove_partials, stamped_name
+from ._hermes_backup import BACKUP_STEP_BYTES, list_stamped, remove_partials, stamped_name
 from ._hermes_db import (
     BATCH_PAUSE,
     BUSY_TIMEOUT,
@@ -154,7 +154,29 @@ def _insert(dst, table, description, rows):
     )
 
 
-def _archive_messages(conn, dst, sid, table, column):
+class _WriteBack:
+    """fdatasync the partial archive each time it has grown by BACKUP_STEP_BYTES.
+
+    Written with synchronous=OFF, a large archive otherwise leaves hundreds of MB of dirty pages
+    that the kernel writes back all at once, in the middle of the prune: a gateway commit's own
+    fsync then waits behind them (measured at 5 GB without this: stalls of 520-640 ms).
+    """
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_RDONLY)
+        self.flushed = 0
+
+    def __call__(self):
+        size = os.fstat(self.fd).st_size
+        if size - self.flushed >= BACKUP_STEP_BYTES:
+            os.fdatasync(self.fd)
+            self.flushed = size
+
+    def close(self):
+        os.close(self.fd)
+
+
+def _archive_messages(conn, dst, sid, table, column, write_back):
     """A session's messages by id ranges, ARCHIVE_CHUNK per read transaction."""
     last, copied = -1, 0
     sql = "SELECT * FROM %s WHERE %s = ? AND id > ? ORDER BY id LIMIT %d" % (
@@ -170,6 +192,7 @@ def _archive_messages(conn, dst, sid, table, column):
             return copied
         _insert(dst, table, description, rows)
         dst.commit()
+        write_back()
         copied += len(rows)
         last = rows[-1][[d[0] for d in description].index("id")]
         if len(rows) < ARCHIVE_CHUNK:
@@ -197,7 +220,12 @@ def take_archive(conn, db_path, backup_dir, profile, order, must_contain, schema
         )
     try:
         os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        dst = sqlite3.connect(partial)
+        write_back = _WriteBack(partial)
+        try:
+            dst = sqlite3.connect(partial)
+        except BaseException:
+            write_back.close()
+            raise
         try:
             dst.execute("PRAGMA journal_mode=OFF")  # a private partial file, verified before it counts
             dst.execute("PRAGMA synchronous=OFF")
@@ -210,8 +238,9 @@ def take_archive(conn, db_path, backup_dir, profile, order, must_contain, schema
                 paged = must_contain.get(chunk[0], 0) > ARCHIVE_CHUNK
                 _archive_chunk(conn, dst, chunk, referencing, referenced, with_messages=not paged)
                 if paged:
-                    _archive_messages(conn, dst, chunk[0], msg_table, msg_column)
+                    _archive_messages(conn, dst, chunk[0], msg_table, msg_column, write_back)
                 dst.commit()
+                write_back()
             dst.executemany(
                 "INSERT INTO archive_sessions (id, seq, messages) VALUES (?, ?, ?)",
                 [(sid, index, must_contain.get(sid, 0)) for index, sid in enumerate(order)],
@@ -228,6 +257,7 @@ def take_archive(conn, db_path, backup_dir, profile, order, must_contain, schema
             counts = verify_archive(dst, partial, must_contain)
         finally:
             dst.close()
+            write_back.close()
         os.chmod(partial, 0o600)
         fsync_path(partial)
         os.rename(partial, final)
