@@ -175,9 +175,9 @@ class WriterTurn:
     commit, well before a fixed pause would. When none shows up, the wait lasts until just past
     the next poll of a writer that may have been waiting since the gateway's last commit we saw
     (``poll_gap``), at least ``pause``: a writer that missed one window is let in at the next
-    instead of waiting through another transaction with ever longer polls. With ``cover_poll``
-    false (WAL mode, whose commits are short) the wait is never longer than ``pause``: the turn
-    only ends it early, once the gateway has committed.
+    instead of waiting through another transaction with ever longer polls (in both journal modes:
+    a WAL writer's busy handler backs off alike). With ``cover_poll`` false the wait is never
+    longer than ``pause``: the turn only ends it early, once the gateway has committed.
     """
 
     GRACE = 0.002  # free this long after a writer's commit: no other writer was queued behind it
@@ -266,9 +266,8 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     interrupted (SQLite rolls the transaction back; its sessions are retried in two smaller
     batches). After each commit the prune waits for the gateway's turn (WriterTurn) instead of
     a fixed pause: until a waiting writer has committed, or at most until just past its next poll.
-    In WAL mode the pause is ``pause`` as configured, ended early once a writer that waited for
-    us has committed (the -shm's write lock). While no other connection commits, the bound grows
-    and the pause shrinks (IdlePacing).
+    In WAL mode the same turn, seen through the -shm's write lock. While no other connection
+    commits, the bound grows and the pause shrinks (IdlePacing).
 
     ``result`` (a PruneResult) is updated as each transaction commits, so a run that fails
     halfway still reports what it did. ``stop``, when given, is asked before each
@@ -280,7 +279,10 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     pending = db_path + PENDING_SUFFIX
     wal = conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"
     writing = writer_probe(db_path, wal=wal) if pause_after_commit or wal else None
-    turn = WriterTurn(writing, pause, cover_poll=pause_after_commit) if writing else None
+    # Both journal modes wait past a waiting writer's next poll: with the bare pause in WAL mode,
+    # 0.19.0's writer missed window after window (worst stalls 966-1362 ms at 200k, against
+    # 257-301 ms covering its poll, measured alternately side by side; bench/notes/wal-0.19.md).
+    turn = WriterTurn(writing, pause) if writing else None
     result.transcripts += finish_pending(conn, pending)
     queue = collections.deque(_batches(plan, max(1, int(batch_size))))
     bound = (batch_time or 0.0) + (ROLLBACK_COMMIT_TIME if pause_after_commit and batch_time else 0.0)
