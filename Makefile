@@ -143,10 +143,15 @@ MATRIX_MARKERS ?= not matrix and not slow and not release_line
 # run the whole suite there); MATRIX_DEDUP=0 runs it anyway.
 MATRIX_DEDUP ?= 1
 # The timing tests (live writers, stall bounds) measure SQLite's locking, which every pyenv
-# Python here links alike (3.40.1): their pass runs on the oldest and the newest Python (and on
-# the controller's, unit-timing), the other legs run every other test. MATRIX_TIMING_PYTHONS=
-# "$(MATRIX_PYTHONS)" runs it on all.
-MATRIX_TIMING_PYTHONS ?= 3.8 3.13
+# Python here links alike (3.40.1): their pass runs on the controller's Python (unit-timing) and
+# on each other SQLite (matrix-sqlite-timing), not again on each Python; the legs run every
+# other test. MATRIX_TIMING_PYTHONS="3.8 3.13" runs it on those too, "$(MATRIX_PYTHONS)" on all.
+MATRIX_TIMING_PYTHONS ?= none
+# The tests on files built by a real Hermes release cross the release dimension with the oldest
+# and the newest Python (and the controller's, units); the legs between them run the rest of the
+# suite (every engine path on the schema-built layouts). MATRIX_RELEASE_PYTHONS="$(MATRIX_PYTHONS)"
+# runs them on all.
+MATRIX_RELEASE_PYTHONS ?= 3.8 3.13
 # Second controller: the newest ansible-core (requirements/controller-py313.txt) on Python 3.13.
 ifeq ($(origin PYTHON313),undefined)
 PYTHON313 := $(shell bash scripts/find_python.sh 3.13)
@@ -157,6 +162,7 @@ STAMP313 := $(VENV313)/.setup-stamp
 
 matrix-python: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## engine unit tests on Python 3.8-3.13 (pyenv), each with the SQLite it links
 	@MATRIX_SAME_AS=$(if $(filter 1,$(MATRIX_DEDUP)),$(BIN)/python) MATRIX_TIMING_PYTHONS="$(MATRIX_TIMING_PYTHONS)" \
+		MATRIX_RELEASE_PYTHONS="$(MATRIX_RELEASE_PYTHONS)" \
 		bash scripts/matrix_python.sh "$(MATRIX_PYTHONS)" "$(MATRIX_MARKERS)" $(PYTEST_ARGS)
 
 $(STAMP313): requirements/controller-py313.txt

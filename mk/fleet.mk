@@ -6,8 +6,10 @@
 # containers.podman (extracted from the `ansible` wheel on PyPI into .cache/fleet).
 
 BIN ?= $(CURDIR)/.venv/bin
-# Bound of the molecule run (seconds); the issue asks for < 15 min in all.
-FLEET_TIMEOUT ?= 840
+# Bound of the molecule run (seconds): a hang is stopped. The fleet issue asks for < 15 min on
+# the baseline machine (560 s there); a CI machine 2.5-3x slower, beside molecule and the fresh
+# machine, took 850 s and the old bound of 840 s stopped a healthy run.  CI budget: 1800 s.
+FLEET_TIMEOUT ?= 1500
 
 .PHONY: fleet fleet-image fleet-collections fleet-create fleet-verify fleet-destroy
 

@@ -12,9 +12,14 @@
 # A leg whose interpreter and SQLite are the controller venv's own (MATRIX_SAME_AS: that venv's
 # python) is not run again: `make units` + `make unit-timing` run the whole suite there; its
 # row says so. Each leg runs scripts/pytest_split.sh's two passes (-n 2, then timing alone).
-# MATRIX_TIMING_PYTHONS (make: the oldest and the newest): the versions whose timing pass runs
-# (live writers, stall bounds: what they measure is SQLite's locking, the same 3.40.1 on every
-# pyenv Python here); the others run every other test. Unset: every version.
+# MATRIX_TIMING_PYTHONS (make: none): the versions whose timing pass runs (live writers, stall
+# bounds: what they measure is SQLite's locking, the same 3.40.1 on every pyenv Python here, which
+# unit-timing measures on the controller's Python; matrix-sqlite-timing on each other SQLite);
+# "none": no leg's; unset: every version's.
+# MATRIX_RELEASE_PYTHONS (make: the oldest and the newest): the versions that also run the tests on
+# files built by a real Hermes release (marker `releases`); the versions between them run the
+# engine on the schema-built layouts (every code path, every schema) and leave the release
+# dimension to those and to `units`. Unset: every version runs them.
 #
 # Usage: scripts/matrix_python.sh "3.8 3.9 ..." "MARKERS" [extra pytest args...]
 #        scripts/matrix_python.sh --setup-only "3.8 3.9 ..."    only make the venvs (make prepare)
@@ -74,14 +79,21 @@ for ver in $versions; do
         continue
     fi
     if [ "${PYTEST_PASS:-both}" = timing ] && ! [[ " ${MATRIX_TIMING_PYTHONS:-$versions} " == *" $ver "* ]]; then
-        echo "+ Python $ver: its timing pass is left to Python ${MATRIX_TIMING_PYTHONS:-} (MATRIX_TIMING_PYTHONS)"
-        rows+=("$(printf '%-6s %-10s %-8s %-8s %5ss  %s' "$ver" "$full" "$sqlite" "covered" 0 "timing tests: by Python ${MATRIX_TIMING_PYTHONS:-} and unit-timing")")
+        by="Python $MATRIX_TIMING_PYTHONS and unit-timing"
+        [ "$MATRIX_TIMING_PYTHONS" = none ] && by="unit-timing (the controller's Python, SQLite $sqlite) and matrix-sqlite-timing"
+        echo "+ Python $ver: its timing pass is left to $by (MATRIX_TIMING_PYTHONS)"
+        rows+=("$(printf '%-6s %-10s %-8s %-8s %5ss  %s' "$ver" "$full" "$sqlite" "covered" 0 "timing tests: by $by")")
         continue
     fi
-    echo "+ pytest tests/unit/plugins/module_utils -m \"$markers\" $* in two passes (Python $full at $py, SQLite $sqlite)"
-    leg_pytest "$logdir/py$ver.log" "Python $ver" "$venv/bin/python" "$markers" \
+    leg_markers=$markers note=""
+    if [ -n "${MATRIX_RELEASE_PYTHONS+set}" ] && ! [[ " $MATRIX_RELEASE_PYTHONS " == *" $ver "* ]]; then
+        leg_markers="($markers) and not releases"
+        note="; release-built files: by Python $MATRIX_RELEASE_PYTHONS and units"
+    fi
+    echo "+ pytest tests/unit/plugins/module_utils -m \"$leg_markers\" $* in two passes (Python $full at $py, SQLite $sqlite)"
+    leg_pytest "$logdir/py$ver.log" "Python $ver" "$venv/bin/python" "$leg_markers" \
         tests/unit/plugins/module_utils -p no:cacheprovider "$@"
-    rows+=("$(printf '%-6s %-10s %-8s %-8s %5ss  %s' "$ver" "$full" "$sqlite" "$leg_status" $(($(date +%s) - start)) "$leg_counts")")
+    rows+=("$(printf '%-6s %-10s %-8s %-8s %5ss  %s' "$ver" "$full" "$sqlite" "$leg_status" $(($(date +%s) - start)) "$leg_counts$note")")
 done
 
 [ "$setup_only" = 1 ] && exit "$failed"
