@@ -188,12 +188,24 @@ matrix-controller: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## integration
 			"no python3.13 here (pyenv versions/3.13.* or python3.13 on PATH)"; \
 	else $(MAKE) matrix-controller-run; fi
 
+# The second controller runs the suite but for what ansible-core does not touch: the managed
+# node's layout (marker managed_node), the docs site, the timing tests (SQLite's locking, the
+# engine's pacing: integration-timing) and the scheduler's hermes -> none -> absent walk (the
+# role's own branching; the newest ansible-core applies and removes the role in
+# test_operator_mistakes and test_optimize_storage). On a CI machine 2.5-3x slower than the
+# baseline that walk alone made this step's longest file (four role applies).
+MATRIX_CONTROLLER_DESELECT ?= tests/integration/test_docs_site.py \
+	tests/integration/test_playbooks.py::test_schedule_with_hermes_cron_then_none_then_absent
+
 matrix-controller-run: $(STAMP313)
+	@if [ "$${PYTEST_PASS:-both}" = timing ]; then \
+		echo "matrix-controller: timing tests covered by integration-timing (what they measure is SQLite's locking and the engine's pacing, not ansible-core)"; \
+		exit 0; fi
 	@echo "+ controller: $$($(BIN313)/ansible --version | sed -n 1p), $$($(BIN313)/python --version)"
 	@ANSIBLE_COLLECTIONS_PATH=$(COLLECTIONS_ROOT) ANSIBLE_LOCAL_TEMP=$(CURDIR)/build/ansible-tmp-313 \
 		ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0 PATH=$(BIN313):$$PATH \
 		$(PYTEST_SPLIT) build/logs/matrix-controller-pytest "($(PYTEST_MARKERS)) and not managed_node" $(BIN313)/pytest -- \
-		tests/integration --deselect tests/integration/test_docs_site.py -p no:cacheprovider $(PYTEST_ARGS)
+		tests/integration $(addprefix --deselect ,$(MATRIX_CONTROLLER_DESELECT)) -p no:cacheprovider $(PYTEST_ARGS)
 
 # ----------------------------------------------------------------- docs and release
 

@@ -49,6 +49,14 @@ if [ "${HERMES_VENV_INSTALLER:-uv}" = uv ]; then
         fi
     fi
     [ -x "$uv_tool/bin/uv" ] && uv_bin="$uv_tool/bin/uv"
+    # uv does not read pip's configuration: give it the CA bundle pip is told to trust (where the
+    # registry is reached through a TLS-inspecting proxy, as in the fresh-machine container: uv's
+    # own roots failed there with "invalid peer certificate: UnknownIssuer").
+    if [ -n "$uv_bin" ] && [ -z "${SSL_CERT_FILE:-}" ]; then
+        pip_cert=${PIP_CERT:-$("$uv_tool/bin/python" -m pip config list 2>/dev/null \
+            | sed -n "s/^[a-z:]*\.cert='\(.*\)'\$/\1/p" | head -n 1)}
+        if [ -n "$pip_cert" ] && [ -r "$pip_cert" ]; then export SSL_CERT_FILE=$pip_cert; fi
+    fi
 fi
 export UV_HTTP_TIMEOUT=${UV_HTTP_TIMEOUT:-${PIP_DEFAULT_TIMEOUT:-60}}
 
