@@ -217,12 +217,13 @@ changelog-check: $(STAMP) ## generate the changelog on a scratch copy (fragments
 release-check: $(STAMP) $(HERMES_VENVS_STAMP) ## build the artifact, check its contents, install it, smoke-run the installed maintain.yml --check
 	@$(BIN)/python scripts/release_smoke.py
 
-# Steps of `make test`, in order: the checks (joined by "+": they run at the same time; none
-# runs a timing test), then the test suites one after another. Each step's budget and
+# Steps of `make test`, in order: the checks and `units` (joined by "+": they run at the same
+# time; none runs a timing test; sanity runs its tests one after another on one core, and the
+# other checks end within its first 90 s), then the test suites one after another. Each step's budget and
 # baseline are in .ci/budgets. The engine suite on the controller's Python is `units`
 # (ansible-test, all but the timing tests) + `unit-timing`; `make unit` runs both passes itself
 # (the fresh-machine job uses it) and so is not a step here again.
-TEST_STEPS ?= lint+docs-lint+changelog-check+metrics+ee-context+release-check+sanity units integration \
+TEST_STEPS ?= lint+docs-lint+changelog-check+metrics+ee-context+release-check+sanity+units integration \
 	matrix-controller matrix-python matrix-sqlite \
 	unit-timing integration-timing matrix-controller-timing matrix-python-timing matrix-sqlite-timing
 

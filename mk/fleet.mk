@@ -8,8 +8,9 @@
 BIN ?= $(CURDIR)/.venv/bin
 # Bound of the molecule run (seconds): a hang is stopped. The fleet issue asks for < 15 min on
 # the baseline machine (560 s there); a CI machine 2.5-3x slower, beside molecule and the fresh
-# machine, took 850 s and the old bound of 840 s stopped a healthy run.  CI budget: 1800 s.
-FLEET_TIMEOUT ?= 1500
+# machine, took 850 s and the old bound of 840 s stopped a healthy run; beside a fresh-machine job
+# that had fallen back to pip (load 12) a healthy run reached 1500 s.  CI budget: 1800 s.
+FLEET_TIMEOUT ?= 1700
 
 .PHONY: fleet fleet-image fleet-collections fleet-create fleet-verify fleet-destroy
 

@@ -42,6 +42,7 @@ get_pip="$HOME/.ansible/test/cache/get_pip_${pip_version//./_}.py"
 # (a real get-pip script already in the cache is left alone)
 if [ ! -e "$get_pip" ] || { grep -q 'Stand-in for the pip bootstrap' "$get_pip" && ! cmp -s scripts/ansible_test_get_pip.py "$get_pip"; }; then
     mkdir -p "$(dirname "$get_pip")"
-    cp scripts/ansible_test_get_pip.py "$get_pip"
+    # sanity and units run at the same time in make test: replace the file whole, never half-written
+    cp scripts/ansible_test_get_pip.py "$get_pip.$$" && mv -f "$get_pip.$$" "$get_pip"
 fi
 echo "$dest"
