@@ -200,12 +200,13 @@ MATRIX_CONTROLLER_DESELECT ?= tests/integration/test_docs_site.py \
 matrix-controller-run: $(STAMP313)
 	@if [ "$${PYTEST_PASS:-both}" = timing ]; then \
 		echo "matrix-controller: timing tests covered by integration-timing (what they measure is SQLite's locking and the engine's pacing, not ansible-core)"; \
-		exit 0; fi
-	@echo "+ controller: $$($(BIN313)/ansible --version | sed -n 1p), $$($(BIN313)/python --version)"
-	@ANSIBLE_COLLECTIONS_PATH=$(COLLECTIONS_ROOT) ANSIBLE_LOCAL_TEMP=$(CURDIR)/build/ansible-tmp-313 \
+	else \
+		echo "+ controller: $$($(BIN313)/ansible --version | sed -n 1p), $$($(BIN313)/python --version)"; \
+		ANSIBLE_COLLECTIONS_PATH=$(COLLECTIONS_ROOT) ANSIBLE_LOCAL_TEMP=$(CURDIR)/build/ansible-tmp-313 \
 		ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0 PATH=$(BIN313):$$PATH \
 		$(PYTEST_SPLIT) build/logs/matrix-controller-pytest "($(PYTEST_MARKERS)) and not managed_node" $(BIN313)/pytest -- \
-		tests/integration $(addprefix --deselect ,$(MATRIX_CONTROLLER_DESELECT)) -p no:cacheprovider $(PYTEST_ARGS)
+		tests/integration $(addprefix --deselect ,$(MATRIX_CONTROLLER_DESELECT)) -p no:cacheprovider $(PYTEST_ARGS); \
+	fi
 
 # ----------------------------------------------------------------- docs and release
 
