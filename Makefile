@@ -223,7 +223,7 @@ release-check: $(STAMP) $(HERMES_VENVS_STAMP) ## build the artifact, check its c
 # other checks end within its first 90 s), then the test suites one after another. Each step's budget and
 # baseline are in .ci/budgets. The engine suite on the controller's Python is `units`
 # (ansible-test, all but the timing tests) + `unit-timing`; `make unit` runs both passes itself
-# (the fresh-machine job uses it) and so is not a step here again.
+# (`FRESH_FAST_STEPS="lint unit"` runs it in the fresh machine) and so is not a step here again.
 TEST_STEPS ?= lint+docs-lint+changelog-check+metrics+ee-context+release-check+sanity+units integration \
 	matrix-controller matrix-python matrix-sqlite \
 	unit-timing integration-timing matrix-controller-timing matrix-python-timing matrix-sqlite-timing
