@@ -4,6 +4,7 @@
 #
 #   make fresh-machine                                  Debian 12, make demo + the fast part of make test
 #   make fresh-machine FRESH_SUITE=trixie FRESH_PART=full   Debian 13, make demo + the whole make test
+#   FRESH_TEST_RUNS=3 make fresh-machine FRESH_SUITE=trixie FRESH_PART=full   ... make test three times in a row
 #   FRESH_CACHE=$(mktemp -d) make fresh-machine         as CI runs it: no cached rootfs, debootstrap first
 
 FRESH_SUITE ?= bookworm

@@ -20,7 +20,9 @@
 # the container's output is kept in build/fresh/<suite>-<part>.log.
 # Env: FRESH_MIRROR (default: read from the apt sources), FRESH_REBUILD=1 (new rootfs),
 # FRESH_CACHE (where the rootfs is kept, default .cache/fresh; an empty directory times the
-# job as CI runs it, from a clean clone with no cache).
+# job as CI runs it, from a clean clone with no cache), FRESH_TEST_RUNS=N (the test command N
+# times in a row in the same container, after one `make demo`: a flaky test shows up as a
+# failed run among N; default 1).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
@@ -37,6 +39,12 @@ case "$part" in
     image) test_cmd="" ;;  # only make (or find) the image: `make prepare` with the images lane
     *) echo "usage: $0 [SUITE] [fast|full|image]" >&2; exit 2 ;;
 esac
+runs=${FRESH_TEST_RUNS:-1}
+case "$runs" in
+    '' | *[!0-9]* | 0) echo "error: FRESH_TEST_RUNS must be a whole number of runs, 1 or more (got '$runs')" >&2; exit 2 ;;
+esac
+test_cmds=""
+[ -n "$test_cmd" ] && for _ in $(seq "$runs"); do test_cmds+=" \"$test_cmd\""; done
 image=localhost/hermes-ops-fresh:$suite
 cache=${FRESH_CACHE:-$repo/.cache/fresh}
 rootfs_tar=$cache/$suite-rootfs.tar
@@ -133,7 +141,7 @@ echo "== prerequisites installed in \$((\$(date +%s) - t))s (\$(python3 -c 'impo
 git clone --quiet /src/hermes-ops.git /root/hermes-ops
 cd /root/hermes-ops
 rc=0
-for cmd in "make demo" "$test_cmd"; do
+for cmd in "make demo"$test_cmds; do
     echo "== \$cmd"
     t=\$(date +%s)
     if eval "\$cmd"; then status=ok; else status=FAILED; rc=1; fi
@@ -143,7 +151,7 @@ exit \$rc
 INSIDE
 
 log=$logdir/$suite-$part.log
-say "container $name: README line, git clone, make demo, $test_cmd (log: $log)"
+say "container $name: README line, git clone, make demo, $test_cmd ($runs time(s)) (log: $log)"
 rc=0
 "${podman[@]}" run --name "$name" --network host --hostname "fresh-$suite" \
     -v "$work/hermes-ops.git:/src/hermes-ops.git:ro" \
