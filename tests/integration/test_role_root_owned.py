@@ -179,6 +179,22 @@ def test_engine_wrapper_and_config_are_roots_and_the_user_cannot_write_them(ansi
     assert run.stdout.splitlines()[0] == "=== Session Maintenance Start ===", run.stdout
     assert " pruned=1 " in run.stdout
 
+    # A re-apply copies back exactly the engine files that differ from the collection's (one
+    # changed, one with another mode) and leaves the others alone.
+    source = REPO_ROOT / "plugins" / "module_utils"
+    with open(str(LIB / "lib" / "hermes_ops" / "_hermes_engine.py"), "a") as changed:
+        changed.write("# changed on the host\n")
+    os.chmod(str(LIB / "lib" / "hermes_ops" / "_hermes_runner.py"), 0o600)
+    out = _apply(ansible_playbook, h, hermes_maintenance_scheduler="hermes")
+    installs = [t for t in out.tasks() if t["name"].endswith("Install the engine as package hermes_ops")]
+    install = installs[-1]["hosts"]["localhost"]
+    copied = sorted(Path(r["dest"]).name for r in install["results"] if r.get("changed"))
+    assert copied == ["_hermes_engine.py", "_hermes_runner.py"], install
+    assert len(install["results"]) == 2, install
+    for name in copied:
+        assert (LIB / "lib" / "hermes_ops" / name).read_bytes() == (source / name).read_bytes()
+        assert _ls(LIB / "lib" / "hermes_ops" / name) == ("-rw-r--r--", "root", 0)
+
 
 def test_root_never_imports_what_the_user_planted(ansible_playbook, host):
     h = host
