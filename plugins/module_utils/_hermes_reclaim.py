@@ -14,6 +14,7 @@ import sqlite3
 import tempfile
 import time
 
+from ._hermes_apply import turn_after_commit
 from ._hermes_db import (
     MB,
     WAL_BUDGET,
@@ -58,6 +59,7 @@ def wal_budget(conn, db_path, replica=None):
 def fts_merge(conn, fts, pause, stop=None):
     """Merge FTS5 segments left sparse by the deletes, a few pages per transaction."""
     steps = 0
+    wait = turn_after_commit(conn, pause)
     for table in fts:
         if table["error"] or (stop and stop()):
             continue
@@ -67,10 +69,11 @@ def fts_merge(conn, fts, pause, stop=None):
             if stop and stop():
                 break
             before = conn.total_changes
+            began = time.monotonic()
             with write_transaction(conn):
                 conn.execute(sql)
             steps += 1
-            time.sleep(pause)
+            wait(time.monotonic() - began)
             if conn.total_changes - before < 2:  # FTS5's documented "no more work" signal
                 break
     return steps
@@ -124,10 +127,12 @@ def _dir(path):
 def incremental_vacuum(conn, pause, stop=None):
     """Free pages in short steps; ``executescript`` runs the pragma to completion."""
     steps = 0
+    wait = turn_after_commit(conn, pause)
     while pragma(conn, "freelist_count") > 0 and steps < 100000 and not (stop and stop()):
+        began = time.monotonic()
         conn.executescript("PRAGMA incremental_vacuum(%d);" % INCREMENTAL_PAGES)
         steps += 1
-        time.sleep(pause)
+        wait(time.monotonic() - began)
     return steps
 
 

@@ -6,6 +6,9 @@
 * ``WriterTurn.wait`` ends soon after a writer that was waiting has committed, and without
   one lasts until just past a waiting writer's next poll (never shorter than the pause); in
   WAL mode it is never longer than the pause;
+* the reclaim's steps (FTS merge, incremental_vacuum) wait for the same turn after each commit
+  (``turn_after_commit``), in both journal modes, and past a waiting writer's next poll when
+  there is no descriptor to ask with;
 * ``LockBudget`` refuses another session once the time so far, that session at the rate
   measured so far and the last COMMIT would not fit;
 * a prune transaction still running past the hard bound is interrupted, rolled back by
@@ -25,7 +28,12 @@ import time
 from hermes_reliability import db_problems
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply, _hermes_engine
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import LockBudget, WriterTurn, poll_gap
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import (
+    LockBudget,
+    WriterTurn,
+    poll_gap,
+    turn_after_commit,
+)
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import open_rw, writer_probe
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from hermes_fixtures import build_home
@@ -148,6 +156,32 @@ def test_turn_without_a_writer_covers_its_next_poll(tmp_path):
     start = time.monotonic()
     WriterTurn(writer_probe(db), pause=0.08).wait(held=0.0)
     assert time.monotonic() - start >= 0.08
+    conn.close()
+
+
+def test_the_reclaims_steps_wait_for_the_gateways_turn_in_both_journal_modes(tmp_path):
+    for journal in ("delete", "wal"):
+        (tmp_path / journal).mkdir()
+        db = rollback_db(tmp_path / journal, journal)
+        conn = open_rw(db)
+        conn.execute("SELECT COUNT(*) FROM t").fetchone()
+        wait = turn_after_commit(conn, pause=5.0)
+        proc = writer(db, 0.05, 0.1)  # takes the lock 50 ms into the wait, commits 100 ms later
+        start = time.time()
+        wait(0.0)
+        ended = time.time()
+        committed = float(proc.stdout.read().split()[-1])
+        assert proc.wait(10) == 0
+        assert committed <= ended < start + 2.0, journal  # the writer's commit ended it, not the 5 s pause
+        conn.close()
+
+
+def test_without_a_descriptor_the_reclaims_pause_covers_a_waiting_writers_next_poll():
+    conn = sqlite3.connect(":memory:")  # no file to ask with
+    wait = turn_after_commit(conn, pause=0.01)
+    start = time.monotonic()
+    wait(0.2)  # a step held 200 ms: a writer waiting that long polls every 50 ms
+    assert time.monotonic() - start >= poll_gap(0.2) + 0.005
     conn.close()
 
 
