@@ -23,9 +23,11 @@ ZOMBIE_CHUNK = 200
 # What a transaction's time bound allows on top of batch_time for its COMMIT in rollback-journal
 # mode beside a live gateway: the journal and the pages are written and both synced (10-25 ms here).
 ROLLBACK_COMMIT_TIME = 0.04
-# There, a statement still running this many times the bound after BEGIN is interrupted (SQLite
-# rolls the transaction back) and the batch retried in two: a process preempted while it holds
-# the lock would otherwise keep the gateway out past its 128 ms poll, then its 50 and 100 ms ones.
+# A statement still running this many times the bound after BEGIN is interrupted (SQLite rolls
+# the transaction back) and the batch retried in two, in either journal mode: a process preempted
+# while it holds the lock, or a group whose pages went cold when the gateway committed, would
+# otherwise keep the gateway out past its 128 ms poll, then its 50 and 100 ms ones (in WAL mode,
+# before: 0.19.0's writer waited 290-409 ms on 195-321 ms transactions under a 60 ms bound).
 HARD_BOUND_FACTOR = 1.5
 PROGRESS_STEPS = 1000  # SQLite VM steps between two looks at the clock while a statement runs
 # SQLite's busy handler sleeps these many ms between polls, then 100 ms each (sqliteDefaultBusyCallback).
@@ -282,11 +284,13 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     included (LockBudget): the bound a waiting gateway sees is then wall time, whatever the
     machine's load.
 
+    A statement still running at HARD_BOUND_FACTOR times that bound is interrupted (SQLite rolls
+    the transaction back; its sessions are retried in two smaller batches; a transaction's first
+    session always completes, so the prune goes on).
+
     ``pause_after_commit`` (rollback-journal mode beside a live gateway): a commit there writes
     the journal and the pages and syncs both, so it gets ROLLBACK_COMMIT_TIME on top of
-    ``batch_time``, and a statement still running at HARD_BOUND_FACTOR times that bound is
-    interrupted (SQLite rolls the transaction back; its sessions are retried in two smaller
-    batches). After each commit the prune waits for the gateway's turn (WriterTurn) instead of
+    ``batch_time``. After each commit the prune waits for the gateway's turn (WriterTurn) instead of
     a fixed pause: until a waiting writer has committed, or at most until just past its next poll.
     In WAL mode the same turn, seen through the -shm's write lock. While no other connection
     commits, the bound grows and the pause shrinks (IdlePacing).
@@ -308,7 +312,7 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     result.transcripts += finish_pending(conn, pending)
     queue = collections.deque(_batches(plan, max(1, int(batch_size))))
     bound = (batch_time or 0.0) + (ROLLBACK_COMMIT_TIME if pause_after_commit and batch_time else 0.0)
-    budget = LockBudget(bound, hard=bound * HARD_BOUND_FACTOR if pause_after_commit and bound else None)
+    budget = LockBudget(bound, hard=bound * HARD_BOUND_FACTOR if bound else None)
     pacing = IdlePacing(conn, bound, pause)
     if budget.hard:
         conn.set_progress_handler(budget.interrupt, PROGRESS_STEPS)
@@ -323,7 +327,9 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
             result.stopped = stop() if stop else None
             if result.stopped:
                 break
-            budget.seconds = pacing.bound()  # the hard bound stays the configured one's
+            budget.seconds = pacing.bound()
+            if budget.hard:  # while the gateway is idle the bound grows, and the hard bound with it
+                budget.hard = budget.seconds * HARD_BOUND_FACTOR
             batch = queue.popleft()
             began = time.monotonic()
             try:

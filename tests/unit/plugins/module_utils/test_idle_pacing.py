@@ -6,7 +6,8 @@
   IDLE_STREAK quiet transactions the bound doubles up to IDLE_HOLD_CAP and the pause halves down
   to just past a waiting writer's next poll; the first commit of a real second connection puts
   both back to the configured values, in either journal mode;
-* a real prune with nobody else writing runs its later transactions with the longer bound;
+* a real prune with nobody else writing runs its later transactions with the longer bound, and
+  the hard bound grows with it;
 * (timing) beside a writer that commits every 150 ms, the pacing opens up between its writes and
   is put back by each of them, and no write waits long.
 """
@@ -20,6 +21,7 @@ import pytest
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import (
+    HARD_BOUND_FACTOR,
     IDLE_HOLD_CAP,
     IDLE_STREAK,
     IdlePacing,
@@ -88,13 +90,23 @@ def test_a_prune_nobody_else_writes_to_runs_its_later_transactions_longer(tmp_pa
             bounds.append(super().bound())
             return bounds[-1]
 
+    hards = []
+
+    class Budget(_hermes_apply.LockBudget):  # the real budget, the hard bound of each transaction recorded
+        def begin(self):
+            hards.append(self.hard)
+            super().begin()
+
     monkeypatch.setattr(_hermes_apply, "IdlePacing", Watched)
+    monkeypatch.setattr(_hermes_apply, "LockBudget", Budget)
     # one session per transaction (3 messages each), short pauses: a transaction per session
     options = {"hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0.001, "backup": False}
     profile = run_maintenance(options)["profiles"][0]
     assert profile["status"] == "ok", profile["error"]
     assert profile["sessions_pruned"] == len(specs)
     assert bounds == [0.06] * IDLE_STREAK + [IDLE_HOLD_CAP] * 4
+    # the hard bound grows with the bound: a longer transaction is not cut short at the live one's
+    assert hards == [pytest.approx(bound * HARD_BOUND_FACTOR) for bound in bounds]
 
 
 SPARSE_WRITER = """

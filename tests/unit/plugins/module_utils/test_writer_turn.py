@@ -12,7 +12,8 @@
 * ``LockBudget`` refuses another session once the time so far, that session at the rate
   measured so far and the last COMMIT would not fit;
 * a prune transaction still running past the hard bound is interrupted, rolled back by
-  SQLite and retried in two: every session is still pruned, the file is sound;
+  SQLite and retried in two, in either journal mode: every session is still pruned, the file
+  is sound;
 * in rollback-journal mode the prune keeps its journal between its transactions
   (``journal_mode=PERSIST`` on its connection: no file created and deleted per commit) and
   leaves neither the journal nor another journal mode behind.
@@ -25,6 +26,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 from hermes_reliability import db_problems
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply, _hermes_engine
@@ -196,20 +198,26 @@ def test_budget_keeps_room_for_the_commit():
     assert LockBudget(0).fits(100, 10**9)  # 0: no time bound
 
 
-def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried(tmp_path, monkeypatch):
+@pytest.mark.parametrize("journal", ["delete", "wal"])
+def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried(tmp_path, monkeypatch, journal):
     specs = [
         {"id": "p%02d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
         for i in range(10)
     ]
-    build_home(str(tmp_path), "v30", specs)
-    real_preflight = _hermes_engine.preflight_check
+    db = str(build_home(str(tmp_path), "v30", specs))
+    if journal == "delete":  # bound 0.06 + 0.04 s, hard bound 1.5x: 0.15 s
+        real_preflight = _hermes_engine.preflight_check
 
-    def beside_a_live_gateway(conn, db_path):  # as if the gateway held the file in rollback mode
-        report = real_preflight(conn, db_path)
-        report.update(live_rollback=True, holders=1)
-        return report
+        def beside_a_live_gateway(conn, db_path):  # as if the gateway held the file in rollback mode
+            report = real_preflight(conn, db_path)
+            report.update(live_rollback=True, holders=1)
+            return report
 
-    monkeypatch.setattr(_hermes_engine, "preflight_check", beside_a_live_gateway)
+        monkeypatch.setattr(_hermes_engine, "preflight_check", beside_a_live_gateway)
+    else:  # bound 0.06 s, hard bound 0.09 s: WAL's transactions are cut short as well
+        setup = sqlite3.connect(db, isolation_level=None)
+        assert setup.execute("PRAGMA journal_mode=WAL").fetchone() == ("wal",)
+        setup.close()
     monkeypatch.setattr(_hermes_apply, "PROGRESS_STEPS", 1)
     real_check, slowed, in_this_transaction = _hermes_apply._still_prunable, [], []
 
@@ -240,7 +248,7 @@ def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried(tmp_path, 
         return stop
 
     monkeypatch.setattr(_hermes_apply.LockBudget, "interrupt", interrupt)
-    # bound 0.06 + 0.04 s, hard bound 1.5x: 0.15 s; every session fits the bound on its own
+    # every session fits the bound on its own
     options = {"hermes_home": [str(tmp_path)], "batch_size": 1000, "batch_time": 0.06, "backup": False}
     profile = run_maintenance(options)["profiles"][0]
     assert profile["status"] == "ok", profile["error"]
@@ -250,7 +258,6 @@ def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried(tmp_path, 
     # transaction on a quick machine (3 in all), in more where the budget measures a slower rate
     assert tripped and tripped[0] == slowed[0][1]  # the transaction that was held too long
     assert len(opened) >= tripped[0] + 2  # then the sessions before it, on their own, then the rest
-    db = str(tmp_path / "state.db")
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT COUNT(*) FROM sessions WHERE id LIKE 'p%'").fetchone() == (0,)
     assert conn.execute("SELECT COUNT(*) FROM messages WHERE session_id LIKE 'p%'").fetchone() == (0,)
