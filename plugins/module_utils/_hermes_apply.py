@@ -23,12 +23,15 @@ ZOMBIE_CHUNK = 200
 # What a transaction's time bound allows on top of batch_time for its COMMIT in rollback-journal
 # mode beside a live gateway: the journal and the pages are written and both synced (10-25 ms here).
 ROLLBACK_COMMIT_TIME = 0.04
-# A statement still running this many times the bound after BEGIN is interrupted (SQLite rolls
-# the transaction back) and the batch retried in two, in either journal mode: a process preempted
-# while it holds the lock, or a group whose pages went cold when the gateway committed, would
-# otherwise keep the gateway out past its 128 ms poll, then its 50 and 100 ms ones (in WAL mode,
-# before: 0.19.0's writer waited 290-409 ms on 195-321 ms transactions under a 60 ms bound).
+# A statement still running this many times the bound after BEGIN, and at least HARD_BOUND_FLOOR,
+# is interrupted (SQLite rolls the transaction back) and the batch retried in two, in either journal
+# mode: a process preempted while it holds the lock, or a group whose pages went cold when the
+# gateway committed, would otherwise keep the gateway out past its 178 ms poll, then its 228 and
+# 328 ms ones (in WAL mode, before: 0.19.0's writer waited 290-409 ms on 195-321 ms transactions
+# under a 60 ms bound). A writer that has waited since our BEGIN gets in at its 178 ms poll; at
+# 1.5 x 60 ms, WAL's bound, work was thrown away so often that the prune lost a quarter of its rows/s.
 HARD_BOUND_FACTOR = 1.5
+HARD_BOUND_FLOOR = 0.15
 PROGRESS_STEPS = 1000  # SQLite VM steps between two looks at the clock while a statement runs
 # SQLite's busy handler sleeps these many ms between polls, then 100 ms each (sqliteDefaultBusyCallback).
 BUSY_POLL_MS = (1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100)
@@ -277,6 +280,11 @@ class IdlePacing:
         return max(floor, self.base_pause / 2 ** min(self._doublings(), 8))
 
 
+def hard_bound(bound):
+    """Seconds after BEGIN past which a running statement of the prune is interrupted."""
+    return max(bound * HARD_BOUND_FACTOR, HARD_BOUND_FLOOR)
+
+
 def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_after_commit=False, stop=None):
     """Delete plan.delete_order in transactions of at most batch_size messages.
 
@@ -284,8 +292,8 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     included (LockBudget): the bound a waiting gateway sees is then wall time, whatever the
     machine's load.
 
-    A statement still running at HARD_BOUND_FACTOR times that bound is interrupted (SQLite rolls
-    the transaction back; its sessions are retried in two smaller batches; a transaction's first
+    A statement still running past ``hard_bound`` of that bound is interrupted (SQLite rolls the
+    transaction back; its sessions are retried in two smaller batches; a transaction's first
     session always completes, so the prune goes on).
 
     ``pause_after_commit`` (rollback-journal mode beside a live gateway): a commit there writes
@@ -312,7 +320,7 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     result.transcripts += finish_pending(conn, pending)
     queue = collections.deque(_batches(plan, max(1, int(batch_size))))
     bound = (batch_time or 0.0) + (ROLLBACK_COMMIT_TIME if pause_after_commit and batch_time else 0.0)
-    budget = LockBudget(bound, hard=bound * HARD_BOUND_FACTOR if bound else None)
+    budget = LockBudget(bound, hard=hard_bound(bound) if bound else None)
     pacing = IdlePacing(conn, bound, pause)
     if budget.hard:
         conn.set_progress_handler(budget.interrupt, PROGRESS_STEPS)
@@ -329,7 +337,7 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
                 break
             budget.seconds = pacing.bound()
             if budget.hard:  # while the gateway is idle the bound grows, and the hard bound with it
-                budget.hard = budget.seconds * HARD_BOUND_FACTOR
+                budget.hard = hard_bound(budget.seconds)
             batch = queue.popleft()
             began = time.monotonic()
             try:

@@ -21,7 +21,6 @@ import pytest
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import (
-    HARD_BOUND_FACTOR,
     IDLE_HOLD_CAP,
     IDLE_STREAK,
     IdlePacing,
@@ -105,8 +104,9 @@ def test_a_prune_nobody_else_writes_to_runs_its_later_transactions_longer(tmp_pa
     assert profile["status"] == "ok", profile["error"]
     assert profile["sessions_pruned"] == len(specs)
     assert bounds == [0.06] * IDLE_STREAK + [IDLE_HOLD_CAP] * 4
-    # the hard bound grows with the bound: a longer transaction is not cut short at the live one's
-    assert hards == [pytest.approx(bound * HARD_BOUND_FACTOR) for bound in bounds]
+    # the hard bound grows with the bound (1.5x, at least 0.15 s): a longer transaction is not cut
+    # short at the live one's
+    assert hards == [pytest.approx(0.15)] * IDLE_STREAK + [pytest.approx(IDLE_HOLD_CAP * 1.5)] * 4
 
 
 SPARSE_WRITER = """

@@ -214,7 +214,7 @@ def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried(tmp_path, 
             return report
 
         monkeypatch.setattr(_hermes_engine, "preflight_check", beside_a_live_gateway)
-    else:  # bound 0.06 s, hard bound 0.09 s: WAL's transactions are cut short as well
+    else:  # bound 0.06 s, hard bound 0.15 s (its floor): in WAL mode as well
         setup = sqlite3.connect(db, isolation_level=None)
         assert setup.execute("PRAGMA journal_mode=WAL").fetchone() == ("wal",)
         setup.close()
