@@ -527,7 +527,8 @@ def details_page(doc, page_path=PAGE, results_dir=RESULTS):
         "## The slowest appends of every round, and what they waited for",
         "",
         "`our lock` = the transaction or statement of ours that overlapped the append most (none: the",
-        "machine or the writer itself); commit ms = how much of it the COMMIT took.",
+        "machine or the writer itself); commit ms = how much of it the COMMIT took; `txn rolled back in`:",
+        "the hard bound interrupted that statement, SQLite rolled the transaction back (no COMMIT).",
         "",
     ]
     text += worst_appends_table(doc["rows"])

@@ -91,7 +91,10 @@ class Traced(sqlite3.Connection):
             if self.in_transaction and t1 - t0 > self.longest[0]:
                 self.longest = (t1 - t0, " ".join(sql.split())[:90])
             if was and not self.in_transaction and self.begun is not None:
-                LOCKS.append([self.begun, t1, "txn, longest: %s" % self.longest[1], t1 - t0])
+                if sql.lstrip().upper().startswith("COMMIT"):
+                    LOCKS.append([self.begun, t1, "txn, longest: %s" % self.longest[1], t1 - t0])
+                else:  # SQLite rolled it back: the hard bound interrupted this statement (no COMMIT)
+                    LOCKS.append([self.begun, t1, "txn rolled back in: %s" % " ".join(sql.split())[:80], 0.0])
                 self.begun = None
             elif not was and not self.in_transaction and t1 - t0 >= 0.02:
                 LOCKS.append([t0, t1, " ".join(sql.split())[:90], 0.0])

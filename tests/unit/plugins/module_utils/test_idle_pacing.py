@@ -24,6 +24,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply imp
     IDLE_HOLD_CAP,
     IDLE_STREAK,
     IdlePacing,
+    hard_bound,
     poll_gap,
 )
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import open_rw
@@ -104,9 +105,10 @@ def test_a_prune_nobody_else_writes_to_runs_its_later_transactions_longer(tmp_pa
     assert profile["status"] == "ok", profile["error"]
     assert profile["sessions_pruned"] == len(specs)
     assert bounds == [0.06] * IDLE_STREAK + [IDLE_HOLD_CAP] * 4
-    # the hard bound grows with the bound (1.5x, at least 0.15 s): a longer transaction is not cut
-    # short at the live one's
-    assert hards == [pytest.approx(0.15)] * IDLE_STREAK + [pytest.approx(IDLE_HOLD_CAP * 1.5)] * 4
+    # the hard bound follows the bound in force: a longer transaction is not cut short at the live one's
+    assert hards == [hard_bound(bound) for bound in bounds]
+    # 1.5x the bound, never below 150 ms
+    assert [hard_bound(b) for b in (0.06, 0.1, IDLE_HOLD_CAP, 0.2)] == pytest.approx([0.15, 0.15, 0.18, 0.3])
 
 
 SPARSE_WRITER = """

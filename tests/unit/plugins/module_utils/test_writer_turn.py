@@ -227,7 +227,7 @@ def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried(tmp_path, 
         in_this_transaction.append(sid)
         if not slowed and sid >= "p03" and len(in_this_transaction) > 1:
             slowed.append((sid, len(opened)))
-            time.sleep(0.2)
+            time.sleep(0.3)  # well past the hard bound (0.15 s)
         return real_check(conn, sid, plan, schema, leased)
 
     monkeypatch.setattr(_hermes_apply, "_still_prunable", preempted_once)
