@@ -13,6 +13,7 @@ Standard library only, Python 3.8+, no Ansible imports.
 
 from __future__ import annotations
 
+import json
 import re
 
 # The rules (docs/architecture.md, "The catalogue decides").
@@ -47,6 +48,7 @@ class Known:
 
 
 _ALL = "all releases"
+LEDGER_GUARD = "sessions_runtime_ledger_delete_guard"
 _FTS_TRIGGERS = ("messages_fts_delete", "messages_fts_trigram_delete")
 
 # fmt: off
@@ -61,10 +63,93 @@ KNOWN = (
     Known(TRIGGER, "messages", name, FTS_INDEX, _ALL if "trigram" not in name else "0.13+") for name in _FTS_TRIGGERS
 ) + (
     Known(TRIGGER, "messages", "messages_display_identity_delete", DISPLAY_INDEX, "0.21.3+"),
-    Known(TRIGGER, "sessions", "sessions_runtime_ledger_delete_guard", RUNTIME_LEDGER, "upstream main (PR #106742)"),
+    Known(TRIGGER, "sessions", LEDGER_GUARD, RUNTIME_LEDGER, "upstream main (PR #106742)"),
 )
 # fmt: on
 _BY_KEY = {(k.kind, k.table, k.name): k for k in KNOWN}
+
+# The whole catalogue: every table and view of the file, and every state_meta key family that
+# names sessions, each with its rule. Anything else makes the store not fully known, and the
+# engine then deletes nothing there by itself (docs/compatibility.md has a row per object).
+TABLE = "table"
+VIEW = "view"
+KEY_FAMILY = "state_meta key family"
+
+SUBJECT = "what the prune deletes (sessions and their messages, children first)"
+LEFT_AS_HERMES = "holds no row Hermes's own delete touches: left as Hermes's delete leaves it"
+FTS_TABLE = "Hermes's full-text index (and its shadow tables), kept in step by its triggers"
+LEASE = "a live lease keeps its session (read at the plan and again in each transaction)"
+ROUTING = (
+    "a session an entry names is kept where there is no runtime ledger; with the ledger, the deletion "
+    "fence removes the entries naming the deleted session, as upstream's retire_routes does"
+)
+FENCE = "written and removed by the deletion fence in the deleting transaction (upstream retire_sessions)"
+GENERATIONS = "the deletion fence bumps the (source, session_key) counter of a deleted session"
+LEDGER_EPOCH = "the gateway runtime's owner epoch: no session rows"
+SQLITE_INTERNAL = "SQLite's own bookkeeping"
+
+
+class KnownName:
+    """A table, view or key family the engine knows: ``releases`` says where it was verified."""
+
+    def __init__(self, kind, name, rule, releases):
+        self.kind, self.name, self.rule, self.releases = kind, name, rule, releases
+
+
+_LEDGER = "upstream main (hermes_state_runtime.py)"
+# fmt: off
+KNOWN_NAMES = (
+    KnownName(TABLE, "sessions", SUBJECT, _ALL),
+    KnownName(TABLE, "messages", SUBJECT, _ALL),
+    KnownName(TABLE, "schema_version", LEFT_AS_HERMES, _ALL),
+    KnownName(TABLE, "state_meta", "key/value store: each key family below has its rule", _ALL),
+    KnownName(TABLE, "messages_fts", FTS_TABLE, _ALL),
+    KnownName(TABLE, "messages_fts_trigram", FTS_TABLE, "0.13+"),
+    KnownName(TABLE, "telegram_dm_topic_bindings", CASCADE, "0.13+"),
+    KnownName(TABLE, "telegram_dm_topic_mode", LEFT_AS_HERMES + " (keyed by chat)", "0.13+"),
+    KnownName(TABLE, "compression_locks", LEASE, "0.16+"),
+    KnownName(TABLE, "session_model_usage", CASCADE, "0.19+"),
+    KnownName(TABLE, "gateway_routing", ROUTING, "0.19+"),
+    KnownName(TABLE, "async_delegations", LEFT_AS_HERMES, "0.19+"),
+    KnownName(TABLE, "system_prompts", "a prompt no kept session references is collected, as Hermes does", "0.20+"),
+    KnownName(TABLE, "session_turn_leases", LEASE, "0.21+"),
+    KnownName(TABLE, "gateway_hygiene_state", LEFT_AS_HERMES + " (keyed by session_key)", "0.21+"),
+    KnownName(TABLE, "gateway_heartbeats", LEFT_AS_HERMES + " (gateway processes)", "0.21+"),
+    KnownName(TABLE, "conversation_generations", GENERATIONS, "0.21+"),
+    KnownName(TABLE, "delivery_obligations", LEFT_AS_HERMES + " (keyed by session_key, prunes itself)",
+              "upstream main (gateway/delivery_ledger.py)"),
+    KnownName(TABLE, "runtime_epoch", LEDGER_EPOCH, _LEDGER),
+    KnownName(TABLE, "session_admissions", RUNTIME_LEDGER, _LEDGER),
+    KnownName(TABLE, "worker_executions", RUNTIME_LEDGER, _LEDGER),
+    KnownName(TABLE, "worker_receipts", RUNTIME_LEDGER, _LEDGER),
+    KnownName(TABLE, "sqlite_sequence", SQLITE_INTERNAL, _ALL),
+    KnownName(VIEW, "messages_fts_src", FTS_TABLE, "0.21.5+"),
+    KnownName(VIEW, "messages_fts_trigram_src", FTS_TABLE, "0.20+"),
+)
+# The state_meta key families that name sessions (by id, or in their JSON), with the prefix
+# that marks them. Keys of no family that name no session are Hermes's own markers.
+_FENCE_AT = "upstream main (hermes_state_mutation_retirement.py at 4f64356)"
+KEY_FAMILIES = (
+    KnownName(KEY_FAMILY, "goal:", LEFT_AS_HERMES + " (the /goal of a session)", "0.19+"),
+    KnownName(KEY_FAMILY, "gateway.retired_session.v1.", FENCE + ": the retired marker, written", _FENCE_AT),
+    KnownName(KEY_FAMILY, "gateway.terminal_admission.v1.", FENCE + ": an admission's tombstone, written", _FENCE_AT),
+    KnownName(KEY_FAMILY, "gateway.terminal_identity.v1.", FENCE + ": its retry identity, written", _FENCE_AT),
+    KnownName(KEY_FAMILY, "gateway.terminal_worker.v1.", FENCE + ": a worker's tombstone, written", _FENCE_AT),
+    KnownName(KEY_FAMILY, "gateway.admission.result.v1.", FENCE + ": the transcript copies are stripped", _FENCE_AT),
+    KnownName(KEY_FAMILY, "gateway.mutation.v1.", FENCE + ": the content fields are nulled", _FENCE_AT),
+    KnownName(KEY_FAMILY, "gateway.api.settings.v1.", FENCE + ": deleted", _FENCE_AT),
+    KnownName(KEY_FAMILY, "gateway.api.binding.v1.", FENCE + ": deleted", _FENCE_AT),
+    KnownName(KEY_FAMILY, "gateway.api.conversation.v1.", FENCE + ": deleted when it resolves to the id", _FENCE_AT),
+    KnownName(KEY_FAMILY, "gateway.local_policy.v1:", FENCE + ": deleted with its route; a conversation of "
+              "several segments is kept (Hermes sweeps it only whole)", _FENCE_AT),
+    KnownName(KEY_FAMILY, "gateway.media.retired.v1.", "retired media (written by Hermes's media retirement; a "
+              "session whose ledger carries media is kept)", _FENCE_AT),
+    KnownName(KEY_FAMILY, "gateway.hosted.output_cleanup.v1:", "a pending output cleanup keeps its session",
+              "upstream main (hermes_state_mutation_retirement.py at 7014f55)"),
+)
+# fmt: on
+_NAMES = {(k.kind, k.name): k for k in KNOWN_NAMES}
+_FTS_SHADOW = ("_data", "_idx", "_content", "_docsize", "_config")
 
 _TRIGGER_HEAD = re.compile(
     r"CREATE\s+(?:TEMP\w*\s+)?TRIGGER\s+(?:IF\s+NOT\s+EXISTS\s+)?\S+\s+(?:BEFORE\s+|AFTER\s+|INSTEAD\s+OF\s+)?"
@@ -109,15 +194,76 @@ def read_catalogue(conn):
             known.append(dict(entry, rule=hit.rule))
         else:
             affects = "zombie closes and deletes" if table == "sessions" and event != "DELETE" else "deletes"
-            unknown.append(dict(entry, affects=affects))
+            unknown.append(dict(entry, affects=affects, sql=sql or ""))
     ledger = any(k["rule"] == RUNTIME_LEDGER for k in known)
+    unknown += _unknown_names(conn, unknown)
     return {"known": known, "unknown": unknown, "raises": raises, "ledger": ledger}
+
+
+def _known_table(name):
+    if (TABLE, name) in _NAMES or name.startswith("sqlite_stat"):
+        return True
+    return any(name == base + shadow for base in ("messages_fts", "messages_fts_trigram") for shadow in _FTS_SHADOW)
+
+
+def _unknown_names(conn, unknown):
+    """Tables, views and state_meta key families the engine does not know.
+
+    A table an unknown foreign key or trigger already names is not listed again (what refuses
+    there is that object's rule)."""
+    found = []
+    named = " ".join("%s %s" % (o["table"], o.get("sql", "")) for o in unknown)
+    for kind, name in conn.execute("SELECT type, name FROM sqlite_master WHERE type IN ('table', 'view')"):
+        if kind == TABLE and _known_table(name) or kind == VIEW and (VIEW, name) in _NAMES:
+            continue
+        if re.search(r"\b%s\b" % re.escape(name), named):
+            continue
+        found.append({"kind": kind, "table": name, "name": name, "affects": "deletes"})
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'state_meta'").fetchone():
+        found += _unknown_families(conn)
+    return found
+
+
+_FAMILY = re.compile(r"^(.*[.:])([^.:]+)$")
+
+
+def _unknown_families(conn):
+    """state_meta keys of no known family that name a session: by the id they end with, or by the
+    ``session_id`` of their JSON value. Listed per family (the key up to its last ``.`` or ``:``)."""
+    ids = {r[0] for r in conn.execute("SELECT id FROM sessions")}
+    families = {}
+    for key, value in conn.execute("SELECT key, value FROM state_meta"):
+        key = str(key)
+        if any(key.startswith(f.name) for f in KEY_FAMILIES):
+            continue
+        head = _FAMILY.match(key)
+        prefix, tail = (head.group(1), head.group(2)) if head else (key, None)
+        try:
+            value_id = json.loads(value).get("session_id")
+        except (TypeError, ValueError, AttributeError):
+            value_id = None
+        if tail in ids or value_id in ids:
+            families.setdefault(prefix, 0)
+            families[prefix] += 1
+    return [
+        {"kind": KEY_FAMILY, "table": "state_meta", "name": prefix + "*", "rows": rows, "affects": "deletes"}
+        for prefix, rows in sorted(families.items())
+    ]
+
+
+def fully_known(catalogue):
+    """Every object of the file is one the engine knows: it may delete there by itself."""
+    return not catalogue["unknown"]
 
 
 def describe(obj):
     """``trigger sessions_audit on sessions DELETE`` / ``foreign key audit.session_id -> sessions``."""
     if obj["kind"] == TRIGGER:
         return "trigger %s on %s %s" % (obj["name"], obj["table"], obj["event"])
+    if obj["kind"] in (TABLE, VIEW):
+        return "%s %s" % (obj["kind"], obj["name"])
+    if obj["kind"] == KEY_FAMILY:
+        return "state_meta key family %s (%d rows naming sessions)" % (obj["name"], obj["rows"])
     return "foreign key %s.%s" % (obj["table"], obj["name"])
 
 
@@ -125,7 +271,7 @@ def refusal(unknown):
     """The error text for objects the engine does not know: what was refused and what to do."""
     if any(o["affects"] != "deletes" for o in unknown):
         held = "no zombie was closed and no session deleted"
-    elif any(o["kind"] == TRIGGER for o in unknown):
+    elif refuses_deletes(unknown):
         held = "no session was deleted (zombies were still closed)"
     else:
         held = "the sessions their rows reference were kept"
@@ -136,8 +282,9 @@ def refusal(unknown):
 
 
 def refuses_deletes(unknown):
-    """An unknown trigger on a delete (or a sessions UPDATE) could touch any session."""
-    return any(o["kind"] == TRIGGER for o in unknown)
+    """An unknown trigger on a delete (or a sessions UPDATE) could touch any session; an unknown
+    table, view or key family may hold rows about any session that no foreign key points out."""
+    return any(o["kind"] != FK for o in unknown)
 
 
 def refuses_zombie_closes(unknown):
