@@ -15,7 +15,8 @@ import os
 import sqlite3
 import time
 
-from ._hermes_catalogue import retire_ledger
+from ._hermes_catalogue import LEDGER_GUARD, retire_ledger
+from ._hermes_fence import FenceRefused, check as fence_check, local_conversations, retire as fence_retire
 from ._hermes_db import write_transaction, writer_probe
 from ._hermes_plan import ORPHAN_REAP, leased_conversation, live_leases, routed_sessions
 
@@ -390,7 +391,10 @@ def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts,
     with write_transaction(conn):
         budget.begin()
         leased = live_leases(conn, schema, time.time())
-        routed = routed_sessions(conn, schema)
+        fenced = _fenced(schema)
+        # with the runtime ledger the fence removes a deleted session's routes, as Hermes does
+        routed = set() if fenced else routed_sessions(conn, schema)
+        schema["_conversations"] = local_conversations(conn) if fenced else {}
         done, index = [], 0
         while index < len(batch):
             take = budget.room(batch, index, counts.messages, plan)
@@ -437,8 +441,8 @@ def _delete_group(conn, schema, group, has_prompts, counts, plan, skipped):
     one = PruneResult()
     try:
         _delete_sessions(conn, schema, whole, has_prompts, one)
-    except sqlite3.IntegrityError as exc:
-        if _refused_by(exc, schema) is None or not conn.in_transaction:
+    except (sqlite3.IntegrityError, FenceRefused) as exc:
+        if not isinstance(exc, FenceRefused) and _refused_by(exc, schema) is None or not conn.in_transaction:
             raise
         conn.execute("ROLLBACK TO hermes_ops_group")
         conn.execute("RELEASE hermes_ops_group")
@@ -460,8 +464,8 @@ def _delete_one(conn, schema, sid, chunk, has_prompts, counts, plan, skipped):
     conn.execute("SAVEPOINT hermes_ops_session")  # a refused delete is undone alone
     try:
         _delete_session(conn, schema, sid, chunk, has_prompts, one)
-    except sqlite3.IntegrityError as exc:
-        refused_by = _refused_by(exc, schema)
+    except (sqlite3.IntegrityError, FenceRefused) as exc:
+        refused_by = "the deletion fence" if isinstance(exc, FenceRefused) else _refused_by(exc, schema)
         if refused_by is None or not conn.in_transaction:
             raise
         conn.execute("ROLLBACK TO hermes_ops_session")
@@ -505,12 +509,20 @@ def _delete_sessions(conn, schema, sids, has_prompts, counts):
                     part,
                 )
             ]
-        if schema.get("catalogue", {}).get("ledger"):
+        revision = ""
+        if _fenced(schema):  # upstream's deletion fence, in this transaction, before the rows go
+            conversations = schema.get("_conversations") or {}
+            guarded = LEDGER_GUARD in schema["catalogue"]["raises"].values()
+            live = [sid for sid in part if fence_check(conn, sid, conversations, guarded)]
+            fence_retire(conn, schema["tables"], [sid for sid in part if sid not in live])
+            if "runtime_revision" in schema["session_columns"]:
+                revision = ", runtime_revision = runtime_revision + 1"  # as upstream's delete does
+        elif schema.get("catalogue", {}).get("ledger"):
             for sid in part:
                 retire_ledger(conn, schema, sid)
         counts.orphaned += conn.execute(
-            "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN (%s) AND id NOT IN (%s)"
-            % (marks, marks),
+            "UPDATE sessions SET parent_session_id = NULL%s WHERE parent_session_id IN (%s) AND id NOT IN (%s)"
+            % (revision, marks, marks),
             part + part,
         ).rowcount
         counts.messages += conn.execute("DELETE FROM messages WHERE session_id IN (%s)" % marks, part).rowcount
@@ -522,6 +534,11 @@ def _delete_sessions(conn, schema, sids, has_prompts, counts):
                 % ",".join("?" * len(prompts)),
                 prompts,
             ).rowcount
+
+
+def _fenced(schema):
+    """A store with the gateway runtime ledger gets upstream's whole deletion fence."""
+    return bool(schema.get("catalogue", {}).get("ledger")) and "state_meta" in schema["tables"]
 
 
 def _refused_by(exc, schema):

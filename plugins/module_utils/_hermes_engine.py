@@ -269,6 +269,7 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             result["release_rules"] = dict(answer, release_pruned=len(allowed))
         plan = build_plan(conn, schema, opts, now, sessions_dir(db_path), short_reads, allowed)
         result["bad_time_rows"] = plan.bad_time_rows
+        result["sessions_kept"] = plan.kept
         unknown = schema["catalogue"]["unknown"]
         if unknown:
             result["error"] = refusal(unknown)

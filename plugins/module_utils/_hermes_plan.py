@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 
-from ._hermes_catalogue import ledgered_sessions, referenced_sessions
+from ._hermes_catalogue import describe, ledgered_sessions, referenced_sessions
+from ._hermes_fence import reasons as fence_reasons
 from ._hermes_db import MaintenanceError
 
 DAY = 86400.0
@@ -56,6 +57,7 @@ class Plan:
         self.source_cutoffs = {}  # source -> its own cutoff (prune_days_by_source)
         self.sources = {}  # session id -> source, for every session in delete_order
         self.cutoffs = {}  # session id -> its own cutoff where it is not prune_cutoff (the apply re-checks by it)
+        self.kept = []  # {"session", "reason"}: sessions old enough to go, kept for a reason
 
     @property
     def messages_pruned(self):
@@ -241,12 +243,11 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
     leased = live_leases(conn, schema, now)
     plan.bad_time_rows = sum(1 for s in sessions.values() if s.bad)
     children, delegates = session_links(sessions)
-    routed = routed_sessions(conn, schema)
-    protected = {s.id for s in sessions.values() if s.bad or s.pinned or s.id in leased or s.id in routed}
-    catalogue = schema.get("catalogue")
-    if catalogue:  # the gateway runtime's work in flight; rows of a foreign key the engine does not know
-        protected |= ledgered_sessions(conn, schema) | referenced_sessions(conn, catalogue["unknown"])
-    protected |= _continuations([s for s in sessions.values() if s.pinned or s.id in leased], children)
+    why = _reasons_kept(conn, schema, sessions, leased)
+    protected = {s.id for s in sessions.values() if s.bad} | set(why)
+    for s in _continuations([s for s in sessions.values() if s.pinned or s.id in leased], children):
+        why.setdefault(s, "continues a pinned or leased session")
+    protected |= set(why)
     delegated_by = {kid.id: parent for parent, kids in delegates.items() for kid in kids}
     zombie_sources = set(options["zombie_sources"])
     zombies = set()
@@ -272,6 +273,8 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
         if not blocked:
             break
         candidates -= blocked
+        for c in blocked:
+            why.setdefault(c, "its deletion is tied to a kept session (its continuation, delegate or parent)")
     for c in candidates:
         for member in (units[c] & doomed) - {c}:
             plan.delegate_root.setdefault(member, c)
@@ -283,6 +286,12 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
         cutoff = _cutoff_of(sessions[sid], plan, sessions, delegated_by)
         if cutoff != plan.prune_cutoff:
             plan.cutoffs[sid] = cutoff
+    plan.kept = [
+        {"session": s.id, "reason": why[s.id]}
+        for s in sorted(sessions.values(), key=lambda s: s.id)
+        if s.id in why and s.id not in doomed and not s.bad and (s.ended is not None or s.id in zombies)
+        and prune_age(s) < _cutoff_of(s, plan, sessions, delegated_by)
+    ]
     plan.orphaned = sum(1 for s in sessions.values() if s.id not in doomed and s.parent in doomed)
     plan.transcripts = transcript_files(sessions_dir, doomed)
     if "system_prompts" in schema["tables"] and "system_prompt_hash" in schema["session_columns"]:
@@ -290,6 +299,32 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
         freed = {sessions[sid].prompt_hash for sid in doomed} - kept - {None}
         plan.prompts = len(freed)
     return plan
+
+
+def _reasons_kept(conn, schema, sessions, leased):
+    """Session id -> why it stays whatever its age: a pin, a live lease, a route, the runtime
+    ledger's work or its deletion fence, rows of a foreign key the engine does not know."""
+    why = {}
+    catalogue = schema.get("catalogue") or {}
+    fenced = catalogue.get("ledger") and "state_meta" in schema["tables"]
+    for s in sessions.values():
+        if s.pinned:
+            why[s.id] = "pinned"
+        elif s.id in leased:
+            why[s.id] = "Hermes holds a live lease on it"
+    if not fenced:  # with the runtime ledger the deletion fence removes a deleted session's routes
+        for sid in routed_sessions(conn, schema):
+            why.setdefault(sid, "the gateway's routing index names it (a chat resumes it)")
+    if fenced:
+        for sid, reason in fence_reasons(conn, schema["tables"]).items():
+            why.setdefault(sid, reason)
+    elif catalogue:
+        for sid in ledgered_sessions(conn, schema):
+            why.setdefault(sid, "the gateway runtime ledger holds live work for it")
+    for obj in catalogue.get("unknown") or ():
+        for sid in referenced_sessions(conn, [obj]):
+            why.setdefault(sid, "rows of %s (unknown to this collection) reference it" % describe(obj))
+    return why
 
 
 def session_links(sessions):

@@ -91,6 +91,13 @@ PROFILE_FIELDS = (
         "C(RAISE(ABORT)) or C(RAISE(FAIL)) stopped it, or the runtime ledger's C(ON DELETE RESTRICT) key) and "
         "V(message). The profile stays V(ok); they are counted in RV(profiles[].sessions_left_alone) too.",
     )),
+    Field("sessions_kept", "list", initial=[], elements="dict", doc=(
+        "Sessions old enough for the prune that the plan keeps, each named with V(session) and V(reason): "
+        "pinned, a live lease, a gateway route (without the runtime ledger), the runtime ledger's live work, "
+        "what upstream's deletion fence leaves to Hermes (media, hosted rooms, a local conversation of several "
+        "segments), rows of an object this collection does not know, or tied to such a session. Check mode "
+        "names the same.",
+    )),
     Field("bad_time_rows", "int", initial=0, doc=(
         "Sessions never selected because a time value in them is not unix seconds.",
     )),
@@ -101,8 +108,9 @@ PROFILE_FIELDS = (
     )),
     Field("catalogue", "dict", returned="when the schema was read", doc=(
         "The file's own catalogue, matched against the objects this collection knows. V(unknown) (foreign keys "
-        "to C(sessions)/C(messages) and triggers on their deletes or updates it does not know; then the profile "
-        "refuses what they could affect and fails, naming them), V(known) and V(runtime_ledger) (whether the "
+        "to C(sessions)/C(messages) and triggers on their deletes or updates it does not know, and tables, views "
+        "and C(state_meta) key families naming sessions; then the profile refuses what they could affect and "
+        "fails, naming them), V(known) and V(runtime_ledger) (whether the "
         "gateway runtime ledger of upstream Hermes is there).",
     )),
     Field("release_rules", "dict", returned="with unknown_schema=release_rules on a newer schema", doc=(

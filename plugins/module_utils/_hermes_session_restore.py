@@ -64,6 +64,7 @@ from ._hermes_db import (
     sqlite_uri,
 )
 from ._hermes_engine import LOCK_SUFFIX, ProfileLock, backups_of, profile_path, run_as_owner
+from ._hermes_fence import RETIRED_PREFIX, retired
 from ._hermes_hazards import refuse_during_hermes_operation
 from ._hermes_inspect import REQUIRED_COLUMNS, columns, quick_check_rows
 from ._hermes_plan import load_sessions, parents_first, taken_along
@@ -431,6 +432,14 @@ def plan_session_restore(
         chosen, note = _select(src, held, scope, sel)
         taken = taken_along(chosen, held) & set(scope)
         present = _present(dst, taken)
+        fenced = sorted(retired(dst, sorted(taken - present)))
+        if fenced:
+            raise MaintenanceError(
+                "session(s) %s were deleted under Hermes's deletion fence (state_meta %s<id>): Hermes refuses to "
+                "recreate a retired id (its local create returns not_found; a retry must not resurrect the row and "
+                "re-admit its requests), so no faithful restore exists; nothing was restored. Read them from %s %s"
+                % (", ".join(fenced[:5]), RETIRED_PREFIX, what, info["path"])
+            )
         if archive:
             wanted = [sid for sid in scope if sid in taken]
             untouched = 0

@@ -294,6 +294,11 @@ profiles:
           V(message). The profile stays V(ok); they are counted in RV(profiles[].sessions_left_alone) too.
       type: list
       elements: dict
+    sessions_kept:
+      description:
+        - "Sessions old enough for the prune that the plan keeps, each named with V(session) and V(reason): pinned, a live lease, a gateway route (without the runtime ledger), the runtime ledger's live work, what upstream's deletion fence leaves to Hermes (media, hosted rooms, a local conversation of several segments), rows of an object this collection does not know, or tied to such a session. Check mode names the same."
+      type: list
+      elements: dict
     bad_time_rows:
       description: Sessions never selected because a time value in them is not unix seconds.
       type: int
@@ -307,9 +312,10 @@ profiles:
     catalogue:
       description:
         - The file's own catalogue, matched against the objects this collection knows. V(unknown) (foreign keys to
-          C(sessions)/C(messages) and triggers on their deletes or updates it does not know; then the profile
-          refuses what they could affect and fails, naming them), V(known) and V(runtime_ledger) (whether the
-          gateway runtime ledger of upstream Hermes is there).
+          C(sessions)/C(messages) and triggers on their deletes or updates it does not know, and tables, views and
+          C(state_meta) key families naming sessions; then the profile refuses what they could affect and fails,
+          naming them), V(known) and V(runtime_ledger) (whether the gateway runtime ledger of upstream Hermes is
+          there).
       returned: when the schema was read
       type: dict
     release_rules:

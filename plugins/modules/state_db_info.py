@@ -160,9 +160,10 @@ profiles:
     catalogue:
       description:
         - The file's own catalogue, matched against the objects this collection knows. V(unknown) (foreign keys to
-          C(sessions)/C(messages) and triggers on their deletes or updates it does not know; then the profile
-          refuses what they could affect and fails, naming them), V(known) and V(runtime_ledger) (whether the
-          gateway runtime ledger of upstream Hermes is there).
+          C(sessions)/C(messages) and triggers on their deletes or updates it does not know, and tables, views and
+          C(state_meta) key families naming sessions; then the profile refuses what they could affect and fails,
+          naming them), V(known) and V(runtime_ledger) (whether the gateway runtime ledger of upstream Hermes is
+          there).
       returned: when the schema was read
       type: dict
     sqlite:

@@ -1,0 +1,341 @@
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Upstream Hermes's deletion fence, written in the transaction that deletes each session.
+
+On a store with the gateway runtime ledger, upstream says every delete path "must publish the
+whole fence" (hermes_state_mutation_retirement.py, read at commit 4f64356f5e78 of
+NousResearch/hermes-agent; 7014f5521876 for the pending output cleanup), or "a late
+accounting/constructor backfill recreates the deleted row, and the same request is then admitted
+a second time". For each deleted id, before its rows go:
+
+* its terminal ledger rows move into ``state_meta`` tombstones with the user's content stripped
+  (admission payload ``{}``, lineage ``[]``; a stored turn result loses its transcript copies; a
+  worker receipt keeps its result only for the closing ``execution.finish``);
+* the content fields of ``gateway.mutation.v1.*`` receipts naming it are nulled;
+* the retired marker ``gateway.retired_session.v1.<id>`` is written, ``gateway.api.settings.v1.<id>``
+  and the ``gateway_routing`` entries naming it are deleted, and so are its local receipts
+  (creation policy, API binding, declared conversation key);
+* its ``conversation_generations`` counter is bumped, as upstream's delete does.
+
+What the engine cannot do faithfully it does not half do: a session whose ledger is at work,
+whose ledger carries media or a hosted-room request, whose output cleanup is pending, or that is
+one segment of a local conversation of several, is kept and named with the reason (``reasons``,
+read by the plan, so check mode predicts it; ``check`` again inside the deleting transaction).
+
+Standard library only, Python 3.8+, no Ansible imports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+RETIRED_PREFIX = "gateway.retired_session.v1."
+RESULT_PREFIX = "gateway.admission.result.v1."
+ADMISSION_PREFIX = "gateway.terminal_admission.v1."
+IDENTITY_PREFIX = "gateway.terminal_identity.v1."
+WORKER_PREFIX = "gateway.terminal_worker.v1."
+MUTATION_GLOB = "gateway.mutation.v1.*"
+SETTINGS_PREFIX = "gateway.api.settings.v1."
+POLICY_PREFIX = "gateway.local_policy.v1:"
+API_BINDING_PREFIX = "gateway.api.binding.v1."
+API_DECLARED_PREFIX = "gateway.api.conversation.v1."
+OUTPUT_CLEANUP_LIKE = "gateway.hosted.output_cleanup.v1:%"
+
+_TRANSCRIPT_FIELDS = ("messages", "last_reasoning", "tools")
+_MUTATION_TRANSCRIPT_FIELDS = ("target_message", "summary", "title")
+_RECEIPT_SESSION_PATHS = (
+    "$.result.session_id",
+    "$.result.target_message.session_id",
+    "$.result.target_session_id",
+    "$.result.previous_target_session_id",
+)
+_BUMP_GENERATION = (
+    "INSERT INTO conversation_generations (source, session_key, generation) VALUES (?, ?, 1) "
+    "ON CONFLICT(source, session_key) DO UPDATE SET generation = conversation_generations.generation + 1"
+)
+
+
+class FenceRefused(Exception):
+    """A session the fence cannot retire as upstream does: it stays, named with ``reason``."""
+
+
+def _json(value):
+    """Upstream's hermes_state_runtime._json: the byte form its readers compare."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def admission_fingerprint(canonical_target, payload):
+    """Upstream's admission_fingerprint (hermes_state_identity / gateway.session_admission)."""
+    encoded = json.dumps(
+        {"target": canonical_target, "payload": payload},
+        ensure_ascii=False,
+        sort_keys=True,
+        separators=(",", ":"),
+        allow_nan=False,
+    ).encode("utf-8", errors="surrogatepass")
+    return hashlib.sha256(encoded).hexdigest()
+
+
+def identity_key(principal_id, session_id, request_id):
+    return IDENTITY_PREFIX + admission_fingerprint(session_id, {"principal": principal_id, "request": request_id})
+
+
+def _has_media(raw):
+    """A payload that carries media or attachments: upstream retires them through
+    gateway.session_ingress_media, which this engine does not reproduce."""
+    try:
+        payload = json.loads(raw)
+    except (TypeError, ValueError):
+        return True  # unreadable: upstream's retire_media would fail on it too
+    if not isinstance(payload, dict):
+        return True
+    for key, value in payload.items():
+        if "media" in key or "attachment" in key:
+            return True
+        if isinstance(value, dict) and any("media" in k or "attachment" in k for k in value):
+            return True
+    return False
+
+
+_HOSTED = "a hosted-room request of its ledger: Hermes checks its output cleanup first"
+_MEDIA = "its ledger carries media, which Hermes retires with it (left to Hermes)"
+_CLEANUP = "its hosted output cleanup is pending"
+_SEGMENT = "one segment of a local conversation of %d (Hermes sweeps it only whole)"
+
+
+def local_conversations(conn):
+    """Member id -> every id of its local conversation (upstream _local_conversations)."""
+    members = {}
+    for (raw,) in conn.execute("SELECT value FROM state_meta WHERE key GLOB ?", (POLICY_PREFIX + "*",)):
+        try:
+            receipt = json.loads(raw)
+        except (TypeError, ValueError):
+            continue
+        if not isinstance(receipt, dict):
+            continue
+        entry, lineage = receipt.get("entry"), receipt.get("lineage")
+        ids = [receipt.get("session_id")] + (lineage if isinstance(lineage, list) else [])
+        ids.append(entry.get("session_id") if isinstance(entry, dict) else None)
+        ids = tuple(dict.fromkeys(x for x in ids if isinstance(x, str)))
+        members.update(dict.fromkeys(ids, ids))
+    return members
+
+
+def reasons(conn, tables):
+    """Session id -> why the fence keeps it, for every session the ledger, the hosted-room
+    bookkeeping or a local conversation holds back. Reads only."""
+    kept = {}
+    if "session_admissions" in tables:
+        for sid, status, request_id, payload in conn.execute(
+            "SELECT target_session_id, status, request_id, payload_json FROM session_admissions"
+        ):
+            if status != "terminal":
+                kept.setdefault(sid, "the gateway runtime ledger holds %s work for it (admission)" % status)
+            elif str(request_id).startswith("hosted:"):
+                kept.setdefault(sid, _HOSTED)
+            elif _has_media(payload):
+                kept.setdefault(sid, _MEDIA)
+        for (sid,) in conn.execute(
+            "SELECT DISTINCT j.value FROM session_admissions a, json_each(a.lineage_json) j "
+            "WHERE a.status != 'terminal' AND json_valid(a.lineage_json)"
+        ):
+            kept.setdefault(sid, "the gateway runtime ledger holds live work in its lineage")
+    if "worker_executions" in tables:
+        for sid, status in conn.execute("SELECT session_id, status FROM worker_executions WHERE status != 'terminal'"):
+            kept.setdefault(sid, "the gateway runtime ledger holds %s work for it (worker)" % status)
+    if "state_meta" in tables:
+        for (sid,) in conn.execute(
+            "SELECT json_extract(value, '$.binding.admission.target_session_id') FROM state_meta "
+            "WHERE key LIKE ? AND json_valid(value) AND json_extract(value, '$.state') IS NOT 'completed'",
+            (OUTPUT_CLEANUP_LIKE,),
+        ):
+            if sid:
+                kept.setdefault(sid, _CLEANUP)
+        for sid, whole in local_conversations(conn).items():
+            if len(whole) > 1:
+                kept.setdefault(sid, _SEGMENT % len(whole))
+    return kept
+
+
+def check(conn, sid, conversations, guarded):
+    """Inside the deleting transaction: True when ``sid`` has live ledger work (gained since the plan):
+    it gets no fence, and the store's own guard trigger (``guarded``) refuses its delete, naming
+    itself; without that trigger the fence refuses it. Raises FenceRefused for a session the fence
+    leaves to Hermes (``conversations``: ``local_conversations`` of this transaction)."""
+    live = conn.execute(
+        "SELECT status FROM session_admissions WHERE target_session_id = ? AND status != 'terminal' "
+        "UNION ALL SELECT status FROM worker_executions WHERE session_id = ? AND status != 'terminal'",
+        (sid, sid),
+    ).fetchall()
+    if live and guarded:
+        return True
+    if live:  # upstream's explicit delete refuses with these words; its sweep skips the session
+        raise FenceRefused("unknown_execution" if "unknown" in {r[0] for r in live} else "session_busy")
+    for request_id, payload in conn.execute(
+        "SELECT request_id, payload_json FROM session_admissions WHERE target_session_id = ?", (sid,)
+    ):
+        if str(request_id).startswith("hosted:"):
+            raise FenceRefused(_HOSTED)
+        if _has_media(payload):
+            raise FenceRefused(_MEDIA)
+    if conn.execute(
+        "SELECT 1 FROM state_meta WHERE key LIKE ? AND json_valid(value) "
+        "AND json_extract(value, '$.state') IS NOT 'completed' "
+        "AND json_extract(value, '$.binding.admission.target_session_id') = ? LIMIT 1",
+        (OUTPUT_CLEANUP_LIKE, sid),
+    ).fetchone():
+        raise FenceRefused(_CLEANUP)
+    whole = conversations.get(sid, (sid,))
+    if len(whole) > 1:
+        raise FenceRefused(_SEGMENT % len(whole))
+    return False
+
+
+def _compact_result(conn, admission_id):
+    saved = conn.execute("SELECT value FROM state_meta WHERE key = ?", (RESULT_PREFIX + admission_id,)).fetchone()
+    if saved is None:
+        return
+    value = json.loads(saved[0])
+    result = value.get("result")
+    if isinstance(result, dict):
+        result = {k: v for k, v in result.items() if k not in _TRANSCRIPT_FIELDS}
+        value["result"] = dict(result, messages=[])
+    conn.execute("UPDATE state_meta SET value = ? WHERE key = ?", (_json(value), RESULT_PREFIX + admission_id))
+
+
+def _columns(cursor, row):
+    return dict(zip([d[0] for d in cursor.description], row))
+
+
+def _retire_ledger(conn, sid):
+    """Upstream retire_terminal_receipts for one session whose ledger rows are all terminal."""
+    cur = conn.execute("SELECT * FROM session_admissions WHERE target_session_id = ? ORDER BY seq", (sid,))
+    admissions = [_columns(cur, r) for r in cur.fetchall()]
+    cur = conn.execute("SELECT * FROM worker_executions WHERE session_id = ?", (sid,))
+    workers = [_columns(cur, r) for r in cur.fetchall()]
+    for row in admissions:
+        row["payload_json"] = "{}"  # keep the digest for exact retries, not the user's input
+        row["lineage_json"] = "[]"
+        _compact_result(conn, row["admission_id"])
+        conn.execute(
+            "INSERT INTO state_meta(key, value) VALUES (?, ?)", (ADMISSION_PREFIX + row["admission_id"], _json(row))
+        )
+        conn.execute(
+            "INSERT INTO state_meta(key, value) VALUES (?, ?)",
+            (identity_key(row["principal_id"], sid, row["request_id"]), json.dumps(row["admission_id"])),
+        )
+    closing = admission_fingerprint(sid, {"operation": "execution.finish", "payload": {}})
+    for row in workers:
+        receipts = [
+            {"sequence": seq, "payload_digest": digest, "result_json": result if digest == closing else None}
+            for seq, digest, result in conn.execute(
+                "SELECT sequence, payload_digest, result_json FROM worker_receipts WHERE execution_id = ? "
+                "ORDER BY sequence",
+                (row["execution_id"],),
+            )
+        ]
+        row["receipts"] = receipts
+        conn.execute(
+            "INSERT INTO state_meta(key, value) VALUES (?, ?)", (WORKER_PREFIX + row["execution_id"], _json(row))
+        )
+        conn.execute("DELETE FROM worker_receipts WHERE execution_id = ?", (row["execution_id"],))
+    conn.execute("DELETE FROM worker_executions WHERE session_id = ?", (sid,))
+    conn.execute("DELETE FROM session_admissions WHERE target_session_id = ?", (sid,))
+
+
+def _retire_mutation_receipts(conn, sids):
+    named = " OR ".join(
+        "json_extract(value, '%s') IN (SELECT value FROM json_each(?1))" % path for path in _RECEIPT_SESSION_PATHS
+    )
+    rows = conn.execute(
+        "SELECT key, value FROM state_meta WHERE key GLOB ? AND CASE WHEN json_valid(value) THEN (%s) END"
+        % named.replace("?1", "?2"),
+        (MUTATION_GLOB, json.dumps(list(sids))),
+    ).fetchall()
+    for key, raw in rows:
+        receipt = json.loads(raw)
+        result = receipt.get("result")
+        if isinstance(result, dict) and any(f in result for f in _MUTATION_TRANSCRIPT_FIELDS):
+            receipt["result"] = {k: (None if k in _MUTATION_TRANSCRIPT_FIELDS else v) for k, v in result.items()}
+            conn.execute("UPDATE state_meta SET value = ? WHERE key = ?", (_json(receipt), key))
+
+
+def _entry_session_id(raw):
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return None
+    return value.get("session_id") if isinstance(value, dict) else None
+
+
+def _retire_routes(conn, sids, tables):
+    for sid in sids:
+        conn.execute("INSERT OR IGNORE INTO state_meta(key, value) VALUES (?, '{}')", (RETIRED_PREFIX + sid,))
+        conn.execute("DELETE FROM state_meta WHERE key = ?", (SETTINGS_PREFIX + sid,))
+    if "gateway_routing" in tables:
+        targets = set(sids)
+        for scope, key, entry in conn.execute("SELECT scope, session_key, entry_json FROM gateway_routing").fetchall():
+            if _entry_session_id(entry) in targets:
+                conn.execute("DELETE FROM gateway_routing WHERE scope = ? AND session_key = ?", (scope, key))
+
+
+def _policy_target(raw):
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return None
+    entry = value.get("entry") if isinstance(value, dict) else None
+    return entry.get("session_id") if isinstance(entry, dict) else None
+
+
+def _retire_local_receipts(conn, sids):
+    targets = set(sids)
+    gone = [
+        key
+        for key, value in conn.execute("SELECT key, value FROM state_meta WHERE key GLOB ?", (POLICY_PREFIX + "*",))
+        if _policy_target(value) in targets
+    ]
+    gone += [
+        key
+        for key, value in conn.execute(
+            "SELECT key, value FROM state_meta WHERE key GLOB ?", (API_DECLARED_PREFIX + "*",)
+        )
+        if value in targets
+    ]
+    gone += [API_BINDING_PREFIX + sid for sid in sids]
+    conn.executemany("DELETE FROM state_meta WHERE key = ?", [(key,) for key in gone])
+
+
+def retire(conn, tables, sids):
+    """The whole fence for ``sids``, in the caller's transaction, before their rows are deleted.
+    Each id must have passed ``check`` in this transaction."""
+    for sid in sids:
+        _retire_ledger(conn, sid)
+    _retire_mutation_receipts(conn, sids)
+    _retire_routes(conn, sids, tables)
+    _retire_local_receipts(conn, sids)
+    if "conversation_generations" in tables:
+        for sid in sids:  # upstream's delete: _bump_conversation_generation(conn, sid, 'session_reset')
+            row = conn.execute("SELECT source, session_key FROM sessions WHERE id = ?", (sid,)).fetchone()
+            source, key = (str(v or "").strip() for v in row) if row else ("", "")
+            if source and key:
+                conn.execute(_BUMP_GENERATION, (source, key))
+
+
+def retired(conn, sids):
+    """The ids among ``sids`` that carry upstream's retired marker (deleted under the fence)."""
+    if not sids:
+        return []
+    try:
+        return [
+            r[0][len(RETIRED_PREFIX) :]
+            for r in conn.execute(
+                "SELECT key FROM state_meta WHERE key IN (%s)" % ",".join("?" * len(sids)),
+                [RETIRED_PREFIX + s for s in sids],
+            )
+        ]
+    except Exception as exc:  # no state_meta (v2 files): nothing retired
+        if "no such table" in str(exc):
+            return []
+        raise
