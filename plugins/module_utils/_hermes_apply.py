@@ -16,8 +16,10 @@ import sqlite3
 import time
 
 from ._hermes_catalogue import LEDGER_GUARD, retire_ledger
-from ._hermes_fence import FenceRefused, check as fence_check, local_conversations, retire as fence_retire
 from ._hermes_db import write_transaction, writer_probe
+from ._hermes_fence import FenceRefused, local_conversations
+from ._hermes_fence import check as fence_check
+from ._hermes_fence import retire as fence_retire
 from ._hermes_plan import ORPHAN_REAP, leased_conversation, live_leases, routed_sessions
 
 ZOMBIE_CHUNK = 200

@@ -12,8 +12,8 @@ import json
 import os
 
 from ._hermes_catalogue import describe, ledgered_sessions, referenced_sessions
-from ._hermes_fence import reasons as fence_reasons
 from ._hermes_db import MaintenanceError
+from ._hermes_fence import reasons as fence_reasons
 
 DAY = 86400.0
 SANE_MIN = 946684800.0  # 2000-01-01: older "unix seconds" are corrupt or not seconds at all
@@ -289,7 +289,10 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
     plan.kept = [
         {"session": s.id, "reason": why[s.id]}
         for s in sorted(sessions.values(), key=lambda s: s.id)
-        if s.id in why and s.id not in doomed and not s.bad and (s.ended is not None or s.id in zombies)
+        if s.id in why
+        and s.id not in doomed
+        and not s.bad
+        and (s.ended is not None or s.id in zombies)
         and prune_age(s) < _cutoff_of(s, plan, sessions, delegated_by)
     ]
     plan.orphaned = sum(1 for s in sessions.values() if s.id not in doomed and s.parent in doomed)

@@ -20,13 +20,16 @@ import pytest
 from hermes_markers import release_module_marks
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_fence as fence
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import PruneResult, prune
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_catalogue import fully_known, read_catalogue
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError, open_rw
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_inspect import inspect_schema
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_plan import build_plan
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import PruneResult, prune
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError, open_rw
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_selected, selection
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import (
+    restore_selected,
+    selection,
+)
 from hermes_fixtures import add_runtime_ledger, build_home, open_with_release, query_one
 
 LAYOUT = "hermes-0.22.2.post1"
@@ -71,26 +74,47 @@ def upstream_rows(db):
         (_json({"text": "see picture", "attachments_v1": {"media": [{"path": "/tmp/x.png"}]}}),),
     )
     # the settled worker: a history read, then its closing execution.finish receipt
-    conn.execute("UPDATE worker_receipts SET result_json = ? WHERE execution_id = 'exec-0'", (_json({"history": "SECRET"}),))
+    conn.execute(
+        "UPDATE worker_receipts SET result_json = ? WHERE execution_id = 'exec-0'", (_json({"history": "SECRET"}),)
+    )
     conn.execute("INSERT INTO worker_receipts VALUES ('exec-0', 2, ?, ?)", (CLOSING, _json({"finished": True})))
     # settle_session_input: the stored turn result (with its transcript copies)
-    result = {"result": {"final_response": "done", "messages": [{"role": "user", "content": "SECRET"}],
-                         "last_reasoning": "SECRET", "tools": [{"name": "x"}], "usage": {"tokens": 3}}}
+    result = {
+        "result": {
+            "final_response": "done",
+            "messages": [{"role": "user", "content": "SECRET"}],
+            "last_reasoning": "SECRET",
+            "tools": [{"name": "x"}],
+            "usage": {"tokens": 3},
+        }
+    }
     conn.execute("INSERT INTO state_meta(key,value) VALUES(?,?)", (fence.RESULT_PREFIX + "adm-0", _json(result)))
     # mutate_runtime_session (rename): its exact-retry receipt carries the title
     key = "gateway.mutation.v1." + fence.admission_fingerprint("settled", {"principal": "human", "request": "m1"})
-    receipt = {"digest": "d", "result": {"session_id": "settled", "revision": 2, "operation": "rename",
-                                         "title": "SECRET title"}}
+    receipt = {
+        "digest": "d",
+        "result": {"session_id": "settled", "revision": 2, "operation": "rename", "title": "SECRET title"},
+    }
     conn.execute("INSERT INTO state_meta(key,value) VALUES(?,?)", (key, _json(receipt)))
     conn.execute("INSERT INTO state_meta(key,value) VALUES(?,?)", ("gateway.api.settings.v1.settled", _json({"m": 1})))
     conn.execute("INSERT INTO state_meta(key,value) VALUES(?,?)", ("gateway.api.settings.v1.queued", _json({"m": 1})))
     # commit_local_session: one creation policy whose route is settled2's
     entry = {"session_id": "settled2", "created_at": "2026-01-01T00:00:00", "origin": {"chat_id": "2"}}
-    policy = {"session_id": "settled2", "route": "agent:main:telegram:dm:2", "entry": entry, "lineage": ["settled2"],
-              "profile_id": "p", "principal_id": "human", "request_id": "r", "policy": {"request_json": "SECRET"}}
+    policy = {
+        "session_id": "settled2",
+        "route": "agent:main:telegram:dm:2",
+        "entry": entry,
+        "lineage": ["settled2"],
+        "profile_id": "p",
+        "principal_id": "human",
+        "request_id": "r",
+        "policy": {"request_json": "SECRET"},
+    }
     conn.execute("INSERT INTO state_meta(key,value) VALUES(?,?)", (fence.POLICY_PREFIX + "settled2", _json(policy)))
     conn.execute("INSERT INTO state_meta(key,value) VALUES(?,?)", (fence.API_BINDING_PREFIX + "settled", "{}"))
-    conn.execute("UPDATE sessions SET session_key = 'agent:main:telegram:dm:' || substr(id, 1, 9) WHERE source = 'telegram'")
+    conn.execute(
+        "UPDATE sessions SET session_key = 'agent:main:telegram:dm:' || substr(id, 1, 9) WHERE source = 'telegram'"
+    )
     conn.execute(
         "INSERT INTO conversation_generations(source, session_key, generation) VALUES ('telegram', "
         "'agent:main:telegram:dm:settled', 4)"
@@ -158,7 +182,9 @@ def test_a_fenced_prune_writes_exactly_upstreams_fence(home):
     assert [(r["sequence"], r["result_json"]) for r in worker["receipts"]] == [(1, None), (2, '{"finished":true}')]
     result = meta(db, fence.RESULT_PREFIX + "adm-0")["result"]
     assert result == {"final_response": "done", "messages": [], "usage": {"tokens": 3}}
-    (mutation,) = [json.loads(v) for (v,) in rows(db, "SELECT value FROM state_meta WHERE key GLOB 'gateway.mutation.v1.*'")]
+    (mutation,) = [
+        json.loads(v) for (v,) in rows(db, "SELECT value FROM state_meta WHERE key GLOB 'gateway.mutation.v1.*'")
+    ]
     assert mutation["result"]["title"] is None and mutation["result"]["revision"] == 2
     assert meta(db, "gateway.api.settings.v1.settled") is None and meta(db, "gateway.api.settings.v1.queued")
     assert meta(db, fence.POLICY_PREFIX + "settled2") is None and meta(db, fence.API_BINDING_PREFIX + "settled") is None
@@ -218,7 +244,9 @@ def _half_fenced(db):
     for sid in FENCED:
         marker = meta(db, fence.RETIRED_PREFIX + sid) is not None
         ledger = rows(db, "SELECT 1 FROM session_admissions WHERE target_session_id = ?", sid)
-        routes = [e for (e,) in rows(db, "SELECT entry_json FROM gateway_routing") if json.loads(e)["session_id"] == sid]
+        routes = [
+            e for (e,) in rows(db, "SELECT entry_json FROM gateway_routing") if json.loads(e)["session_id"] == sid
+        ]
         if sid in present and (marker or (sid == "settled" and not ledger) or (sid != "plain" and not routes)):
             wrong.append((sid, "present, fence written"))
         if sid not in present and (not marker or ledger or routes):
@@ -298,7 +326,9 @@ def test_a_sigkill_at_every_statement_leaves_no_half_fenced_session(home, tmp_pa
         present = {r[0] for r in rows(db, "SELECT id FROM sessions")}
         assert FENCED & present == (FENCED if step <= commit else set()), "killed at statement %d" % step
     p = run(probe)  # after the last kill: a run finishes the work
-    assert p["status"] == "ok" and {r[0] for r in rows(probe / "state.db", "SELECT id FROM sessions")} == set(KEPT) | {"recent"}
+    assert p["status"] == "ok" and {r[0] for r in rows(probe / "state.db", "SELECT id FROM sessions")} == set(KEPT) | {
+        "recent"
+    }
     assert _half_fenced(probe / "state.db") == []
 
 
@@ -334,4 +364,3 @@ def test_a_state_meta_key_family_naming_sessions_skips_the_deletes(home):
     p = run(home)
     assert p["status"] == "failed" and p["sessions_pruned"] == 0
     assert p["catalogue"]["unknown"] == ["state_meta key family gateway.bookmark.v9.* (1 rows naming sessions)"]
-
