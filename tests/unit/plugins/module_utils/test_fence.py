@@ -159,7 +159,9 @@ def meta(db, key):
 def test_a_fenced_prune_writes_exactly_upstreams_fence(home):
     db = home / "state.db"
     assert fully_known(read_catalogue(sqlite3.connect(str(db))))
+    before = db.read_bytes()
     check = run(home, check_mode=True)
+    assert db.read_bytes() == before  # check mode writes no byte
     real = run(home)
     for p in (check, real):
         assert p["status"] == "ok" and p["error"] is None, p["error"]
