@@ -150,6 +150,7 @@ KEY_FAMILIES = (
 # fmt: on
 _NAMES = {(k.kind, k.name): k for k in KNOWN_NAMES}
 _FTS_SHADOW = ("_data", "_idx", "_content", "_docsize", "_config")
+_FTS5 = re.compile(r"CREATE\s+VIRTUAL\s+TABLE\s+.*\bUSING\s+fts5\b", re.IGNORECASE | re.DOTALL)
 
 _TRIGGER_HEAD = re.compile(
     r"CREATE\s+(?:TEMP\w*\s+)?TRIGGER\s+(?:IF\s+NOT\s+EXISTS\s+)?\S+\s+(?:BEFORE\s+|AFTER\s+|INSTEAD\s+OF\s+)?"
@@ -200,10 +201,12 @@ def read_catalogue(conn):
     return {"known": known, "unknown": unknown, "raises": raises, "ledger": ledger}
 
 
-def _known_table(name):
-    if (TABLE, name) in _NAMES or name.startswith("sqlite_stat"):
+def _known_table(name, fts_indexes):
+    """``fts_indexes``: the file's FTS5 tables named messages_fts* (Hermes's indexes, the CJK
+    extension's messages_fts_cjk among them; a missing tokenizer is refused by its own check)."""
+    if (TABLE, name) in _NAMES or name.startswith("sqlite_stat") or name in fts_indexes:
         return True
-    return any(name == base + shadow for base in ("messages_fts", "messages_fts_trigram") for shadow in _FTS_SHADOW)
+    return any(name == base + shadow for base in fts_indexes for shadow in _FTS_SHADOW)
 
 
 def _unknown_names(conn, unknown):
@@ -213,8 +216,12 @@ def _unknown_names(conn, unknown):
     there is that object's rule)."""
     found = []
     named = " ".join("%s %s" % (o["table"], o.get("sql", "")) for o in unknown)
-    for kind, name in conn.execute("SELECT type, name FROM sqlite_master WHERE type IN ('table', 'view')"):
-        if kind == TABLE and _known_table(name) or kind == VIEW and (VIEW, name) in _NAMES:
+    objects = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
+    fts_indexes = {
+        name for _kind, name, sql in objects if name.startswith("messages_fts") and _FTS5.match(sql or "")
+    } | {"messages_fts", "messages_fts_trigram"}
+    for kind, name, _sql in objects:
+        if kind == TABLE and _known_table(name, fts_indexes) or kind == VIEW and (VIEW, name) in _NAMES:
             continue
         if re.search(r"\b%s\b" % re.escape(name), named):
             continue
