@@ -87,6 +87,7 @@ FENCE = "written and removed by the deletion fence in the deleting transaction (
 GENERATIONS = "the deletion fence bumps the (source, session_key) counter of a deleted session"
 LEDGER_EPOCH = "the gateway runtime's owner epoch: no session rows"
 SQLITE_INTERNAL = "SQLite's own bookkeeping"
+LITESTREAM = "Litestream's replication bookkeeping: no session rows (Litestream owns the checkpoints: _hermes_hazards)"
 
 
 class KnownName:
@@ -123,6 +124,8 @@ KNOWN_NAMES = (
     KnownName(TABLE, "worker_executions", RUNTIME_LEDGER, _LEDGER),
     KnownName(TABLE, "worker_receipts", RUNTIME_LEDGER, _LEDGER),
     KnownName(TABLE, "sqlite_sequence", SQLITE_INTERNAL, _ALL),
+    KnownName(TABLE, "_litestream_seq", LITESTREAM, "Litestream beside any release"),
+    KnownName(TABLE, "_litestream_lock", LITESTREAM, "Litestream beside any release"),
     KnownName(VIEW, "messages_fts_src", FTS_TABLE, "0.21.5+"),
     KnownName(VIEW, "messages_fts_trigram_src", FTS_TABLE, "0.20+"),
 )
