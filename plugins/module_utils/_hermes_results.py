@@ -92,10 +92,10 @@ PROFILE_FIELDS = (
         "V(message). The profile stays V(ok); they are counted in RV(profiles[].sessions_left_alone) too.",
     )),
     Field("sessions_kept", "list", initial=[], elements="dict", doc=(
-        "Sessions old enough for the prune that the plan keeps, each named with V(session) and V(reason): "
-        "pinned, a live lease, a gateway route (without the runtime ledger), the runtime ledger's live work, "
+        "Sessions old enough for the prune that the plan keeps, each named with V(session) and V(reason) "
+        "(pinned, a live lease, a gateway route without the runtime ledger, the runtime ledger's live work, "
         "what upstream's deletion fence leaves to Hermes (media, hosted rooms, a local conversation of several "
-        "segments), rows of an object this collection does not know, or tied to such a session. Check mode "
+        "segments), rows of an object this collection does not know, or tied to such a session). Check mode "
         "names the same.",
     )),
     Field("bad_time_rows", "int", initial=0, doc=(

@@ -296,7 +296,10 @@ profiles:
       elements: dict
     sessions_kept:
       description:
-        - "Sessions old enough for the prune that the plan keeps, each named with V(session) and V(reason): pinned, a live lease, a gateway route (without the runtime ledger), the runtime ledger's live work, what upstream's deletion fence leaves to Hermes (media, hosted rooms, a local conversation of several segments), rows of an object this collection does not know, or tied to such a session. Check mode names the same."
+        - Sessions old enough for the prune that the plan keeps, each named with V(session) and V(reason) (pinned, a
+          live lease, a gateway route without the runtime ledger, the runtime ledger's live work, what upstream's
+          deletion fence leaves to Hermes (media, hosted rooms, a local conversation of several segments), rows of
+          an object this collection does not know, or tied to such a session). Check mode names the same.
       type: list
       elements: dict
     bad_time_rows:
