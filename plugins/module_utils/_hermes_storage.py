@@ -54,7 +54,7 @@ class _Bound:
                 self.cut = time.monotonic() > deadline
                 return 1 if self.cut else 0
 
-            self.conn.set_progress_handler(check, 1000)
+            self.conn.set_progress_handler(check, 100)
         return self
 
     def __exit__(self, kind, exc, tb):
