@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from collection_paths import COLLECTIONS_ROOT
 from hermes_rollback import journal_mode
 from hermes_writer import WriterProcess
 
@@ -257,7 +258,7 @@ def sqlite_without_dbstat():
 
 def test_without_dbstat_the_payload_figures_are_still_given(homes, sqlite_without_dbstat, tmp_path):
     home, db = tool_heavy_home(homes, "hermes-0.22.2.post1", tmp_path)
-    env = dict(os.environ, LD_LIBRARY_PATH=sqlite_without_dbstat)
+    env = dict(os.environ, LD_LIBRARY_PATH=sqlite_without_dbstat, PYTHONPATH=str(COLLECTIONS_ROOT))
     proc = subprocess.run(
         [sys.executable, "-c", NO_DBSTAT_RUN, str(home)], capture_output=True, text=True, check=False, env=env
     )
