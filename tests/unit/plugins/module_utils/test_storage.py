@@ -30,6 +30,8 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_st
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info
 from hermes_fixtures import build_home, hermes_python, layout_available, missing_venv_message, run_release_code
 
+pytestmark = [pytest.mark.slow, pytest.mark.releases]  # every test runs a real release's code
+
 REPO = Path(__file__).resolve().parents[4]
 OPTIONS = {"allow_unknown_schema": True}
 SPECS = [
