@@ -252,8 +252,9 @@ prepare-matrix: ## lane: the managed-node matrix venvs, the metrics, execution-e
 	@bash scripts/matrix_python.sh --setup-only "$(MATRIX_PYTHONS)"
 	@$(MAKE) metrics-setup $(EE_VENV)/.stamp docs-site-setup
 
-prepare-sqlite-trixie: ## lane: Debian 13's SQLite for the SQLite matrix (scripts/build_sqlite.sh)
+prepare-sqlite-trixie: ## lane: Debian 13's SQLite for the SQLite matrix, Debian 12's without dbstat (test_storage.py)
 	@bash scripts/build_sqlite.sh trixie >/dev/null
+	@SQLITE_WITHOUT=DBSTAT_VTAB bash scripts/build_sqlite.sh bookworm >/dev/null
 
 prepare-sqlite-sid: ## lane: Debian sid's SQLite for the SQLite matrix, then the Python linking it (the role's fixed-SQLite test)
 	@bash scripts/build_sqlite.sh sid >/dev/null

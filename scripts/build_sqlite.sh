@@ -13,6 +13,9 @@
 #   SUITE           a Debian suite on the mirror apt already uses (trixie, sid, ...)
 #   SOURCE_VERSION  a Debian source version of sqlite3 in that suite (default: the newest)
 # Prints the directory that holds libsqlite3.so.0 on its last line of stdout.
+# SQLITE_WITHOUT=DBSTAT_VTAB (an SQLITE_ENABLE_* option of debian/rules, without the prefix)
+# builds the same library without that option, as SQLite's own default build and some
+# distributions' are, into .cache/sqlite/<suite>-without-<option>/.
 #
 # The result is cached in .cache/sqlite/<suite>/ (lib/libsqlite3.so.0, VERSION, FLAGS): a
 # second call with the same suite (and version, if given) neither downloads nor builds.
@@ -23,7 +26,8 @@ set -euo pipefail
 suite=${1:?usage: build_sqlite.sh SUITE [SOURCE_VERSION]}
 want=${2:-}
 repo=$(cd "$(dirname "$0")/.." && pwd -P)
-cache=$repo/.cache/sqlite/$suite
+without=${SQLITE_WITHOUT:-}
+cache=$repo/.cache/sqlite/$suite${without:+-without-$(echo "$without" | tr '[:upper:]' '[:lower:]')}
 script_hash=$(sha256sum "$0" | cut -c1-16)
 
 log() { echo "build_sqlite[$suite]: $*" >&2; }
@@ -72,6 +76,14 @@ case $flags in *SQLITE_ENABLE_FTS3*) ;; *)
     exit 1
     ;;
 esac
+if [ -n "$without" ]; then
+    stripped=$(echo " $flags " | sed -E "s/ -DSQLITE_ENABLE_${without}(=[^ ]*)? / /g")
+    if [ "$stripped" = " $flags " ]; then
+        log "error: debian/rules does not set -DSQLITE_ENABLE_$without (SQLITE_WITHOUT)"
+        exit 1
+    fi
+    flags=$(echo "$stripped" | sed 's/^ *//; s/ *$//')
+fi
 log "CFLAGS from debian/rules: $flags"
 (
     cd "$tree"

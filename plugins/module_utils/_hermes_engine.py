@@ -50,6 +50,7 @@ from ._hermes_plan import DAY, build_plan
 from ._hermes_reclaim import reclaim, wal_budget
 from ._hermes_release import release_prune_set
 from ._hermes_results import new_profile_result
+from ._hermes_storage import storage
 
 NO_PROFILES = "no_profiles"  # a home that exists but holds no state.db (a profile's status; a run's)
 LOCK_SUFFIX = ".auto-maintenance.lock"  # the file Hermes's own auto-maintenance locks
@@ -716,13 +717,17 @@ def profile_info(home, name, db_path, opts, check_mode, now):
         schema = inspect_schema(db.conn, home)
         schema["catalogue"] = read_catalogue(db.conn)
         info["catalogue"] = summary(schema["catalogue"])
-        info.update(stats(db.conn, db_path))
+        file_holders = holders(db_path)
+        # Beside a gateway in rollback-journal mode every read blocks its commits: short reads only.
+        live_rollback = bool(file_holders) and db.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal"
+        info.update(stats(db.conn, db_path, short_reads=live_rollback))
+        info["storage"] = storage(db.conn, live_rollback)
         info.update(
             schema_version=schema["schema_version"],
             fts_layout=schema["fts_layout"],
             fts_unusable=unusable_fts(schema),
             auto_vacuum=schema["auto_vacuum"],
-            holders=holders(db_path),
+            holders=file_holders,
             mode="%o" % (st.st_mode & 0o777),
             hermes_locks_held=held_hermes_locks(db_path),
             litestream=litestream_tables(db.conn),
@@ -735,7 +740,7 @@ def profile_info(home, name, db_path, opts, check_mode, now):
         info["backups"] = len(backups)
         root = os.path.dirname(db_path)
         info["home_files"] = inventory(root, session_ids(db.conn), skip=("profiles",) if name == "default" else ())
-        plan = build_plan(db.conn, schema, opts, now, sessions_dir(db_path))
+        plan = build_plan(db.conn, schema, opts, now, sessions_dir(db_path), short_reads=live_rollback)
         info.update(
             idle_open=len(plan.zombies),
             prunable_sessions=len(plan.delete_order),

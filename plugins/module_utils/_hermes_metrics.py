@@ -49,6 +49,24 @@ HOME_METRICS = (
     ("home_bytes", "gauge", "Bytes of the profile's home by kind of file (other: no pattern names it)."),
     ("home_files", "gauge", "Items of the profile's home by kind (a retired-WAL or snapshot directory is one)."),
 )
+# (metric, type, help, label); per profile and object / message role (gather_info's storage).
+STORAGE_METRICS = (
+    (
+        "db_object_bytes",
+        "gauge",
+        "Bytes of state.db by table, index or FTS index (its shadow tables included), from SQLite's dbstat "
+        "(absent where this SQLite lacks dbstat).",
+        "object",
+    ),
+    (
+        "payload_bytes",
+        "gauge",
+        "Bytes of message payload (content, tool_calls, reasoning, ...) by message role.",
+        "role",
+    ),
+)
+# Roles Hermes writes; any other value in the file counts as "other" (a bounded label set).
+ROLES = ("user", "assistant", "tool", "system")
 # (metric, type, help); per runner user.
 RUN_METRICS = (
     ("last_run_timestamp_seconds", "gauge", "Unix time the last maintenance run ended."),
@@ -164,6 +182,13 @@ def render(result, infos, user, finished, last_success, config_error=False):
             for k, entry in _home_kinds(infos.get((p.get("home"), p.get("name")))).items()
         ]
         lines.extend(_family(name, kind, help_text, samples))
+    for name, kind, help_text, label in STORAGE_METRICS:
+        samples = [
+            (labels + ((label, key),), value)
+            for labels, p, _f in rows
+            for key, value in _storage_figures(infos.get((p.get("home"), p.get("name"))), name).items()
+        ]
+        lines.extend(_family(name, kind, help_text, samples))
     name, kind, help_text = STATUS_METRIC
     samples = [
         (labels + (("status", p.get("status") or "failed"), ("reason", reason_of(p))), 1) for labels, p, _f in rows
@@ -185,6 +210,18 @@ def render(result, infos, user, finished, last_success, config_error=False):
 def _home_kinds(info):
     """kind -> {count, bytes, ...} of a profile's home (gather_info's home_files), {} if unknown."""
     return ((info or {}).get("home_files") or {}).get("kinds") or {}
+
+
+def _storage_figures(info, name):
+    """object -> bytes or role -> payload bytes of a profile (gather_info's storage), {} if unknown."""
+    st = (info or {}).get("storage") or {}
+    if name == "db_object_bytes":
+        return {obj: entry["bytes"] for obj, entry in sorted((st.get("by_object") or {}).items())}
+    out = {}
+    for role, entry in sorted((st.get("by_role") or {}).items()):
+        key = role if role in ROLES else "other"
+        out[key] = out.get(key, 0) + entry["payload_bytes"]
+    return out
 
 
 def _family(name, kind, help_text, samples):

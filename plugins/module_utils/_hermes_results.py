@@ -218,6 +218,24 @@ INFO_PROFILE_FIELDS = (
     Field("page_count", "int", doc=("Pages in the file.",)),
     Field("page_size", "int", doc=("Page size in bytes.",)),
     Field("auto_vacuum", "int", doc=("SQLite's C(auto_vacuum) mode: V(0) none, V(1) full, V(2) incremental.",)),
+    Field("storage", "dict", doc=(
+        "Where the file's bytes are, read-only. V(page_size), V(page_count), V(free_pages), V(free_bytes) (the "
+        "freelist). V(by_object) maps each table and index to V(kind) (V(table), V(index) with its V(table), or "
+        "V(fts), an FTS5 index with its shadow tables C(_data), C(_idx), C(_content), C(_docsize), C(_config) "
+        "counted under it), V(pages) and V(bytes), from SQLite's C(dbstat) (overflow pages included; page 1 is "
+        "V(sqlite_schema)). V(by_object) is null, and V(by_object_unavailable) says why, where the SQLite lacks "
+        "C(dbstat) (built without C(SQLITE_ENABLE_DBSTAT_VTAB)); V(by_object_unavailable) also names the objects "
+        "not measured beside a gateway in rollback-journal mode (each would have been a read longer than 100 ms, "
+        "which holds back its commits).",
+        "V(by_role) and V(by_source) (the session's source) map to V(messages), V(content_bytes) (bytes of "
+        "C(messages.content)) and V(payload_bytes), the bytes of C(content) plus C(api_content), C(tool_calls), "
+        "C(reasoning), C(reasoning_content), C(reasoning_details), C(codex_reasoning_items) and "
+        "C(codex_message_items), those of them the file has (V(payload_columns)); bytes as stored (UTF-8), not "
+        "characters. V(largest_sessions), the 10 sessions with the most payload bytes, with V(id), V(source), "
+        "V(started_at), V(ended_at), V(messages), V(content_bytes), V(payload_bytes), V(tool_bytes) (of its "
+        "V(tool) messages). V(live_rollback) is true when the file was read beside a gateway in rollback-journal "
+        "mode, in statements of about 40 ms each.",
+    )),
     Field("mode", "str", doc=("Permission bits of C(state.db) in octal, such as V(600).",)),
     Field("schema_version", "int", doc=("Hermes's C(schema_version).",)),
     Field("fts_layout", "str", doc=("V(none), V(inline), V(external-content) or V(external-content-views).",)),

@@ -153,6 +153,18 @@ def test_report(ansible_playbook, tmp_path):
     assert set(rows) == set(PROFILES)  # the broken file's profile could not be read
     assert rows["default"][4].startswith("state_db ") and rows["default"][5:] == ["0", "0", "0"]
     assert float(rows["default"][3].rstrip("%")) >= 99.0
+    # Where each file's bytes are: the figures of state_db_info's storage, formatted.
+    storage = out.result("Print the storage table")["msg"]
+    assert [c.strip() for c in storage[0].split("|")[1:-1]] == [
+        "host", "profile", "fts indexes", "messages table", "free", "tool payload", "largest objects", "note",
+    ]  # fmt: skip
+    rows = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in storage[2:]}
+    assert set(rows) == set(PROFILES)
+    info = out.result("Read the state.db files", host="localhost")["profiles"]
+    st = next(p["storage"] for p in info if p["name"] == "default")
+    largest = sorted(st["by_object"].items(), key=lambda kv: -kv[1]["bytes"])[0][0]
+    assert rows["default"][6].startswith(largest + " ") and rows["default"][7] == ""
+    assert rows["default"][2] != "-" and rows["default"][3] != "-"
 
 
 def test_schedule_with_hermes_cron_then_none_then_absent(ansible_playbook, tmp_path):

@@ -154,6 +154,18 @@ def test_real_run_writes_figures_that_match_the_databases(tmp_path, home, capsys
         assert started - 1 <= backup_time <= time.time() + 1
         status = labels | {("status", "ok"), ("reason", "none")}
         assert values[("hermes_ops_profile_status", frozenset(status))] == 1
+        # Storage: the messages table's pages and each role's payload, as SQLite reads them.
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        pages = dict(conn.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"))
+        roles = dict(conn.execute("SELECT role, SUM(length(CAST(content AS BLOB))) FROM messages GROUP BY role"))
+        conn.close()
+        assert values[("hermes_ops_db_object_bytes", labels | {("object", "messages")})] == pages["messages"]
+        fts = sum(
+            v for k, v in pages.items() if k == "messages_fts" or k.startswith("messages_fts_") and "trigram" not in k
+        )
+        assert values[("hermes_ops_db_object_bytes", labels | {("object", "messages_fts")})] == fts
+        for role, payload in roles.items():  # these messages carry content only
+            assert values[("hermes_ops_payload_bytes", labels | {("role", role)})] == payload, role
     user = frozenset({"user": metrics._user_name()}.items())
     last_run = values[("hermes_ops_last_run_timestamp_seconds", user)]
     assert started <= last_run <= time.time()
@@ -245,7 +257,11 @@ def test_the_shipped_alert_rules_use_only_metrics_the_runner_writes():
     rules = (REPO / "roles/session_maintenance/files/prometheus/hermes-ops.rules.yml").read_text()
     written = {
         metrics.PREFIX + m[0]
-        for m in metrics.PROFILE_METRICS + metrics.HOME_METRICS + metrics.RUN_METRICS + (metrics.STATUS_METRIC,)
+        for m in metrics.PROFILE_METRICS
+        + metrics.HOME_METRICS
+        + metrics.STORAGE_METRICS
+        + metrics.RUN_METRICS
+        + (metrics.STATUS_METRIC,)
     }
     used = set(re.findall(r"\bhermes_ops_[a-z_]+", rules))
     assert used and used <= written, used - written
