@@ -124,7 +124,8 @@ CASES = {
                                    "no backup (backup is off)"),
     "skipped-threshold-backup-off": (
         ROLLBACK_RELEASE, False, False, {"backup": False, "vacuum_threshold": 90},
-        "the prune deletes 50.0% of the messages: an estimated 50.5% after it, below vacuum_threshold 90%", "no backup (backup is off)",
+        "the prune deletes 50.0% of the messages: an estimated 50.5% after it, below vacuum_threshold 90%",
+        "no backup (backup is off)",
     ),
     "skipped-held-wal-backup": (
         WAL_RELEASE, False, True, {}, "vacuum skipped: held open by ", "backup=file backups/hermes-ops_default_",
