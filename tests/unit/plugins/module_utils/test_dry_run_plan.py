@@ -91,9 +91,11 @@ def measured_masked(line):
     return re.sub(r"_(?:\d{8}T\d{6}Z(?:-\d+)?|<timestamp>)\.db", "_<timestamp>.db", line)
 
 
-def dry_run_and_run(base_db, tmp_path, held=False, **options):
+def dry_run_and_run(base_db, tmp_path, held=False, prepare=None, **options):
     check_db = copy_home(base_db, str(tmp_path / "check"))
     run_db = copy_home(base_db, str(tmp_path / "run"))
+    for home in (prepare and (tmp_path / "check", tmp_path / "run")) or ():
+        prepare(home)
     check = one_run(check_db, str(tmp_path / "check"), held, True, options)
     run = one_run(run_db, str(tmp_path / "run"), held, False, options)
     assert check["status"] == run["status"] == "ok", (check, run)
@@ -148,6 +150,29 @@ def test_check_mode_says_word_for_word_what_the_run_does(base, tmp_path, case):
         assert re.search(r"freed=~[0-9.]+[KM]B ", check), check
     else:
         assert re.search(r"freed=~0B ", check), check
+
+
+def orphaned_transcript(home):
+    """A transcript of a session state.db no longer has, written ten days ago."""
+    path = home / "sessions" / "gone-long-ago.jsonl"
+    path.write_text('{"role": "user", "content": "hello"}\n' * 40)
+    old = time.time() - 10 * 86400
+    os.utime(str(path), (old, old))
+
+
+def test_file_retention_is_predicted_word_for_word(base, tmp_path):
+    check, run, predicted, done = dry_run_and_run(
+        base(ROLLBACK_RELEASE), tmp_path, prepare=orphaned_transcript,
+        file_retention={"orphaned_transcripts": {"days": 7}},
+    )  # fmt: skip
+    assert "; files removed=1 (1KB)" in check and "; files removed=1 (1KB)" in run, (check, run)
+
+    def removed(profile):
+        return [dict(item, path=None) for item in profile["file_retention"]["removed"]]  # each copy's own path
+
+    assert removed(predicted) == removed(done)
+    assert not (tmp_path / "run" / "sessions" / "gone-long-ago.jsonl").exists()
+    assert (tmp_path / "check" / "sessions" / "gone-long-ago.jsonl").exists()
 
 
 def test_a_second_run_with_nothing_to_do_is_predicted_too(base, tmp_path):
