@@ -18,12 +18,12 @@ import sqlite3
 import time
 import traceback
 
+from ._hermes_actions import ARCHIVE, FILE, human_size, plan_actions, report_plan
 from ._hermes_apply import PruneResult, close_zombies, prune
 from ._hermes_archive import list_archives, take_archive
 from ._hermes_backup import apply_retention, check_backup_dir, list_backups, take_backup
 from ._hermes_catalogue import read_catalogue, refusal, refuses_deletes, refuses_zombie_closes, summary
 from ._hermes_db import (
-    MB,
     MaintenanceError,
     ProfileSkipped,
     ReadOnlyDB,
@@ -296,29 +296,27 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
         backup_due = opts["backup"] and (plan.has_changes or _interval_due(opts, backup_dir, name, now))
         if backup_due:
             check_backup_dir(backup_dir, st.st_uid, create=not check_mode)
+        # Every decision of the run, once: check mode reports this plan, the run executes it.
+        actions = plan_actions(
+            conn, db_path, opts, schema, plan, result["preflight"],
+            backup_due=backup_due, messages_total=result["before"]["messages"], files=files_plan, stores=stores_plan,
+        )  # fmt: skip
         if check_mode:
-            _predict(result, plan, backup_due, backup_dir, name)
-            if backup_due and result["preflight"]["live_rollback"]:  # as _apply would do
-                result["backup_deferred"] = _deferred_reason(result["preflight"])
-                if plan.delete_order:
-                    result["backup"]["kind"] = "archive"
-                    result["backup"]["path"] = os.path.join(backup_dir, "hermes-ops-archive_%s_<timestamp>.db" % name)
-                else:
-                    result["backup"], result["changed"] = None, plan.has_changes
-            result["reclaim"] = reclaim(conn, db_path, opts, schema, pruned=bool(plan.delete_order), check_mode=True)
+            report_plan(result, plan, actions, backup_dir, name, compress=opts["backup_compress"])
             if opts["file_retention"]:
-                result["file_retention"] = describe(files_plan)
-            result["stores"] = stores_plan
+                result["file_retention"] = describe(actions.files)
+            result["stores"] = actions.stores
         else:
             _apply(
-                result, conn, plan, schema, opts,
-                db_path=db_path, backup_due=backup_due, backup_dir=backup_dir, name=name, now=now,
+                result, conn, plan, schema, opts, actions,
+                db_path=db_path, backup_dir=backup_dir, name=name, now=now,
             )  # fmt: skip
             result["after"] = stats(conn, db_path, short_reads)
             result["reclaim"]["bytes_freed"] = max(0, _bytes(result["before"]) - _bytes(result["after"]))
             if opts["file_retention"]:
-                result["file_retention"] = remove_files(root, home, files_plan)
-            result["stores"] = reclaim_stores(stores_plan, float(opts["busy_timeout"])) if stores_plan else stores_plan
+                result["file_retention"] = remove_files(root, home, actions.files)
+            stores = actions.stores
+            result["stores"] = reclaim_stores(stores, float(opts["busy_timeout"])) if stores else stores
         if result["file_retention"] and result["file_retention"]["removed"]:
             result["changed"] = True
         if result["stores"] and any(entry["action"] for entry in result["stores"].values()):
@@ -387,15 +385,6 @@ def preflight_check(conn, db_path):
     return report
 
 
-def _deferred_reason(preflight):
-    return (
-        "state.db is in rollback-journal mode (journal_mode=%s) and %d other process(es) hold it: a whole-file "
-        "copy would block every commit of the gateway for as long as it takes; the rows to prune were archived "
-        "instead. A run with no holder (maintain.yml with hermes_gateway_service) takes the whole-file backup"
-        % (preflight["journal_mode"], preflight["holders"])
-    )
-
-
 def _bytes(stats_):
     return stats_["db_bytes"] + stats_["wal_bytes"]
 
@@ -423,34 +412,9 @@ def _interval_due(opts, backup_dir, name, now):
     return not newest or now - newest[0][1] >= float(interval) * DAY
 
 
-def _predict(result, plan, backup_due, backup_dir, name):
-    before = result["before"]
-    result.update(
-        zombies_closed=len(plan.zombies),
-        sessions_pruned=len(plan.delete_order),
-        messages_pruned=plan.messages_pruned,
-        sessions_orphaned=plan.orphaned,
-        transcripts_removed=plan.transcripts_count,
-        prompts_collected=plan.prompts,
-        changed=plan.has_changes or bool(backup_due),
-    )
-    if backup_due:
-        result["backup"] = {
-            "kind": "file",
-            "path": os.path.join(backup_dir, "hermes-ops_%s_<timestamp>.db" % name),
-            "bytes": None,
-            "verified": None,
-        }
-    after = dict(before)
-    zombie_ids = {sid for sid, _last in plan.zombies}
-    after["sessions"] = before["sessions"] - len(plan.delete_order)
-    after["messages"] = before["messages"] - plan.messages_pruned
-    after["open_sessions"] = before["open_sessions"] - len(zombie_ids)
-    result["after"] = after
-
-
-def _apply(result, conn, plan, schema, opts, *, db_path, backup_due, backup_dir, name, now):
-    """Back up, close zombies, prune, reclaim; report what was committed even when a step fails.
+def _apply(result, conn, plan, schema, opts, actions, *, db_path, backup_dir, name, now):
+    """Back up, close zombies, prune, reclaim, as ``actions`` (the profile's action plan) says; report
+    what was committed even when a step fails.
 
     Beside a live gateway in rollback-journal mode the backup is an archive of the rows the
     prune deletes instead of a whole-file copy (which would block every commit of the gateway
@@ -462,7 +426,7 @@ def _apply(result, conn, plan, schema, opts, *, db_path, backup_due, backup_dir,
         # A transaction whose dirty pages outgrow the page cache spills them into state.db before
         # it commits, which needs the EXCLUSIVE lock and a journal sync in the middle of the batch.
         conn.execute("PRAGMA cache_size=-%d" % ROLLBACK_CACHE_KB)  # this connection only
-    elif backup_due:
+    if actions.backup == FILE:
         result["backup"] = take_backup(
             conn, db_path, backup_dir, name,
             compress=opts["backup_compress"], must_contain=plan.messages, busy_timeout=float(opts["busy_timeout"]),
@@ -473,13 +437,12 @@ def _apply(result, conn, plan, schema, opts, *, db_path, backup_due, backup_dir,
     stop = wal_budget(conn, db_path, schema.get("litestream"))
     try:
         close_zombies(conn, plan, schema, end_reason=opts["end_reason"], pause=pause, closed=closed)
-        if live_rollback and backup_due:
-            result["backup_deferred"] = _deferred_reason(result["preflight"])
-            if plan.delete_order:
-                result["backup"] = take_archive(
-                    conn, db_path, backup_dir, name, plan.delete_order, plan.messages, schema["schema_version"]
-                )
-                _retain(result, opts, backup_dir=backup_dir, name=name, now=now, lister=list_archives)
+        result["backup_deferred"] = actions.backup_deferred
+        if actions.backup == ARCHIVE:
+            result["backup"] = take_archive(
+                conn, db_path, backup_dir, name, plan.delete_order, plan.messages, schema["schema_version"]
+            )
+            _retain(result, opts, backup_dir=backup_dir, name=name, now=now, lister=list_archives)
         prune(
             conn, plan, schema,
             batch_size=int(opts["batch_size"]), pause=pause, result=pruned, batch_time=float(opts["batch_time"]),
@@ -499,7 +462,7 @@ def _apply(result, conn, plan, schema, opts, *, db_path, backup_due, backup_dir,
             changed=result["changed"] or bool(closed or pruned.sessions),
         )
     result["stopped_early"] = pruned.stopped
-    result["reclaim"] = reclaim(conn, db_path, opts, schema, pruned=pruned.sessions > 0, check_mode=False, stop=stop)
+    result["reclaim"] = reclaim(conn, db_path, opts, schema, actions.reclaim, pruned=pruned.sessions > 0, stop=stop)
     if result["reclaim"]["action"]:
         result["changed"] = True
 
@@ -673,8 +636,8 @@ def summary_details(p, opts):
         words.append("vacuum skipped: %s" % reclaim_["skipped_reason"])
     files = p.get("file_retention")
     if files and (files["removed"] or files["skipped"] or files["errors"]):
-        words.append("files removed=%d (%dMB)%s%s" % (
-            len(files["removed"]), round(files["bytes"] / MB),
+        words.append("files removed=%d (%s)%s%s" % (
+            len(files["removed"]), human_size(files["bytes"]),
             "".join(", %s skipped: %s" % item for item in sorted(files["skipped"].items())),
             ", %d not removed: %s" % (len(files["errors"]), files["errors"][0]) if files["errors"] else "",
         ))  # fmt: skip
@@ -688,15 +651,21 @@ def summary_details(p, opts):
 
 def format_summary_line(p, check_mode=False, opts=None):
     """The seed script's line: ``default: zombies=3 pruned=12 freed=45MB remaining=...``, its
-    words first (scripts read them), then what was done and why (with ``opts``, the run's options)."""
+    words first (scripts read them), then what was done and why (with ``opts``, the run's options).
+
+    Sizes in human units (``freed=290KB``); in check mode ``freed=~...`` is the plan's estimate
+    (the counts and every word after them are the plan's decisions, the same as the run's)."""
     if p["status"] in ("skipped", NO_PROFILES):
         return "%s: %s: %s" % (p["name"], p["status"], p["error"])
     if p["status"] == "failed" and not p["before"]:
         return "%s: FAILED: %s" % (p["name"], p["error"])
     before, after = p["before"], p["after"] or p["before"]
-    freed = 0 if check_mode else max(0, _bytes(before) - _bytes(after))
-    line = "%s: zombies=%d pruned=%d freed=%dMB remaining=%d sessions, %d messages" % (
-        p["name"], p["zombies_closed"], p["sessions_pruned"], round(freed / MB), after["sessions"], after["messages"],
+    if check_mode:
+        freed = "~" + human_size((p["reclaim"] or {}).get("bytes_freed") or 0)
+    else:
+        freed = human_size(max(0, _bytes(before) - _bytes(after)))
+    line = "%s: zombies=%d pruned=%d freed=%s remaining=%d sessions, %d messages" % (
+        p["name"], p["zombies_closed"], p["sessions_pruned"], freed, after["sessions"], after["messages"],
     )  # fmt: skip
     if opts is not None:
         line += "; " + summary_details(p, opts)

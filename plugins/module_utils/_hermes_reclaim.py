@@ -83,9 +83,15 @@ def pragma(conn, name):
     return conn.execute("PRAGMA %s" % name).fetchone()[0]
 
 
-def decide(conn, db_path, mode, threshold_percent, auto_vacuum, replica=None):
-    """Return (action, reason): action is 'full', 'incremental' or None with a reason."""
+def decide(conn, db_path, mode, threshold_percent, auto_vacuum, replica=None, after_prune=None):
+    """Return (action, reason): action is 'full', 'incremental' or None with a reason.
+
+    ``after_prune`` (a ``predict_free_pages`` answer): the rule is applied to the free pages the
+    prune is expected to leave rather than to those the file has now.
+    """
     free, pages = pragma(conn, "freelist_count"), pragma(conn, "page_count")
+    if after_prune is not None:
+        free = after_prune["free_pages"]
     if mode == "never":
         return None, "vacuum_mode is never"
     if auto_vacuum == AUTO_VACUUM_INCREMENTAL and mode in ("auto", "incremental"):
@@ -106,18 +112,26 @@ def decide(conn, db_path, mode, threshold_percent, auto_vacuum, replica=None):
         return None, "no free pages"
     percent = 100.0 * free / pages if pages else 0.0
     if mode == "auto" and percent < float(threshold_percent):
+        if after_prune is not None:
+            return None, (
+                "free pages are %.1f%% of the file and the prune deletes %.1f%% of the messages: an estimated %.1f%% "
+                "after it, below vacuum_threshold %s%%"
+                % (after_prune["percent_now"], 100 * after_prune["share"], percent, threshold_percent)
+            )
         return None, "free pages are %.1f%% of the file, below vacuum_threshold %s%%" % (percent, threshold_percent)
-    others = holders(db_path)
-    if others:
-        return None, "held open by %s: a full VACUUM would stall or break it; run maintain.yml's service window" % (
-            describe_holders(others)
-        )
+    blocked = full_vacuum_blocked(db_path)
+    if blocked:
+        return None, blocked
+    return "full", None
+
+
+def _room_refusal(db_path):
     size = file_size(db_path) + file_size(db_path + "-wal")
     for where, need in ((db_path, 2 * size), (tempfile.gettempdir(), size)):
         have = free_bytes(where if where != db_path else _dir(db_path))
         if have < need:
-            return None, "VACUUM needs about %d MB free near %s, %d MB are free" % (need // MB, where, have // MB)
-    return "full", None
+            return "VACUUM needs about %d MB free near %s, %d MB are free" % (need // MB, where, have // MB)
+    return None
 
 
 def _dir(path):
@@ -176,19 +190,67 @@ def checkpoint(conn, db_path, replica=None):
     return kind, None
 
 
-def reclaim(conn, db_path, options, schema, *, pruned, check_mode, stop=None):
-    """Merge, vacuum as the options and the situation allow; report what and why."""
-    mode = options["vacuum_mode"]
-    report = {"mode": mode, "action": None, "bytes_freed": 0, "skipped_reason": None, "fts_merge_steps": 0}
-    if pruned and not check_mode:
+def predict_free_pages(conn, messages_pruned, messages_total):
+    """The free pages a prune of ``messages_pruned`` of ``messages_total`` messages is expected to leave.
+
+    Messages, their indexes and their FTS entries are nearly all of a state.db, so the prune is taken
+    to free that share of the pages in use. An estimate on figures known before any write, cheap and
+    safe beside a live gateway (no scan of the pages, no trial delete): the exact figure would take the
+    prune itself (its FTS segments depend on its transaction boundaries), and a trial run of it in a
+    transaction would block the gateway for its whole length. It runs high: FTS5 keeps a deleted row's
+    entries as tombstones until segments merge, and pages the deletes only thin out stay in use (half
+    of a 0.22.2 file's messages left 26% of its pages free, not 50%). Check mode and the run apply the
+    vacuum rule to this same figure, so they take the same decision.
+    """
+    free, pages = pragma(conn, "freelist_count"), pragma(conn, "page_count")
+    share = float(messages_pruned) / messages_total if messages_total else 0.0
+    share = min(1.0, max(0.0, share))
+    return {
+        "free_pages": free + int(round((pages - free) * share)),
+        "share": share,
+        "percent_now": 100.0 * free / pages if pages else 0.0,
+    }
+
+
+def plan_reclaim(conn, db_path, options, schema, *, messages_pruned, messages_total):
+    """The reclaim decision for one profile, taken before any write (check mode reports it, the run
+    executes it): ``{"mode", "action", "skipped_reason", "free_pages_predicted"}``."""
+    after_prune = predict_free_pages(conn, messages_pruned, messages_total) if messages_pruned else None
+    action, reason = decide(
+        conn, db_path, options["vacuum_mode"], options["vacuum_threshold"], schema["auto_vacuum"],
+        schema.get("litestream"), after_prune=after_prune,
+    )  # fmt: skip
+    free = after_prune["free_pages"] if after_prune else pragma(conn, "freelist_count")
+    return {"mode": options["vacuum_mode"], "action": action, "skipped_reason": reason, "free_pages_predicted": free}
+
+
+def full_vacuum_blocked(db_path):
+    """Why a planned full VACUUM may not start now (a process opened the file since the plan, or the
+    disk filled), else None: these are re-checked right before it runs."""
+    others = holders(db_path)
+    if others:
+        return "held open by %s: a full VACUUM would stall or break it; run maintain.yml's service window" % (
+            describe_holders(others)
+        )
+    return _room_refusal(db_path)
+
+
+def reclaim(conn, db_path, options, schema, decision, *, pruned, stop=None):
+    """Merge, then the planned vacuum (``plan_reclaim``); report what was done and why."""
+    report = {
+        "mode": decision["mode"], "action": decision["action"], "bytes_freed": 0,
+        "skipped_reason": decision["skipped_reason"], "fts_merge_steps": 0,
+        "free_pages_predicted": decision["free_pages_predicted"],
+    }  # fmt: skip
+    if pruned:
         report["fts_merge_steps"] = fts_merge(conn, schema["fts"], options["batch_pause"], stop)
+    report["free_pages_before_vacuum"] = pragma(conn, "freelist_count")
     replica = schema.get("litestream")
-    action, reason = decide(conn, db_path, mode, options["vacuum_threshold"], schema["auto_vacuum"], replica)
-    report["action"], report["skipped_reason"] = action, reason
-    if check_mode:
-        if pruned and action is None and reason == "no free pages":
-            report["skipped_reason"] = "decided after the prune, from the pages it frees"
-        return report
+    action = decision["action"]
+    if action == "full":
+        blocked = full_vacuum_blocked(db_path)
+        if blocked:  # the world changed since the plan: never VACUUM under a holder or on a full disk
+            action, report["action"], report["skipped_reason"] = None, None, blocked
     if action == "incremental":
         incremental_vacuum(conn, options["batch_pause"], stop)
     elif action == "full":

@@ -160,9 +160,10 @@ PROFILE_FIELDS = (
         "9p or virtiofs; then no whole-file copy and no full VACUUM, and a file in WAL mode is refused).",
     )),
     Field("reclaim", "dict", initial=None, doc=(
-        "V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed), V(skipped_reason), V(fts_merge_steps), "
-        "V(stopped_early), and V(checkpoint) (null when none was run; V(checkpoint_skipped_reason) says why) after "
-        "a real run.",
+        "V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed) (in check mode an estimate), "
+        "V(skipped_reason), V(free_pages_predicted) (the free pages the plan expects after the prune, which the "
+        "vacuum rule is applied to), V(fts_merge_steps), and after a real run V(free_pages_before_vacuum) (measured), "
+        "V(stopped_early) and V(checkpoint) (null when none was run; V(checkpoint_skipped_reason) says why).",
     )),
     Field("file_retention", "dict", initial=None, doc=(
         "Null without O(file_retention). Else V(removed), each item removed (in check mode, to be removed) with "
@@ -178,7 +179,10 @@ PROFILE_FIELDS = (
         "V(db_bytes), V(wal_bytes), V(sessions), V(messages), V(open_sessions), V(free_pages), V(page_size), "
         "V(page_count).",
     )),
-    Field("after", "dict", initial=None, doc=("The same figures after the run (predicted in check mode).",)),
+    Field("after", "dict", initial=None, doc=(
+        "The same figures after the run. In check mode V(sessions), V(messages) and V(open_sessions) are predicted "
+        "exactly, the sizes and pages estimated.",
+    )),
     Field("duration", "float", initial=0.0, doc=("Seconds spent on the profile.",)),
     Field("traceback", "str", returned="when an unexpected error stopped the profile", doc=(
         "The Python traceback of the unexpected error, for a bug report.",

@@ -383,9 +383,11 @@ profiles:
       type: dict
     reclaim:
       description:
-        - V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed), V(skipped_reason),
-          V(fts_merge_steps), V(stopped_early), and V(checkpoint) (null when none was run;
-          V(checkpoint_skipped_reason) says why) after a real run.
+        - V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed) (in check mode an estimate),
+          V(skipped_reason), V(free_pages_predicted) (the free pages the plan expects after the prune, which the
+          vacuum rule is applied to), V(fts_merge_steps), and after a real run V(free_pages_before_vacuum)
+          (measured), V(stopped_early) and V(checkpoint) (null when none was run; V(checkpoint_skipped_reason) says
+          why).
       type: dict
     file_retention:
       description:
@@ -405,7 +407,9 @@ profiles:
           V(page_count).
       type: dict
     after:
-      description: The same figures after the run (predicted in check mode).
+      description:
+        - The same figures after the run. In check mode V(sessions), V(messages) and V(open_sessions) are predicted
+          exactly, the sizes and pages estimated.
       type: dict
     duration:
       description: Seconds spent on the profile.

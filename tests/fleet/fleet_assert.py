@@ -144,7 +144,7 @@ def phase_cron(c, manifest, evidence):
         c.check(START in text and DONE in text, "%s: log has a complete run" % host, text[-400:])
         for name, prof in sorted(healthy(home).items()):
             want = re.compile(
-                r"^\d\d:\d\d:\d\d %s: zombies=%d pruned=%d freed=\d+MB remaining=%d sessions, %d messages"
+                r"^\d\d:\d\d:\d\d %s: zombies=%d pruned=%d freed=~?[0-9.]+[KMG]?B remaining=%d sessions, %d messages"
                 % (
                     re.escape(name),
                     prof["zombies_closed"],

@@ -22,7 +22,8 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import
 
 REPO = Path(__file__).resolve().parents[2]
 LINE = re.compile(
-    r"^(?P<name>[\w-]+): zombies=(?P<z>\d+) pruned=(?P<p>\d+) freed=\d+MB remaining=\d+ sessions, \d+ messages"
+    r"^(?P<name>[\w-]+): zombies=(?P<z>\d+) pruned=(?P<p>\d+) freed=~?[0-9.]+[KMG]?B "
+    r"remaining=\d+ sessions, \d+ messages"
     r"(?:; .*)?$"  # the seed's words, then what was done and why
 )
 PROFILES = ["default", "work", "research"]

@@ -22,7 +22,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import
 
 REPO = Path(__file__).resolve().parents[4]
 LINE = re.compile(
-    r"^\d\d:\d\d:\d\d (?P<name>[\w-]+): zombies=(?P<z>\d+) pruned=(?P<p>\d+) freed=\d+MB "
+    r"^\d\d:\d\d:\d\d (?P<name>[\w-]+): zombies=(?P<z>\d+) pruned=(?P<p>\d+) freed=~?[0-9.]+[KMG]?B "
     r"remaining=\d+ sessions, \d+ messages(?:; .*)?$"
 )
 PROFILES = ["default", "work", "research"]
