@@ -127,7 +127,7 @@ integration: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## ansible-playbook 
 matrix: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## the support-matrix tests only (marker `matrix`), not part of `make test`
 	@$(ANSIBLE_ENV) bash scripts/pytest.sh $(BIN)/pytest tests -m matrix $(PYTEST_ARGS)
 
-sanity: $(STAMP) ## ansible-test sanity --venv (controller Python; compile/import on 3.8-3.13) on a clean copy of the tracked tree
+sanity: $(STAMP) ## ansible-test sanity --venv (controller Python; compile/import on 3.9-3.13) on a clean copy of the tracked tree
 	@PATH=$(BIN):$$PATH bash scripts/sanity.sh $(BIN)/ansible-test
 
 units: $(STAMP) $(HERMES_VENVS_STAMP) ## ansible-test units --venv on the controller Python (not the timing tests: unit-timing), on a copy under build/units/...
@@ -137,7 +137,9 @@ units: $(STAMP) $(HERMES_VENVS_STAMP) ## ansible-test units --venv on the contro
 # Managed-node Pythons: the engine unit tests (tests/unit/plugins/module_utils) on each, in
 # small venvs .cache/matrix/py<ver> (requirements/matrix-python.txt). Tests marked `slow`
 # (latency measurements under a live writer) run on 3.11 only, in `make unit` and `make units`.
-MATRIX_PYTHONS ?= 3.8 3.9 3.10 3.11 3.12 3.13
+# 3.9 to 3.13: the managed-node Pythons of the maintained ansible-core releases (2.20 to 2.22 run
+# modules on 3.9+; 3.8 is supported by none of them).
+MATRIX_PYTHONS ?= 3.9 3.10 3.11 3.12 3.13
 MATRIX_MARKERS ?= not matrix and not slow and not release_line
 # 1: a leg on the controller venv's own Python and SQLite is not run again (units + unit-timing
 # run the whole suite there); MATRIX_DEDUP=0 runs it anyway.
@@ -145,13 +147,13 @@ MATRIX_DEDUP ?= 1
 # The timing tests (live writers, stall bounds) measure SQLite's locking, which every pyenv
 # Python here links alike (3.40.1): their pass runs on the controller's Python (unit-timing) and
 # on each other SQLite (matrix-sqlite-timing), not again on each Python; the legs run every
-# other test. MATRIX_TIMING_PYTHONS="3.8 3.13" runs it on those too, "$(MATRIX_PYTHONS)" on all.
+# other test. MATRIX_TIMING_PYTHONS="3.9 3.13" runs it on those too, "$(MATRIX_PYTHONS)" on all.
 MATRIX_TIMING_PYTHONS ?= none
 # The tests on files built by a real Hermes release cross the release dimension with the oldest
 # and the newest Python (and the controller's, units); the legs between them run the rest of the
 # suite (every engine path on the schema-built layouts). MATRIX_RELEASE_PYTHONS="$(MATRIX_PYTHONS)"
 # runs them on all.
-MATRIX_RELEASE_PYTHONS ?= 3.8 3.13
+MATRIX_RELEASE_PYTHONS ?= 3.9 3.13
 # Second controller: the newest ansible-core (requirements/controller-py313.txt) on Python 3.13.
 ifeq ($(origin PYTHON313),undefined)
 PYTHON313 := $(shell bash scripts/find_python.sh 3.13)
@@ -160,7 +162,7 @@ VENV313 ?= .venv-313
 BIN313 := $(CURDIR)/$(VENV313)/bin
 STAMP313 := $(VENV313)/.setup-stamp
 
-matrix-python: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## engine unit tests on Python 3.8-3.13 (pyenv), each with the SQLite it links
+matrix-python: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## engine unit tests on Python 3.9-3.13 (pyenv), each with the SQLite it links
 	@MATRIX_SAME_AS=$(if $(filter 1,$(MATRIX_DEDUP)),$(BIN)/python) MATRIX_TIMING_PYTHONS="$(MATRIX_TIMING_PYTHONS)" \
 		MATRIX_RELEASE_PYTHONS="$(MATRIX_RELEASE_PYTHONS)" \
 		bash scripts/matrix_python.sh "$(MATRIX_PYTHONS)" "$(MATRIX_MARKERS)" $(PYTEST_ARGS)

@@ -15,12 +15,18 @@ MATRIX_SQLITES ?= trixie sid
 # The release line (marker release_line) runs here too: on sid's SQLite 0.21.3+ run WAL inside
 # their identity guards, which no other leg shows.
 MATRIX_SQLITE_MARKERS ?= not matrix and not slow
+# The timing pass (live writers, stall bounds: SQLite's locking) runs on sid's SQLite only. On
+# trixie's 3.46.1, as on the system's 3.40.1, Hermes has the WAL-reset bug and runs DELETE mode,
+# so its timing pass measured what unit-timing measures on 3.40.1 (the same rollback-journal
+# locking) a second time (75 s of CI); sid's 3.53 is where Hermes 0.22 runs WAL.
+MATRIX_SQLITES_TIMING ?= sid
 SQLITE_SUITES := $(filter-out system,$(MATRIX_SQLITES))
 
 .PHONY: matrix-sqlite sqlite-builds live-wal-full
 
 matrix-sqlite: $(STAMP) collection-link ## engine unit tests + release scenarios on SQLite 3.40 (system), 3.46 (trixie), 3.53 (sid)
-	@bash scripts/matrix_sqlite.sh $(BIN)/python "$(MATRIX_SQLITES)" "$(MATRIX_SQLITE_MARKERS)" $(PYTEST_ARGS)
+	@bash scripts/matrix_sqlite.sh $(BIN)/python \
+		"$(if $(filter timing,$(PYTEST_PASS)),$(MATRIX_SQLITES_TIMING),$(MATRIX_SQLITES))" "$(MATRIX_SQLITE_MARKERS)" $(PYTEST_ARGS)
 
 sqlite-builds: ## build Debian's libsqlite3 of each suite in MATRIX_SQLITES into .cache/sqlite/ (cached)
 	@for suite in $(SQLITE_SUITES); do bash scripts/build_sqlite.sh $$suite >/dev/null || exit 1; \

@@ -21,8 +21,8 @@
 # engine on the schema-built layouts (every code path, every schema) and leave the release
 # dimension to those and to `units`. Unset: every version runs them.
 #
-# Usage: scripts/matrix_python.sh "3.8 3.9 ..." "MARKERS" [extra pytest args...]
-#        scripts/matrix_python.sh --setup-only "3.8 3.9 ..."    only make the venvs (make prepare)
+# Usage: scripts/matrix_python.sh "3.9 3.10 ..." "MARKERS" [extra pytest args...]
+#        scripts/matrix_python.sh --setup-only "3.9 3.10 ..."    only make the venvs (make prepare)
 set -uo pipefail
 setup_only=0
 if [ "${1:-}" = --setup-only ]; then setup_only=1; shift; set -- "$1" ""; fi
