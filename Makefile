@@ -127,7 +127,7 @@ integration: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## ansible-playbook 
 matrix: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## the support-matrix tests only (marker `matrix`), not part of `make test`
 	@$(ANSIBLE_ENV) bash scripts/pytest.sh $(BIN)/pytest tests -m matrix $(PYTEST_ARGS)
 
-sanity: $(STAMP) ## ansible-test sanity --venv (controller Python; compile/import on 3.9-3.13) on a clean copy of the tracked tree
+sanity: $(STAMP) ## ansible-test sanity --venv (controller Python; compile/import on 3.9 and 3.13) on a clean copy of the tracked tree
 	@PATH=$(BIN):$$PATH bash scripts/sanity.sh $(BIN)/ansible-test
 
 units: $(STAMP) $(HERMES_VENVS_STAMP) ## ansible-test units --venv on the controller Python (not the timing tests: unit-timing), on a copy under build/units/...
