@@ -139,7 +139,9 @@ units: $(STAMP) $(HERMES_VENVS_STAMP) ## ansible-test units --venv on the contro
 # (latency measurements under a live writer) run on 3.11 only, in `make unit` and `make units`.
 # 3.9 to 3.13: the managed-node Pythons of the maintained ansible-core releases (2.20 to 2.22 run
 # modules on 3.9+; 3.8 is supported by none of them).
+# BEGIN GENERATED: matrix-pythons (scripts/generate.py, from tests/matrix.yml)
 MATRIX_PYTHONS ?= 3.9 3.10 3.11 3.12 3.13
+# END GENERATED
 MATRIX_MARKERS ?= not matrix and not slow and not release_line
 # 1: a leg on the controller venv's own Python and SQLite is not run again (units + unit-timing
 # run the whole suite there); MATRIX_DEDUP=0 runs it anyway.
@@ -153,7 +155,9 @@ MATRIX_TIMING_PYTHONS ?= none
 # and the newest Python (and the controller's, units); the legs between them run the rest of the
 # suite (every engine path on the schema-built layouts). MATRIX_RELEASE_PYTHONS="$(MATRIX_PYTHONS)"
 # runs them on all.
+# BEGIN GENERATED: matrix-release-pythons (scripts/generate.py, from tests/matrix.yml)
 MATRIX_RELEASE_PYTHONS ?= 3.9 3.13
+# END GENERATED
 matrix-python: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## engine unit tests on Python 3.9-3.13 (pyenv), each with the SQLite it links
 	@MATRIX_SAME_AS=$(if $(filter 1,$(MATRIX_DEDUP)),$(BIN)/python) MATRIX_TIMING_PYTHONS="$(MATRIX_TIMING_PYTHONS)" \
 		MATRIX_SQLITE_PYTHONS="$(foreach e,$(MATRIX_SQLITES),$(if $(findstring @,$(e)),$(lastword $(subst @, ,$(e)))))" \
@@ -171,7 +175,9 @@ matrix-python: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## engine unit tes
 # root, the fixed-SQLite Python, the harness, the docs site, the scheduler's walk: the role's own
 # branching), and the timing tests (SQLite's locking and the engine's pacing: integration-timing).
 # That is about a third of the integration step per core, so three cores cost what two did.
+# BEGIN GENERATED: controller-cores (scripts/generate.py, from tests/matrix.yml)
 CONTROLLER_CORES ?= 2.20@3.13 2.22@3.13
+# END GENERATED
 CONTROLLERS_DIR ?= .cache/controllers
 CONTROLLER_TESTS ?= tests/integration/test_docs.py tests/integration/test_modules.py \
 	tests/integration/test_operator_mistakes.py tests/integration/test_playbooks.py tests/integration/test_no_warnings.py

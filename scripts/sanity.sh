@@ -59,7 +59,10 @@ echo "+ ansible-test sanity --venv --python $controller $* (in $dest)"
 #    3.10-3.12; and every leg of matrix-python/matrix-sqlite imports and runs the engine on its
 #    Python. SANITY_PYTHONS="3.9 3.10 3.11 3.12 3.13" runs each.
 #    ansible-test finds pythonX.Y on PATH; scripts/find_python.sh finds the interpreters.
-for ver in ${SANITY_PYTHONS-3.9 3.13}; do
+# BEGIN GENERATED: sanity-pythons (scripts/generate.py, from tests/matrix.yml)
+default_pythons="3.9 3.13"
+# END GENERATED
+for ver in ${SANITY_PYTHONS-$default_pythons}; do
     [ "$ver" = "$controller" ] && continue
     if ! py=$(bash "$repo/scripts/find_python.sh" "$ver"); then
         bash "$repo/scripts/missing_leg.sh" sanity "compile/import on Python $ver" \
