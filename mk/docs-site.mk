@@ -23,6 +23,6 @@ docs-site: $(DOCS_VENV)/.stamp ## the HTML docs site (antsibull-docs sphinx-init
 
 # tests/integration/test_docs_site.py builds the site with this venv where chromium is
 # there to open it (without chromium it skips, or fails with CI=true, before the venv is
-# needed); the second controller does not run it again (Makefile, matrix-controller-run):
+# needed); the controller matrix does not run it again (Makefile, CONTROLLER_TESTS):
 # the site does not depend on the controller.
 integration: $(if $(shell command -v chromium 2>/dev/null),$(DOCS_VENV)/.stamp)

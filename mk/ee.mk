@@ -5,11 +5,14 @@
 # the image itself: `make ee-image` (below), on a base image built locally.
 
 EE_VENV := $(CURDIR)/.cache/builder-venv
+PYTHON_XY = $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
 .PHONY: ee-context
 
 $(EE_VENV)/.stamp: requirements/ee.txt
-	test -x $(EE_VENV)/bin/python || $(PYTHON) -m venv $(EE_VENV)
+	@# made again when its Python is not the controller's (ansible-core 2.21 needs 3.12+)
+	$(EE_VENV)/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != tuple(map(int, "$(PYTHON_XY)".split("."))))' 2>/dev/null \
+		|| { rm -rf $(EE_VENV) && $(PYTHON) -m venv $(EE_VENV); }
 	$(EE_VENV)/bin/python -m pip install --quiet --no-input -r requirements/ee.txt $(PIP_FILTER)
 	touch $@
 

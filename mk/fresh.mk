@@ -2,12 +2,13 @@
 # container built with debootstrap (tests/fresh/run.sh; rootfs cached in .cache/fresh/).
 # Needs root, podman, runc and debootstrap on this host; CI runs the `fast` part.
 #
-#   make fresh-machine                                  Debian 12, make demo + the fast part of make test
-#   make fresh-machine FRESH_SUITE=trixie FRESH_PART=full   Debian 13, make demo + the whole make test
+#   make fresh-machine                                  Debian 13, make demo + the fast part of make test
+#   make fresh-machine FRESH_PART=full                  Debian 13, make demo + the whole make test
+# (Debian 12's python3 is 3.11: too old for the controller, ansible-core 2.21.)
 #   FRESH_TEST_RUNS=3 make fresh-machine FRESH_SUITE=trixie FRESH_PART=full   ... make test three times in a row
 #   FRESH_CACHE=$(mktemp -d) make fresh-machine         as CI runs it: no cached rootfs, debootstrap first
 
-FRESH_SUITE ?= bookworm
+FRESH_SUITE ?= trixie
 FRESH_PART ?= fast
 
 .PHONY: fresh-machine fresh-image

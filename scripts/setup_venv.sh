@@ -3,7 +3,7 @@
 #
 #   scripts/setup_venv.sh PYTHON VENV STAMP
 #
-# PYTHON is any Python 3.11 to 3.13 (ansible-core 2.19's controller range). A venv left
+# PYTHON is any Python 3.12 to 3.14 (ansible-core 2.21's controller range). A venv left
 # half made by an interrupted run (no working pip, or made by another Python X.Y) is
 # removed and made again; otherwise the pinned install is simply run again, which
 # completes whatever an interrupted run left out. The stamp is written last, so it
@@ -15,14 +15,15 @@ log=build/logs/setup.log
 mkdir -p build/logs
 
 if [ -z "$python" ] || ! command -v "$python" >/dev/null 2>&1; then
-    echo "error: no Python 3.11 to 3.13 on PATH (python3.13, python3.12, python3.11 or python3)." >&2
-    echo "       Install one (Debian/Ubuntu: apt-get install python3 python3-venv) or run make PYTHON=/path/to/python3.X" >&2
+    echo "error: no Python 3.12 to 3.14 on PATH (python3.13, python3.14, python3.12 or python3) or in pyenv." >&2
+    echo "       Install one (Debian 13, Ubuntu 24.04+: apt-get install python3 python3-venv; Debian 12's 3.11 is too old" >&2
+    echo "       for ansible-core 2.20+) or run make PYTHON=/path/to/python3.X" >&2
     exit 1
 fi
 version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 case "$version" in
-    3.11 | 3.12 | 3.13) ;;
-    *) echo "error: $python is Python $version; the controller (ansible-core 2.19) needs Python 3.11 to 3.13 (PYTHON=...)" >&2; exit 1 ;;
+    3.12 | 3.13 | 3.14) ;;
+    *) echo "error: $python is Python $version; the controller (ansible-core 2.21) needs Python 3.12 to 3.14 (PYTHON=...)" >&2; exit 1 ;;
 esac
 if ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
     echo "error: $python (Python $version) cannot create virtual environments: its venv/ensurepip module is missing." >&2

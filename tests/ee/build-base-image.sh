@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Base image for ansible-builder, made locally (no registry is reachable): Debian bookworm
+# Base image for ansible-builder, made locally (no registry is reachable): Debian trixie
 # minbase (debootstrap, the host's apt mirror, as tests/fleet/build-image.sh) with python3
 # and pip. ansible-builder v3 drives a dnf-style package manager (`install -y`, `clean
 # all`): /usr/local/bin/ee-pkgmgr maps those to apt-get (options.package_manager_path).
 # The host's CA bundle goes in so pip inside the build reaches the package index.
 #
-#   tests/ee/build-base-image.sh [--force]      image: EE_BASE_IMAGE (localhost/hermes-ops-ee-base:bookworm)
+#   tests/ee/build-base-image.sh [--force]      image: EE_BASE_IMAGE (localhost/hermes-ops-ee-base:trixie)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-image="${EE_BASE_IMAGE:-localhost/hermes-ops-ee-base:bookworm}"
+image="${EE_BASE_IMAGE:-localhost/hermes-ops-ee-base:trixie}"
 packages="python3,python3-pip,python3-venv,ca-certificates,sudo"
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$here/../fleet/containers.conf}"
 t0=$(date +%s)
@@ -23,8 +23,8 @@ mirror="${EE_MIRROR:-${mirror:-http://deb.debian.org/debian}}"
 work="$(mktemp -d "${TMPDIR:-/tmp}/hermes-ee-rootfs.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 rootfs="$work/rootfs"
-stamp "debootstrap --variant=minbase bookworm (+ $packages) from $mirror"
-debootstrap --variant=minbase --include="$packages" bookworm "$rootfs" "$mirror" >"$work/log" 2>&1 \
+stamp "debootstrap --variant=minbase trixie (+ $packages) from $mirror"
+debootstrap --variant=minbase --include="$packages" trixie "$rootfs" "$mirror" >"$work/log" 2>&1 \
     || { tail -n 30 "$work/log" >&2; exit 1; }
 cat >"$rootfs/usr/local/bin/ee-pkgmgr" <<'SHIM'
 #!/bin/sh

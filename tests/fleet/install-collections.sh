@@ -10,7 +10,8 @@
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-# ansible 12.x is the release line built on ansible-core 2.19 (this repo's controller).
+# ansible 12.x (built on ansible-core 2.19): its containers.podman requires_ansible ">=2.8" admits the
+# controller venv's core (2.21); the wheel only supplies the collection.
 ansible_wheel_version="${FLEET_ANSIBLE_WHEEL:-12.3.0}"
 dest="${FLEET_COLLECTIONS:-$repo/.cache/fleet/collections}"
 wheels="$repo/.cache/fleet/wheels"

@@ -4,7 +4,7 @@
 # pip configuration that points at it (this machine reaches the package registries only
 # through that bundle).
 #
-#   tests/fresh/run.sh [SUITE] [fast|full|image]      default: bookworm fast
+#   tests/fresh/run.sh [SUITE] [fast|full|image]      default: trixie fast
 #
 # `full` runs the README's `make demo` and `make test`; `fast` (what CI runs, to stay in its
 # time) runs `make demo` and `make test TEST_STEPS="$FRESH_FAST_STEPS"` (default: lint; the
@@ -26,11 +26,10 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
-suite=${1:-bookworm}
+suite=${1:-trixie}
 part=${2:-fast}
 # The fast part runs no test suite: `make demo` has just run the main playbook in the container,
-# and the host's `make test` ran every suite on the same SQLite (3.40.1) and Python minor (3.11)
-# just before; on a CI machine 2.5-3x slower than the baseline the engine suite here made this job
+# and the host's `make test` ran every suite on the same Python minor (3.13) just before; on a CI machine 2.5-3x slower than the baseline the engine suite here made this job
 # the last to end, past CI's deadline. FRESH_FAST_STEPS="lint unit" (unit: without the timing
 # tests, as CI runs this job beside the fleet's) or "lint unit integration" adds them back.
 case "$part" in

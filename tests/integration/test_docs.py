@@ -1,7 +1,7 @@
 """The modules' and the role's documentation renders with ``ansible-doc`` and carries the key options.
 
 Runs the ``ansible-doc`` next to the running Python, so each controller of the support matrix
-(``make integration`` on ansible-core 2.19, ``make matrix-controller`` on the newest) checks its own
+(``make integration`` on the controller venv's core, ``make matrix-controller`` on each other one) checks its own
 rendering, both as text (what an operator reads) and as JSON (options, types, defaults).
 """
 
