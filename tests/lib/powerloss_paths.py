@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 import time
 
 import crash_states
@@ -56,6 +58,14 @@ elif job["kind"] == "metrics_log":
     _hermes_metrics.write_atomically(os.path.join(home, "metrics"), "hermes_ops_x.prom", job["metrics"])
     _hermes_runner.append_log(os.path.join(home, "logs", "maintenance.log"), job["log"], 12)
 print("done")
+"""
+
+HOLDER = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1])
+conn.execute("SELECT count(*) FROM sessions").fetchall()
+print("ready", flush=True)
+time.sleep(600)
 """
 
 # name: (path it shows on, what the child does to the engine first)
@@ -111,6 +121,10 @@ def build(path, root):
         _journal_mode(db, "DELETE")
         os.mkdir(os.path.join(home, "backups"), 0o700)
         options.update(vacuum_mode="full")
+    elif path == "prune-archive-holder":  # rollback journal beside a live holder: archive, not a whole-file copy
+        _journal_mode(db, "DELETE")
+        os.mkdir(os.path.join(home, "backups"), 0o700)
+        job["holder"] = True
     elif path == "file-retention":
         for i, data in enumerate(ZIP_OLD):
             name = os.path.join(home, "hermes-backup-2026-01-0%d.zip" % (i + 1))
@@ -164,8 +178,8 @@ def build(path, root):
 
 
 PATHS = (
-    "prune-wal-frames", "prune-wal-gz-vacuum", "prune-rollback-vacuum", "restore", "session-restore",
-    "file-retention", "metrics-log",
+    "prune-wal-frames", "prune-archive-holder", "prune-wal-gz-vacuum", "prune-rollback-vacuum", "restore",
+    "session-restore", "file-retention", "metrics-log",
 )  # fmt: skip
 
 
@@ -435,7 +449,18 @@ def record_path(path, workdir, disable=()):
     trace = os.path.join(workdir, "trace.txt")
     # HERMES_POWERLOSS_COLLECTIONS: another engine to record (e.g. an older commit's, unpacked)
     collections = os.environ.get("HERMES_POWERLOSS_COLLECTIONS", str(COLLECTIONS_ROOT))
-    run = crash_states.record(CHILD, [collections, json.dumps(job)], root, trace)
+    holder = None
+    if job.get("holder"):  # another process with state.db open (the gateway), outside the recording
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, os.path.join(job["home"], "state.db")], stdout=subprocess.PIPE
+        )
+        holder.stdout.readline()
+    try:
+        run = crash_states.record(CHILD, [collections, json.dumps(job)], root, trace)
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
     assert run.returncode == 0 and "done" in run.stdout, run.stderr[-3000:]
     recording = crash_states.Recording(root, start, trace)
     final = os.path.join(workdir, "final")

@@ -2,9 +2,10 @@
 
 Each test records one real run under strace and checks the crash states it could leave (strict
 POSIX model and ext4-like model) against the path's invariants (tests/lib/powerloss_paths.py).
-This is the unit suite's subset: a few crash points per path (HERMES_POWERLOSS_POINTS, default 4)
-and each negative control on the path that shows it. ``make powerloss-trials`` checks every crash
-point of every path in both models.
+This is the unit suite's subset: about four crash points per path (HERMES_POWERLOSS_POINTS; the
+end of the run always among them) in both models, and each negative control in the strict model on
+the path that shows it. ``make powerloss-trials`` checks every crash point of every path in both
+models, and every control in both.
 """
 
 import os
@@ -22,7 +23,9 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("path", ["prune-wal-frames", "restore", "session-restore", "file-retention", "metrics-log"])
+@pytest.mark.parametrize(
+    "path", ["prune-wal-frames", "prune-archive-holder", "restore", "session-restore", "file-retention", "metrics-log"]
+)
 def test_no_crash_state_breaks_an_invariant(path):
     found = powerloss_trials.trial(path, points=POINTS)
     for model, result in found.items():
@@ -35,6 +38,7 @@ def test_no_crash_state_breaks_an_invariant(path):
     [
         "backup_dir_created_durably",
         "transcripts_after_durable_commit",
+        "rollback_synchronous_extra",
         "restore_aside_durable",
         "session_restore_pending_after_commits",
         "retention_newest_durable",
@@ -45,5 +49,5 @@ def test_no_crash_state_breaks_an_invariant(path):
 def test_each_durability_step_is_needed(control):
     """With one durability step made a no-op (in the recorded child only), violations show."""
     path = powerloss_trials.powerloss_paths.CONTROLS[control][0]
-    found = powerloss_trials.trial(path, models=("strict",), disable=(control,), points=None)
+    found = powerloss_trials.trial(path, models=("strict",), disable=(control,), points=POINTS)
     assert found["strict"]["violations"], found["strict"]["states"]
