@@ -16,7 +16,7 @@ import sqlite3
 import time
 
 from ._hermes_catalogue import LEDGER_GUARD, retire_ledger
-from ._hermes_db import write_transaction, writer_probe
+from ._hermes_db import commits_durable, write_transaction, writer_probe
 from ._hermes_fence import FenceRefused, local_conversations
 from ._hermes_fence import check as fence_check
 from ._hermes_fence import retire as fence_retire
@@ -357,6 +357,8 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
                 budget.per_row = None  # slower than measured: the next transaction measures again
             counts.sessions = len(done)
             result.add(counts)
+            if files:  # a transcript goes only once its session's deletion is durable
+                commits_durable(db_path)
             for sid in done:
                 result.transcripts += remove_files(plan.transcripts.get(sid, ()))
             if files:
@@ -576,9 +578,11 @@ def finish_pending(conn, path):
     except ValueError:  # cut short while written: its transaction never committed
         files = {}
     removed = 0
-    for sid, paths in files.items():
-        if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone() is None:
-            removed += remove_files(paths)
+    gone = [sid for sid in files if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone() is None]
+    if gone:  # that commit may still be only in the page cache
+        commits_durable(conn.execute("PRAGMA database_list").fetchone()[2])
+    for sid in gone:
+        removed += remove_files(files[sid])
     remove_files([path])
     return removed
 

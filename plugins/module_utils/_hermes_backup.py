@@ -31,6 +31,8 @@ from ._hermes_db import (
     file_size,
     free_bytes,
     fsync_path,
+    fsync_tree,
+    makedirs_durable,
     read_snapshot,
 )
 
@@ -99,7 +101,7 @@ def check_backup_dir(backup_dir, owner_uid, create):
         if not create:
             return
         try:
-            os.makedirs(backup_dir, mode=0o700)
+            makedirs_durable(backup_dir, 0o700)  # a backup fsynced in it relies on its name
         except OSError as exc:
             raise MaintenanceError("cannot create backup directory %s: %s" % (backup_dir, exc.strerror)) from None
     st = os.stat(backup_dir)
@@ -302,6 +304,13 @@ def verify(target, path, must_contain):
     return {"sessions": sessions, "messages": messages}
 
 
+def newest_durable(paths):
+    """fsync the copies retention keeps and their directory (a run killed between a backup's
+    rename and its directory's fsync left a complete copy whose name is not yet durable)."""
+    for path in paths:
+        fsync_tree(path)
+
+
 def apply_retention(backup_dir, profile, keep_days, keep_count, now, keep_path, lister=None):
     """Remove this profile's backups older than keep_days or beyond keep_count; never the newest.
 
@@ -315,6 +324,8 @@ def apply_retention(backup_dir, profile, keep_days, keep_count, now, keep_path, 
         too_old = keep_days is not None and now - stamp > float(keep_days) * 86400
         too_many = keep_count is not None and index >= int(keep_count)
         if too_old or too_many:
+            if not removed:  # the copies kept, and their names, before any older one goes
+                newest_durable([backups[0][0]] + ([keep_path] if keep_path else []))
             try:
                 os.unlink(path)
                 removed.append(path)

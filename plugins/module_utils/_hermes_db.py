@@ -28,6 +28,7 @@ BATCH_PAUSE = BY_NAME["batch_pause"].default
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 SIDECAR_SUFFIXES = ("-wal", "-shm")
+ROLLBACK_SYNCHRONOUS = "EXTRA"  # open_rw's synchronous for a rollback-journal file
 MB = 1024 * 1024
 
 
@@ -214,13 +215,17 @@ def open_rw(path, busy_timeout=BUSY_TIMEOUT):
     In WAL mode ``synchronous=NORMAL`` (this connection only) skips the WAL fsync at each of
     our many small commits. What it risks on power loss is that the last deletes or zombie
     closes roll back, and the next run simply does them again; the backup is fsynced on its
-    own. A rollback-journal file keeps SQLite's FULL, as Hermes does: there NORMAL can corrupt
-    the file on a power loss at the wrong moment (sqlite.org/pragma.html#pragma_synchronous).
+    own, and a step that relies on a commit (a transcript removed because its session is gone)
+    calls ``commits_durable`` first. A rollback-journal file gets EXTRA: there NORMAL can
+    corrupt the file on a power loss (sqlite.org/pragma.html#pragma_synchronous), and under FULL
+    a full VACUUM's truncate can reach the disk before its journal's deletion, which then rolls
+    back into a truncated file ("database disk image is malformed"); EXTRA fsyncs the directory
+    once the journal is deleted. The prune keeps its journal (PERSIST), so it pays nothing more.
     """
     conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
     conn.execute("PRAGMA foreign_keys=ON")
     wal = is_wal_file(path)
-    conn.execute("PRAGMA synchronous=%s" % ("NORMAL" if wal else "FULL"))
+    conn.execute("PRAGMA synchronous=%s" % ("NORMAL" if wal else ROLLBACK_SYNCHRONOUS))
     if sqlite_wal_reset_affected() and wal:
         # No checkpoint at our commits from an SQLite with the WAL-reset bug: the one
         # checkpoint we may take is decided at the end (_hermes_reclaim.checkpoint_policy).
@@ -656,8 +661,55 @@ def _comm(pid):
 
 
 def fsync_path(path):
+    """fsync a file (its data) or a directory (its entries: names created, renamed, removed)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def makedirs_durable(path, mode=0o777):
+    """os.makedirs, each directory it creates made durable: itself and its entry in its parent.
+
+    Without the parent's fsync a power loss can take a new directory away with all it holds,
+    a backup fsynced inside it included."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    if parent != path and not os.path.isdir(parent):
+        makedirs_durable(parent, mode)
+    os.mkdir(path, mode)
+    fsync_path(path)
+    try:
+        fsync_path(parent)
+    except PermissionError:  # a parent we may only traverse (0711) cannot be opened to fsync
+        pass
+
+
+def fsync_tree(path):
+    """fsync a file, or a directory with everything under it, then its parent's entry."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        for base, _dirs, files in os.walk(path, topdown=False):
+            for name in files:
+                if stat.S_ISREG(os.lstat(os.path.join(base, name)).st_mode):
+                    fsync_path(os.path.join(base, name))
+            fsync_path(base)
+    elif os.path.isfile(path) and not os.path.islink(path):
+        fsync_path(path)
+    fsync_path(os.path.dirname(os.path.abspath(path)))
+
+
+def commits_durable(db_path):
+    """Make every transaction committed so far to db_path durable, whatever ``synchronous`` was.
+
+    In WAL mode with synchronous=NORMAL a COMMIT only wrote its frames to the -wal: fsync it.
+    A rollback journal's COMMIT deletes or zeroes the journal: the directory's fsync makes a
+    deletion durable. Then the database file, and the directory (a -wal created by this run).
+    Costs two or three fsyncs, once, where a later step relies on the commits (a file removed
+    because its row is gone): synchronous=FULL would pay one at every commit."""
+    for path in (db_path + "-wal", db_path):
+        try:
+            fsync_path(path)
+        except FileNotFoundError:
+            continue
+    fsync_path(os.path.dirname(os.path.abspath(db_path)))

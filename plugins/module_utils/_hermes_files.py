@@ -30,7 +30,7 @@ import shutil
 import sqlite3
 import stat
 
-from ._hermes_db import MaintenanceError, free_bytes, holders
+from ._hermes_db import MaintenanceError, free_bytes, fsync_tree, holders
 from ._hermes_hazards import lock_is_held
 from ._hermes_inventory import STORES, orphaned_transcripts, store_facts
 
@@ -104,6 +104,7 @@ class Item:
         entries = [st for path in self.paths for st in _tree_entries(path)]  # one walk for both figures
         self.bytes = sum(st.st_size for st in entries if not stat.S_ISDIR(st.st_mode))
         self.mtime = int(max(st.st_mtime for st in entries))
+        self.newest = None  # the newest item of its group, made durable before this one goes
 
     def as_result(self, why):
         return {"kind": self.kind, "path": self.paths[0], "files": self.rels, "bytes": self.bytes, "why": why}
@@ -271,6 +272,7 @@ def plan_files(root, home, rules, ids, now):
                 continue  # never the newest
             if kind == "orphaned_transcripts" and any(os.path.realpath(p) in open_now for p in item.paths):
                 continue
+            item.newest = newest.get(item.group)
             age = (now - item.mtime) / DAY
             if "days" in rule and age > rule["days"]:
                 remove.append((item, "older than %g days (%.1f)" % (rule["days"], age)))
@@ -315,6 +317,13 @@ def _remove(item):
             os.unlink(path)
 
 
+def newest_durable(item):
+    """The copy kept in place of the older ones, on disk before any of them goes: Hermes may
+    not have fsynced it (a snapshot directory: every file and directory in it)."""
+    for path in item.paths:
+        fsync_tree(path)
+
+
 def describe(plan):
     """The plan as the result reports it (check mode's prediction)."""
     removed = [item.as_result(why) for item, why in plan["remove"]]
@@ -332,11 +341,15 @@ def remove_files(root, home, plan):
         if why:
             for kind in {i.kind for i, _w in guarded}:
                 report["skipped"][kind] = why
+    synced = set()
     try:
         for item, why in plan["remove"]:
             if RULES[item.kind][1] and item.kind in report["skipped"]:
                 continue
             try:
+                if item.newest is not None and item.group not in synced:
+                    newest_durable(item.newest)
+                    synced.add(item.group)
                 _remove(item)
             except OSError as exc:
                 report["errors"].append("%s: %s" % (exc.filename or item.paths[0], exc.strerror))

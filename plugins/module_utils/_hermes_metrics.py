@@ -16,6 +16,7 @@ import pwd
 import re
 import time
 
+from ._hermes_db import fsync_path
 from ._hermes_engine import gather_info
 
 PREFIX = "hermes_ops_"
@@ -258,6 +259,7 @@ def write_atomically(directory, filename, text):
             os.fsync(handle.fileno())
         os.chmod(temp, FILE_MODE)  # the umask may have taken bits away
         os.rename(temp, final)
+        fsync_path(directory)  # the rename: else a power loss may bring the previous figures back
     except BaseException:
         try:
             os.unlink(temp)

@@ -209,6 +209,7 @@ def _restore(plan, force):
             raise MaintenanceError("the copy of %s does not match its verified counts" % backup["path"])
         os.chown(partial, current["uid"], current["gid"])
         os.chmod(partial, 0o600)
+        fsync_path(partial)  # its owner too: a root-owned state.db after a power loss locks Hermes out
     except BaseException:
         _remove(partial)
         raise
@@ -231,10 +232,10 @@ def _restore(plan, force):
                 if name != "state.db":
                     os.rename(os.path.join(directory, name), os.path.join(aside, name))
                     moved.append(name)
+            aside_durable(aside, directory)
         os.rename(partial, db)  # atomic: at every moment state.db is the old file or the new one
         renamed = True
-        for path in ([aside] if moved else []) + [directory]:
-            fsync_path(path)
+        fsync_path(directory)  # the rename
         restored = db_counts(db)
         if (restored["sessions"], restored["messages"]) != (backup["sessions"], backup["messages"]):
             raise MaintenanceError("%s does not match the backup after the rename" % db)
@@ -259,6 +260,14 @@ def _restore(plan, force):
     st = os.stat(db)
     plan["owner"] = {"uid": st.st_uid, "gid": st.st_gid, "mode": "%o" % stat.S_IMODE(st.st_mode)}
     return plan
+
+
+def aside_durable(aside, directory):
+    """The aside directory, the old file's second name and the sidecars' moves, durable before
+    the rename over state.db: else a power loss can leave the old -wal beside the restored file
+    (SQLite replays it into it: "row missing from index") or the old file with no name at all."""
+    fsync_path(aside)
+    fsync_path(directory)
 
 
 def _remove(path):

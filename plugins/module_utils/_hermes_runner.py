@@ -46,7 +46,7 @@ import os
 import sys
 import time
 
-from ._hermes_db import MaintenanceError
+from ._hermes_db import MaintenanceError, fsync_path, makedirs_durable
 from ._hermes_engine import DEFAULTS, run_as_owner, run_maintenance
 from ._hermes_metrics import record_config_error, record_run
 from ._hermes_options import BY_NAME
@@ -249,15 +249,32 @@ def _log_syslog(lines, errors, dry_run):
         pass
 
 
+def _locked_log(path):
+    """The log file open and flock-ed, still the one at ``path`` (a run that held the lock
+    before may have renamed a new file over it)."""
+    while True:
+        handle = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+")
+        if fcntl is None:
+            return handle
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            if os.path.samestat(os.fstat(handle.fileno()), os.stat(path)):
+                return handle
+        except FileNotFoundError:
+            pass
+        handle.close()
+
+
 def append_log(path, text, keep):
-    """Append one run's text to path, keeping only the last ``keep`` runs."""
+    """Append one run's text to path, keeping only the last ``keep`` runs.
+
+    The new text goes to a temporary file, fsynced and renamed over the log, then the directory
+    fsynced: a power loss leaves the old log or the new one, never a torn one, and the run's
+    text is on disk when the run ends."""
     directory = os.path.dirname(path)
     if directory and not os.path.isdir(directory):
-        os.makedirs(directory, 0o700)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    with os.fdopen(fd, "r+") as handle:
-        if fcntl is not None:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        makedirs_durable(directory, 0o700)
+    with _locked_log(path) as handle:
         old = handle.read()
         runs = []
         for line in old.splitlines(True):
@@ -266,10 +283,21 @@ def append_log(path, text, keep):
             runs[-1].append(line)
         runs.append([text])
         kept = "".join("".join(run) for run in runs[-keep:])
-        handle.seek(0)
-        handle.write(kept)
-        handle.truncate()
-        handle.flush()
+        temp = "%s.%d.tmp" % (path, os.getpid())
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(kept)
+                out.flush()
+                os.fsync(out.fileno())
+            os.rename(temp, path)
+        except BaseException:
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+            raise
+        fsync_path(directory or ".")
 
 
 def _owner_of_nearest_dir(path):

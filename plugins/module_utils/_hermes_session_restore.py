@@ -57,6 +57,7 @@ from ._hermes_db import (
     MaintenanceError,
     ProfileSkipped,
     ReadOnlyDB,
+    commits_durable,
     free_bytes,
     fsync_path,
     is_wal_file,
@@ -554,9 +555,13 @@ def _write_pending(path, source, ids):
     fsync_path(os.path.dirname(path))
 
 
-def _settle_pending(path, source, pending, planned):
-    """Take the sessions ``planned`` shows complete off the list (an older killed run's others stay)."""
+def _settle_pending(path, source, pending, planned, db_path):
+    """Take the sessions ``planned`` shows complete off the list (an older killed run's others stay).
+
+    Only once the commits that completed them are durable: else a power loss brings back a
+    partly restored session, now off the list, and a later run takes it as present."""
     left = pending - {s["id"] for s in planned if s["present"] and not (s["messages_missing"] or s["rows_missing"])}
+    commits_durable(db_path)
     if left:
         _write_pending(path, source, left)
     else:
@@ -598,7 +603,7 @@ def _work(db_path, source, select, check_mode, busy_timeout, pause):
                 plan["notes"].append("completes the unfinished restore listed in %s" % pending_path)
             if check_mode or not plan["changed"]:
                 if backup and pending and not check_mode:  # killed after its last commit: nothing left to do
-                    _settle_pending(pending_path, info["path"], pending, plan["sessions"])
+                    _settle_pending(pending_path, info["path"], pending, plan["sessions"], db_path)
                 return {"result": plan}
             wanted = [
                 s["id"] for s in plan["sessions"] if not s["present"] or s["messages_missing"] or s["rows_missing"]
@@ -623,7 +628,7 @@ def _work(db_path, source, select, check_mode, busy_timeout, pause):
             plan["rows_restored"] -= sum(s["rows_missing"] for s in plan["after"])
             plan["changed"] = bool(done["sessions_restored"] or done["messages_restored"] or plan["rows_restored"])
             if backup:
-                _settle_pending(pending_path, info["path"], pending, after)
+                _settle_pending(pending_path, info["path"], pending, after, db_path)
             return {"result": plan}
     except MaintenanceError as exc:
         return {"error": str(exc)}

@@ -27,7 +27,9 @@ def test_maintenance_connection_settings(release, tmp_path):
     conn = open_rw(db)
     try:
         mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
-        assert conn.execute("PRAGMA synchronous").fetchone()[0] == (1 if mode == "wal" else 2)
+        # NORMAL in WAL mode; EXTRA (3) in rollback-journal mode: FULL leaves a full VACUUM malformed
+        # after a power loss that kept its truncate and lost its journal's deletion (test_powerloss.py)
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == (1 if mode == "wal" else 3)
         assert conn.execute("PRAGMA locking_mode").fetchone()[0] == "normal"
         assert conn.execute("PRAGMA mmap_size").fetchone()[0] == 0
     finally:

@@ -1,0 +1,469 @@
+"""The engine's file protocols under power loss: each path recorded once, then every crash state checked.
+
+A path is a small Hermes home (``build``), the engine call made on it in a child under strace
+(``CHILD``, ``job``) and the invariants every crash state must keep (``checker``). See
+tests/lib/crash_states.py for the model and docs/safety.md ("Power loss") for what is claimed.
+
+Negative controls (``CONTROLS``): the child turns one named durability step of the engine into a
+no-op before the run (in this harness only); the explorer must then report violations.
+"""
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+
+import crash_states
+from hermes_reliability import COLLECTIONS_ROOT, db_problems, full_rows
+
+from hermes_fixtures import build_home, standard_scenario
+
+DAY = 86400.0
+PROFILE = "default"
+ZIP_OLD = (b"PK old zip 1" * 300, b"PK old zip 2" * 300)
+ZIP_NEW = b"PK newest zip, written by Hermes without an fsync" * 300
+METRICS = ("hermes_ops_old 1\n", "hermes_ops_new 2\n")
+LOG = ("=== Session Maintenance Start old\nold run\n", "=== Session Maintenance Start new\nnew run\n")
+
+CHILD = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.hermes_agent.ops.plugins.module_utils import (
+    _hermes_apply, _hermes_backup, _hermes_db, _hermes_engine, _hermes_files, _hermes_metrics, _hermes_restore,
+    _hermes_runner, _hermes_session_restore)
+job = json.loads(sys.argv[2])
+for patch in job["disable"]:
+    exec(patch)
+home = job["home"]
+if job["kind"] == "maintenance":
+    for name, data in job.get("hermes_writes", {}).items():  # Hermes writing a file, no fsync
+        with open(os.path.join(home, name), "wb") as handle:
+            handle.write(bytes.fromhex(data))
+    result = _hermes_engine.run_maintenance(job["options"])
+    bad = [p for p in result["profiles"] if p.get("status") != "ok"]
+    assert not bad, bad
+elif job["kind"] == "restore":
+    plan = _hermes_restore.plan_restore(home, "default")
+    _hermes_restore.restore(plan)
+elif job["kind"] == "session_restore":
+    import sqlite3  # a live holder (the gateway): our connection's close cannot checkpoint
+    holder = sqlite3.connect(os.path.join(home, "state.db"))
+    holder.execute("SELECT count(*) FROM sessions").fetchall()
+    chosen = _hermes_session_restore.selection(sessions=job["gone"])
+    _hermes_session_restore.restore_selected(home, "default", backup="newest", select=chosen)
+elif job["kind"] == "metrics_log":
+    _hermes_metrics.write_atomically(os.path.join(home, "metrics"), "hermes_ops_x.prom", job["metrics"])
+    _hermes_runner.append_log(os.path.join(home, "logs", "maintenance.log"), job["log"], 12)
+print("done")
+"""
+
+HOLDER = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1])
+conn.execute("SELECT count(*) FROM sessions").fetchall()
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+# name: (path it shows on, what the child does to the engine first)
+CONTROLS = {
+    "backup_dir_created_durably": (
+        "prune-wal-frames", "_hermes_backup.makedirs_durable = lambda p, m: os.makedirs(p, m)"),
+    "transcripts_after_durable_commit": ("prune-wal-frames", "_hermes_apply.commits_durable = lambda p: None"),
+    "rollback_synchronous_extra": ("prune-rollback-vacuum", "_hermes_db.ROLLBACK_SYNCHRONOUS = 'FULL'"),
+    "restore_aside_durable": ("restore", "_hermes_restore.aside_durable = lambda a, d: None"),
+    "session_restore_pending_after_commits": (
+        "session-restore", "_hermes_session_restore.commits_durable = lambda p: None"),
+    "retention_newest_durable": ("file-retention", "_hermes_files.newest_durable = lambda item: None"),
+    "metrics_rename_durable": ("metrics-log", "_hermes_metrics.fsync_path = lambda p: None"),
+    "runner_log_durable": ("metrics-log", "_hermes_runner.fsync_path = lambda p: None"),
+}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- homes
+
+
+def _wal_with_frames(db):
+    """Leave committed frames in the -wal: copy the pair while a connection still holds them."""
+    conn = sqlite3.connect(str(db))
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("UPDATE sessions SET title = 'in the wal' WHERE id = (SELECT max(id) FROM sessions)")
+    conn.commit()
+    shutil.copyfile(str(db), str(db) + ".keep")
+    shutil.copyfile(str(db) + "-wal", str(db) + "-wal.keep")
+    conn.close()
+    os.replace(str(db) + ".keep", str(db))
+    os.replace(str(db) + "-wal.keep", str(db) + "-wal")
+
+
+def _journal_mode(db, mode):
+    conn = sqlite3.connect(str(db))
+    conn.execute("PRAGMA journal_mode=%s" % mode)
+    conn.close()
+
+
+def build(path, root):
+    """Make root/home for ``path``; returns the job the child runs (without ``disable``)."""
+    home = os.path.join(root, "home")
+    now = time.time()
+    db = build_home(home, "v30", standard_scenario("v30")[0], now=now)
+    options = {"hermes_home": [home], "batch_size": 4, "batch_pause": 0.0, "backup_compress": False}
+    job = {"home": home, "kind": "maintenance", "options": options}
+    if path == "prune-wal-frames":  # a first run: no backup directory yet
+        _wal_with_frames(db)
+    elif path == "prune-wal-gz-vacuum":
+        os.mkdir(os.path.join(home, "backups"), 0o700)
+        options.update(backup_compress=True, vacuum_mode="full")
+    elif path == "prune-rollback-vacuum":
+        _journal_mode(db, "DELETE")
+        os.mkdir(os.path.join(home, "backups"), 0o700)
+        options.update(vacuum_mode="full")
+    elif path == "prune-archive-holder":  # rollback journal beside a live holder: archive, not a whole-file copy
+        _journal_mode(db, "DELETE")
+        os.mkdir(os.path.join(home, "backups"), 0o700)
+        job["holder"] = True
+    elif path == "file-retention":
+        for i, data in enumerate(ZIP_OLD):
+            name = os.path.join(home, "hermes-backup-2026-01-0%d.zip" % (i + 1))
+            with open(name, "wb") as handle:
+                handle.write(data)
+            os.utime(name, (now - (10 - i) * DAY,) * 2)
+        job["hermes_writes"] = {"hermes-backup-2026-12-01.zip": ZIP_NEW.hex()}
+        options.update(file_retention={"hermes_backup_zip": {"keep": 1}})
+    elif path == "restore":
+        backups = os.path.join(home, "backups")
+        os.mkdir(backups, 0o700)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now - DAY))
+        shutil.copyfile(str(db), os.path.join(backups, "hermes-ops_%s_%s.db" % (PROFILE, stamp)))
+        os.chmod(os.path.join(backups, "hermes-ops_%s_%s.db" % (PROFILE, stamp)), 0o600)
+        conn = sqlite3.connect(str(db))  # the current file differs from the backup, and has a -wal to move aside
+        conn.execute("UPDATE sessions SET title = 'after the backup ' || id")
+        conn.commit()
+        conn.close()
+        _wal_with_frames(db)
+        job = {"home": home, "kind": "restore"}
+    elif path == "session-restore":
+        backups = os.path.join(home, "backups")
+        os.mkdir(backups, 0o700)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now - DAY))
+        shutil.copyfile(str(db), os.path.join(backups, "hermes-ops_%s_%s.db" % (PROFILE, stamp)))
+        os.chmod(os.path.join(backups, "hermes-ops_%s_%s.db" % (PROFILE, stamp)), 0o600)
+        conn = sqlite3.connect(str(db))  # sessions the backup holds and state.db lost
+        conn.execute("PRAGMA foreign_keys=ON")
+        gone = [
+            r[0]
+            for r in conn.execute("SELECT id FROM sessions WHERE ended_at IS NOT NULL AND parent_session_id IS NULL")
+        ]
+        gone = [
+            sid
+            for sid in gone
+            if not conn.execute("SELECT 1 FROM sessions WHERE parent_session_id = ?", (sid,)).fetchone()
+        ][:4]
+        for sid in gone:
+            conn.execute("DELETE FROM messages WHERE session_id = ?", (sid,))
+            conn.execute("DELETE FROM sessions WHERE id = ?", (sid,))
+        conn.commit()
+        conn.close()
+        job = {"home": home, "kind": "session_restore", "gone": gone}
+    elif path == "metrics-log":
+        for sub, name, text in (("metrics", "hermes_ops_x.prom", METRICS[0]), ("logs", "maintenance.log", LOG[0])):
+            os.makedirs(os.path.join(home, sub), 0o700, exist_ok=True)
+            with open(os.path.join(home, sub, name), "w") as handle:
+                handle.write(text)
+        job = {"home": home, "kind": "metrics_log", "metrics": METRICS[1], "log": LOG[1]}
+    return job
+
+
+PATHS = (
+    "prune-wal-frames", "prune-archive-holder", "prune-wal-gz-vacuum", "prune-rollback-vacuum", "restore",
+    "session-restore", "file-retention", "metrics-log",
+)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- invariants
+
+
+def _rows(db):
+    conn = sqlite3.connect(db)  # a throwaway copy: a -wal beside it is replayed
+    try:
+        sessions = {r[0] for r in conn.execute("SELECT id FROM sessions")}
+        messages = set(conn.execute("SELECT session_id, id FROM messages").fetchall())
+    finally:
+        conn.close()
+    return sessions, messages
+
+
+def _takes_a_write(db):
+    conn = sqlite3.connect(db, isolation_level=None, timeout=1)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("CREATE TABLE powerloss_probe (x)")
+        conn.execute("DROP TABLE powerloss_probe")
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def _db_violations(db):
+    if not os.path.exists(db):
+        return ["state.db is missing"]
+    try:
+        problems = db_problems(db)
+        if not problems:
+            _takes_a_write(db)
+        return problems
+    except sqlite3.DatabaseError as exc:
+        return ["state.db: %s" % exc]
+
+
+def _finished_copies(home):
+    """Rows of every finished backup or archive the restore's own checks accept."""
+    from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_restore, _hermes_session_restore
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
+
+    sessions, messages = set(), set()
+    backups = os.path.join(home, "backups")
+    for name in sorted(os.listdir(backups)) if os.path.isdir(backups) else ():
+        path = os.path.join(backups, name)
+        if name.startswith(".") or ".partial" in name:
+            continue
+        try:
+            if name.startswith("hermes-ops-archive_"):
+                _hermes_session_restore.check_archive(path)
+                plain = path
+            elif name.startswith("hermes-ops_"):
+                _hermes_restore.verify_backup(path)
+                plain = path
+                if name.endswith(".gz"):
+                    plain = os.path.join(backups, ".check.db")
+                    _hermes_restore.unpack_backup(path, plain)
+            else:
+                continue
+            s, m = _rows(plain)
+        except (MaintenanceError, sqlite3.DatabaseError, OSError, EOFError):
+            continue
+        sessions |= s
+        messages |= m
+    return sessions, messages
+
+
+def _transcripts(home):
+    found = {}
+    sessions = os.path.join(home, "sessions")
+    for name in os.listdir(sessions) if os.path.isdir(sessions) else ():
+        sid = (
+            name.split(".")[0].replace("request_dump_", "").rsplit("_", 1)[0]
+            if name.startswith("request_dump_")
+            else name.split(".")[0]
+        )
+        found.setdefault(sid, []).append(name)
+    return found
+
+
+def checker(path, job, home, final_home):
+    """check(state_root, final) for ``path``: the violations of one crash state.
+
+    ``home``: a copy of the home as it was before the run; a state's home is state_root/home."""
+    rel = "home"
+    if job["kind"] == "maintenance":
+        start_sessions, start_messages = _rows_of_copy(home)
+        end_sessions, end_messages = _rows(os.path.join(final_home, "state.db"))
+        transcripts = _transcripts(home)
+
+        def check(state_root, final):
+            shome = os.path.join(state_root, rel)
+            bad = _db_violations(os.path.join(shome, "state.db"))
+            if bad:
+                return bad
+            sessions, messages = _rows(os.path.join(shome, "state.db"))
+            lost = (start_sessions - sessions) & end_sessions
+            lost_messages = (start_messages - messages) & end_messages
+            if lost or lost_messages:
+                bad.append("rows the run keeps are missing: %d sessions, %d messages" % (len(lost), len(lost_messages)))
+            saved_s, saved_m = _finished_copies(shome)
+            unsaved = (start_sessions - sessions) - saved_s
+            unsaved_m = (start_messages - messages) - saved_m
+            if unsaved or unsaved_m:
+                bad.append(
+                    "deleted without a finished backup or archive: %d sessions, %d messages"
+                    % (len(unsaved), len(unsaved_m))
+                )
+            now = _transcripts(shome)
+            gone = sorted(sid for sid in sessions if set(transcripts.get(sid, ())) - set(now.get(sid, ())))
+            if gone:
+                bad.append("transcripts missing for sessions still present: %s" % ", ".join(gone[:3]))
+            if "file_retention" in job["options"]:
+                zips = [n for n in os.listdir(shome) if n.startswith("hermes-backup-") and n.endswith(".zip")]
+                contents = {open(os.path.join(shome, n), "rb").read() for n in zips}
+                if not contents & (set(ZIP_OLD) | {ZIP_NEW}):
+                    bad.append("no complete Hermes backup zip left (%d names)" % len(zips))
+            return bad
+
+        return check
+    if job["kind"] == "restore":
+        old = full_rows(_copy_of(home, "state.db"))
+        backup = [os.path.join(home, "backups", n) for n in os.listdir(os.path.join(home, "backups"))][0]
+        new = full_rows(backup)
+
+        def check(state_root, final):
+            shome = os.path.join(state_root, rel)
+            bad = _db_violations(os.path.join(shome, "state.db"))
+            if bad:
+                return bad
+            rows = full_rows(os.path.join(shome, "state.db"))
+            if rows == old:
+                return []
+            asides = [n for n in os.listdir(shome) if n.startswith("state.db.pre-restore-")]
+            if rows != new:
+                # A restore stopped between moving the old -wal aside and the rename: the old
+                # file at its name, its -wal in the aside directory (docs/safety.md, known limits).
+                for name in asides:
+                    if (
+                        _rows_with_wal(os.path.join(shome, "state.db"), os.path.join(shome, name, "state.db-wal"))
+                        == old
+                    ):
+                        return []
+                return ["state.db is neither the old database nor the backup"]
+            for name in asides:
+                kept = os.path.join(shome, name, "state.db")
+                if os.path.isdir(os.path.join(shome, name)) and os.path.exists(kept):
+                    try:
+                        if full_rows(kept) == old:
+                            return []
+                    except sqlite3.DatabaseError:
+                        continue
+            return ["the backup is in place and the old database (with its -wal) is nowhere: %s" % asides]
+
+        return check
+    if job["kind"] == "session_restore":
+        backup = [os.path.join(home, "backups", n) for n in os.listdir(os.path.join(home, "backups"))][0]
+        want = {sid: m for sid, m in _messages_by_session(backup).items() if sid in job["gone"]}
+
+        def check(state_root, final):
+            shome = os.path.join(state_root, rel)
+            bad = _db_violations(os.path.join(shome, "state.db"))
+            if bad:
+                return bad
+            have = _messages_by_session(os.path.join(shome, "state.db"))
+            pending_path = os.path.join(shome, "backups", ".hermes-ops-restore_%s.pending" % PROFILE)
+            try:
+                with open(pending_path) as handle:
+                    pending = set(json.load(handle).get("sessions") or ())
+            except (OSError, ValueError):
+                pending = set()
+            present, _messages = _rows(os.path.join(shome, "state.db"))
+            partial = sorted(
+                sid for sid in want if sid in present and have.get(sid) != want[sid] and sid not in pending
+            )
+            return ["partly restored and not listed as pending: %s" % partial] if partial else []
+
+        return check
+    if job["kind"] == "metrics_log":
+
+        def check(state_root, final):
+            shome = os.path.join(state_root, rel)
+            bad = []
+            for sub, name, texts in (("metrics", "hermes_ops_x.prom", METRICS), ("logs", "maintenance.log", LOG)):
+                try:
+                    with open(os.path.join(shome, sub, name)) as handle:
+                        text = handle.read()
+                except OSError:
+                    text = None
+                wanted = [texts[1] if sub == "metrics" else texts[0] + texts[1]]
+                if not final:
+                    wanted.append(texts[0])
+                if text not in wanted:
+                    bad.append(
+                        "%s/%s: %s"
+                        % (
+                            sub,
+                            name,
+                            "missing"
+                            if text is None
+                            else "neither old nor new"
+                            if not final
+                            else "the run's text is not durable",
+                        )
+                    )
+            return bad
+
+        return check
+    raise ValueError(path)
+
+
+def _rows_with_wal(db, wal):
+    if not os.path.exists(wal):
+        return None
+    scratch = os.path.join(os.path.dirname(db), ".with-wal")
+    os.mkdir(scratch)
+    shutil.copyfile(db, os.path.join(scratch, "state.db"))
+    shutil.copyfile(wal, os.path.join(scratch, "state.db-wal"))
+    try:
+        return full_rows(os.path.join(scratch, "state.db"))
+    except sqlite3.DatabaseError:
+        return None
+
+
+def _messages_by_session(db):
+    conn = sqlite3.connect(db)
+    try:
+        out = {}
+        for sid, role, content in conn.execute(
+            "SELECT session_id, role, content FROM messages ORDER BY session_id, id"
+        ):
+            out.setdefault(sid, []).append((role, content))
+        return out
+    finally:
+        conn.close()
+
+
+def _copy_of(home, name):
+    """A private copy of home/name with its -wal (reading must not checkpoint the original)."""
+    scratch = os.path.join(os.path.dirname(home), "scratch-%d" % time.monotonic_ns())
+    os.mkdir(scratch)
+    for suffix in ("", "-wal", "-journal"):
+        if os.path.exists(os.path.join(home, name + suffix)):
+            shutil.copyfile(os.path.join(home, name + suffix), os.path.join(scratch, name + suffix))
+    return os.path.join(scratch, name)
+
+
+def _rows_of_copy(home):
+    return _rows(_copy_of(home, "state.db"))
+
+
+# --------------------------------------------------------------------------- one path
+
+
+def record_path(path, workdir, disable=()):
+    """Build the home, record the run; returns (recording, check)."""
+    root = os.path.join(workdir, "root")
+    os.makedirs(root)
+    job = build(path, root)
+    checks_home = os.path.join(workdir, "before")
+    shutil.copytree(job["home"], checks_home)
+    start = crash_states.snapshot(root)
+    job["disable"] = [CONTROLS[name][1] for name in disable]
+    trace = os.path.join(workdir, "trace.txt")
+    # HERMES_POWERLOSS_COLLECTIONS: another engine to record (e.g. an older commit's, unpacked)
+    collections = os.environ.get("HERMES_POWERLOSS_COLLECTIONS", str(COLLECTIONS_ROOT))
+    holder = None
+    if job.get("holder"):  # another process with state.db open (the gateway), outside the recording
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, os.path.join(job["home"], "state.db")], stdout=subprocess.PIPE
+        )
+        holder.stdout.readline()
+    try:
+        run = crash_states.record(CHILD, [collections, json.dumps(job)], root, trace)
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+    assert run.returncode == 0 and "done" in run.stdout, run.stderr[-3000:]
+    recording = crash_states.Recording(root, start, trace)
+    final = os.path.join(workdir, "final")
+    os.mkdir(final)
+    recording.live.materialize(final)
+    return recording, checker(path, job, checks_home, os.path.join(final, "home"))

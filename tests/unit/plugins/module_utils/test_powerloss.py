@@ -1,0 +1,53 @@
+"""Power loss at any instant loses nothing: crash states of recorded runs (tests/lib/crash_states.py).
+
+Each test records one real run under strace and checks the crash states it could leave (strict
+POSIX model and ext4-like model) against the path's invariants (tests/lib/powerloss_paths.py).
+This is the unit suite's subset: about four crash points per path (HERMES_POWERLOSS_POINTS; the
+end of the run always among them) in both models, and each negative control in the strict model on
+the path that shows it. ``make powerloss-trials`` checks every crash point of every path in both
+models, and every control in both.
+"""
+
+import os
+import shutil
+
+import powerloss_trials
+import pytest
+
+POINTS = int(os.environ.get("HERMES_POWERLOSS_POINTS", "4"))
+
+pytestmark = [
+    pytest.mark.crash,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (CI installs it)"),
+]
+
+
+@pytest.mark.parametrize(
+    "path", ["prune-wal-frames", "prune-archive-holder", "restore", "session-restore", "file-retention", "metrics-log"]
+)
+def test_no_crash_state_breaks_an_invariant(path):
+    found = powerloss_trials.trial(path, points=POINTS)
+    for model, result in found.items():
+        assert result["states"] > 1, (model, result)
+        assert result["violations"] == [], (model, result["violations"][:5])
+
+
+@pytest.mark.parametrize(
+    "control",
+    [
+        "backup_dir_created_durably",
+        "transcripts_after_durable_commit",
+        "rollback_synchronous_extra",
+        "restore_aside_durable",
+        "session_restore_pending_after_commits",
+        "retention_newest_durable",
+        "metrics_rename_durable",
+        "runner_log_durable",
+    ],
+)
+def test_each_durability_step_is_needed(control):
+    """With one durability step made a no-op (in the recorded child only), violations show."""
+    path = powerloss_trials.powerloss_paths.CONTROLS[control][0]
+    found = powerloss_trials.trial(path, models=("strict",), disable=(control,), points=POINTS)
+    assert found["strict"]["violations"], found["strict"]["states"]
