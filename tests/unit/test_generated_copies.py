@@ -22,7 +22,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "generate.py"
-TABLES = ["plugins/module_utils/_hermes_options.py", "plugins/module_utils/_hermes_results.py"]
+TABLES = ["plugins/module_utils/_hermes_options.py", "plugins/module_utils/_hermes_results.py", "tests/matrix.yml"]
+# generate.py also checks that each admitted core has its sanity ignore file.
+TABLES += sorted(str(p.relative_to(REPO)) for p in (REPO / "tests" / "sanity").glob("ignore-*.txt"))
 PREFIX = "hermes_maintenance_"
 
 
@@ -47,7 +49,8 @@ def run_generate(root, *args):
 
 def copy_tree(tmp_path):
     """The files the script reads and writes, copied into tmp_path."""
-    for path in {path for path, _name in BLOCKS} | set(TABLES):
+    matrix_copies = {path for path, _name in GENERATE.matrix_blocks(GENERATE.load_matrix(str(REPO)))}
+    for path in {path for path, _name in BLOCKS} | matrix_copies | set(TABLES):
         target = tmp_path / path
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(REPO / path, target)
