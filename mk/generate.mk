@@ -1,6 +1,6 @@
 # The literal copies of the engine's option and result tables (DOCUMENTATION, RETURN, the doc
 # fragment, the role's defaults / argument specs / config template, playbooks/maintain.yml,
-# the README tables) are written by scripts/generate.py between BEGIN/END GENERATED markers.
+# the README's, the role README's and the guides' tables) are written by scripts/generate.py between BEGIN/END GENERATED markers.
 # `make lint` runs generated-check: it fails when a copy differs from what the script writes.
 
 .PHONY: generate generated-check
