@@ -5,8 +5,8 @@
 The engine reads its options from ``plugins/module_utils/_hermes_options.py`` and its
 result keys from ``_hermes_results.py`` at run time. Ansible needs some of that as text
 (DOCUMENTATION, both modules' RETURN, the doc fragment, the role's defaults and argument specs, the
-role's config template, ``playbooks/maintain.yml``) and so do the tables of the README, the role's README and the guides. Each copy
-sits between two marker lines::
+role's config template, ``playbooks/maintain.yml``) and so do the tables of the README, the
+role's README and the guides. Each copy sits between two marker lines::
 
     # BEGIN GENERATED: <block> (scripts/generate.py)
     ...
