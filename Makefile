@@ -98,7 +98,7 @@ ruff-format: $(STAMP)
 	$(BIN)/ruff format --check .
 
 ansible-lint: $(STAMP) collection-link
-	$(ANSIBLE_ENV) $(BIN)/ansible-lint --profile production roles playbooks
+	$(ANSIBLE_ENV) $(BIN)/ansible-lint --profile production roles playbooks docs/examples
 
 changelog-lint: $(STAMP)
 	$(BIN)/antsibull-changelog lint

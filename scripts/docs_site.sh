@@ -5,11 +5,13 @@
 #
 # Both steps work on a copy of the collection in build/docs-site/collections (or
 # $DOCS_SITE_DIR/collections: the files antsibull-docs reads) in which scripts/md_to_rst.py
-# has written the guides' RST (docs/docsite/rst/guide_*.rst, from docs/*.md: the one source).
+# has written the guides' RST (docs/docsite/rst/guide_*.rst, from docs/*.md: the one source),
+# and the role README's prose as RST ($work/role-prose.rst, for the role's page).
 #   lint: antsibull-docs lint-collection-docs on that copy: plugin and role docs, the
 #         extra docs (extra-docs.yml, links.yml, RST) and every reference in them.
 #   site: lint, then `antsibull-docs sphinx-init` into build/docs-site/sphinx and the
-#         build.sh it writes: HTML in build/docs-site/sphinx/build/html.
+#         build.sh it writes, with one step added between antsibull-docs and Sphinx: the role
+#         README's prose spliced into the role's page. HTML in build/docs-site/sphinx/build/html.
 set -euo pipefail
 bin="$1" step="$2"
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,8 +27,8 @@ rm -rf "$root" && mkdir -p "$copy"
 # benchmarks.md links the bench's raw data (bench/results/): there for md_to_rst's check that it exists
 mkdir -p "$copy/bench" && cp -r "$repo/bench/results" "$copy/bench/"
 find "$copy" -name __pycache__ -prune -exec rm -rf {} +
-"$bin/python" "$repo/scripts/md_to_rst.py" "$copy"
-stamp "collection copied, guides converted"
+"$bin/python" "$repo/scripts/md_to_rst.py" "$copy" "$work/role-prose.rst"
+stamp "collection copied, guides and the role's prose converted"
 
 antsibull-docs lint-collection-docs --plugin-docs --check-extra-docs-refs --validate-collection-refs all "$copy"
 stamp "lint-collection-docs: ok"
@@ -45,6 +47,18 @@ sed -i '/^intersphinx_mapping = {/,/^}/d' "$site/conf.py"
 # The two labels of ansible-core's docs that ansible-doc's generic text refers to: plain
 # text here, as no inventory of docs.ansible.com is reachable.
 echo 'nitpick_ignore = [("ref", "ansible_configuration_settings"), ("ref", "common_return_values")]' >>"$site/conf.py"
+# The role's page is antsibull-docs' (its argument specs); the role README's prose (what it
+# installs, the schedulers, examples) goes into it once antsibull-docs has written it.
+"$bin/python" - "$site/build.sh" "$bin/python" "$repo/scripts/md_to_rst.py" "$work/role-prose.rst" <<'PY'
+import shlex, sys
+build_sh, python, script, prose = sys.argv[1:]
+text = open(build_sh).read()
+marker = "# Build Sphinx site\n"
+if text.count(marker) != 1:
+    sys.exit("docs_site.sh: %s has no one %r line to add the role's prose before" % (build_sh, marker.strip()))
+step = " ".join(shlex.quote(a) for a in (python, script, "--splice-role", "rst/session_maintenance_role.rst", prose))
+open(build_sh, "w").write(text.replace(marker, "# The role README's prose into the role's page\n%s\n\n%s" % (step, marker)))
+PY
 stamp "sphinx-init: $site"
 bash "$site/build.sh" >"$work/build.log" 2>&1 || { tail -n 40 "$work/build.log" >&2; exit 1; }
 html="$site/build/html"

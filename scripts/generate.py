@@ -8,8 +8,8 @@ Hermes releases) is copied the same way into the build files, pins and docs that
 The engine reads its options from ``plugins/module_utils/_hermes_options.py`` and its
 result keys from ``_hermes_results.py`` at run time. Ansible needs some of that as text
 (DOCUMENTATION, both modules' RETURN, the doc fragment, the role's defaults and argument specs, the
-role's config template, ``playbooks/maintain.yml``) and so do the README tables. Each copy
-sits between two marker lines::
+role's config template, ``playbooks/maintain.yml``) and so do the tables of the README, the
+role's README and the guides. Each copy sits between two marker lines::
 
     # BEGIN GENERATED: <block> (scripts/generate.py)
     ...
@@ -252,6 +252,27 @@ def readme_options(options):
     return lines
 
 
+# The options whose defaults decide what a run deletes, for the README's plain statement of them.
+DELETING_OPTIONS = (
+    "zombie_days",
+    "prune_days",
+    "prune_days_by_source",
+    "prune_days_by_profile",
+    "backup",
+    "backup_keep_days",
+    "backup_keep_count",
+    "file_retention",
+)
+
+
+def readme_deletes(options):
+    lines = ["| option | default | what |", "| --- | --- | --- |"]
+    for name in DELETING_OPTIONS:
+        option = options.BY_NAME[name]
+        lines.append("| `%s` | %s | %s |" % (option.name, shown_default(option), cell(option.doc[0])))
+    return lines
+
+
 def role_readme_options(options):
     lines = ["| variable | engine default | meaning |", "| --- | --- | --- |"]
     for option in role_options(options):
@@ -304,7 +325,8 @@ def blocks(options, results):
         ("roles/session_maintenance/templates/maintenance.json.j2", "options"): role_config_keys(options),
         ("playbooks/maintain.yml", "option-names"): playbook_option_names(options),
         ("playbooks/maintain.yml", "module-args"): playbook_module_args(options),
-        ("README.md", "options"): readme_options(options),
+        ("README.md", "deletes"): readme_deletes(options),
+        ("docs/getting_started.md", "options"): readme_options(options),
         ("roles/session_maintenance/README.md", "options"): role_readme_options(options),
         ("docs/architecture.md", "options"): architecture_options(options),
         ("docs/architecture.md", "results"): architecture_results(options, results),
@@ -407,7 +429,12 @@ def matrix_blocks(matrix):
         ],
         ("roles/session_maintenance/meta/main.yml", "min-ansible"): ['min_ansible_version: "%d.%d"' % low],
         ("extras/execution-environment/execution-environment.yml", "ansible-core"): ["package_pip: " + ee_range],
-        ("README.md", "support-matrix"): table,
+        ("CONTRIBUTING.md", "support-matrix"): table,
+        ("README.md", "support-summary"): [
+            "Supported: ansible-core %d.%d to %d.%d on the controller; Python %s to %s on the servers; Hermes Agent"
+            % (low + (high[0], high[1] - 1) + (oldest, newest)),
+            "0.13.0 to 0.22.2 (schema versions 11 to 31): [CONTRIBUTING.md](CONTRIBUTING.md#support-matrix).",
+        ],
         **{
             ("requirements/controller-%s.txt" % o["core"], "ansible-core"): ["ansible-core==" + o["release"]]
             for o in others

@@ -1,8 +1,10 @@
 # Copyright: contributors to hermes_agent.ops
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The guides (docs/*.md) as antsibull-docs extra docs, converted at build time.
+"""The guides (docs/*.md) as antsibull-docs extra docs, and the role README's prose on the
+role's page, converted at build time.
 
-    md_to_rst.py COLLECTION_DIR
+    md_to_rst.py COLLECTION_DIR [ROLE_PROSE_RST]
+    md_to_rst.py --splice-role ROLE_PAGE_RST ROLE_PROSE_RST
 
 For each guide named in COLLECTION_DIR/docs/docsite/extra-docs.yml (``guide_<name>``,
 source docs/<name>.md) writes docs/docsite/rst/guide_<name>.rst. The Markdown stays the
@@ -17,6 +19,13 @@ AST; the links are rewritten before pandoc writes RST:
 - to any other file of the repository: galaxy.yml's ``repository`` + ``/blob/main/``, or
   the link's text and the path as literal text when galaxy.yml names no repository; an image
   (benchmarks.md's plots) likewise, with ``/raw/main/``.
+
+With ROLE_PROSE_RST, roles/session_maintenance/README.md is converted the same way, but for
+its title and the sections the role's page already has from meta/argument_specs.yml
+(ROLE_SKIPPED: the variables) or that are for contributors, into ROLE_PROSE_RST; its
+headings sit below the page's own (``^``, then ``'``). ``--splice-role``, run by the site's
+build.sh between antsibull-docs and Sphinx, puts that RST into the role's page after its
+synopsis.
 """
 
 import json
@@ -29,6 +38,10 @@ import yaml
 
 LABEL = "ansible_collections.hermes_agent.ops.docsite."
 ROLE_LABEL = "ansible_collections.hermes_agent.ops.session_maintenance_role"
+ROLE_README = "roles/session_maintenance/README.md"
+ROLE_PAGE = "role_session_maintenance"  # the label prefix of the role README's headings
+ROLE_SKIPPED = ("Variables", "Testing")  # the page's parameters already; for contributors
+ROLE_SPLICE_BEFORE = "\n.. Options\n"  # antsibull-docs' marker after the role's synopsis
 
 
 def stringify(inlines):
@@ -102,9 +115,10 @@ class Converter:
         self.guides = guides  # markdown file name -> guide name (guide_<x>)
         self.repository = repository.rstrip("/") if repository else None
         self.slugs = {}  # guide name -> set of heading slugs
+        self.base = {}  # guide name -> the directory its links are relative to (default docs)
 
-    def ast(self, md_file):
-        with open(os.path.join(self.collection, "docs", md_file), encoding="utf-8") as f:
+    def ast(self, md_file, base="docs"):
+        with open(os.path.join(self.collection, base, md_file), encoding="utf-8") as f:
             text = f.read()
         return json.loads(pypandoc.convert_text(text, "json", format="gfm"))
 
@@ -113,14 +127,14 @@ class Converter:
         if re.match(r"^[a-z]+:", target):
             return None
         path, _sep, fragment = target.partition("#")
-        name = os.path.normpath(os.path.join("docs", path)) if path else None
+        name = os.path.normpath(os.path.join(self.base.get(guide, "docs"), path)) if path else None
         if name is None or (name.startswith("docs/") and name[5:] in self.guides):
             target_guide = self.guides[name[5:]] if name else guide
             if fragment and fragment not in self.slugs[target_guide]:
                 sys.exit("md_to_rst: %s links to #%s: no such heading in %s" % (guide, fragment, target_guide))
             label = heading_label(target_guide, fragment) if fragment else LABEL + target_guide
             return ref(stringify(text), label)
-        if name == "roles/session_maintenance/README.md":
+        if name == ROLE_README:
             return ref(stringify(text), ROLE_LABEL)
         if not os.path.exists(os.path.join(self.collection, name)):
             sys.exit("md_to_rst: %s links to %s: no such file in the collection" % (guide, target))
@@ -151,12 +165,12 @@ class Converter:
                 content[0] = raw("\\" + content[0]["c"])
         return None
 
-    def convert(self, doc, md_file, guide):
+    def convert(self, doc, md_file, guide, title_label=True):
         blocks = []
         for block, slug in zip(doc["blocks"], heading_slugs(doc["blocks"])):
             if block["t"] == "Header":
                 block["c"][1][0] = ""  # pandoc's own ids would become labels without the prefix
-                if block["c"][0] == 1:  # the guide's title: the guide's own label too
+                if block["c"][0] == 1 and title_label:  # the guide's title: the guide's own label too
                     blocks.append({"t": "RawBlock", "c": ["rst", ".. _%s%s:" % (LABEL, guide)]})
                 blocks.append({"t": "RawBlock", "c": ["rst", ".. _%s:" % heading_label(guide, slug)]})
             blocks.append(block)
@@ -164,7 +178,7 @@ class Converter:
         rst = pypandoc.convert_text(json.dumps(doc), "rst", format="json", extra_args=["--wrap=preserve"])
         # pandoc puts no blank line between a raw block and the heading after it
         rst = re.sub(r"^(\.\. _%s[^\n]*:)\n(?=\S)" % re.escape(LABEL), r"\1\n\n", rst, flags=re.M)
-        source = "docs/%s" % md_file
+        source = md_file if "/" in md_file else "docs/%s" % md_file
         header = ".. Generated from %s by scripts/md_to_rst.py at docs-site build time: edit the Markdown.\n\n" % source
         return header + rst
 
@@ -179,8 +193,46 @@ class Converter:
                 f.write(self.convert(docs[md_file], md_file, guide))
             print("md_to_rst: docs/%s -> docs/docsite/rst/%s.rst" % (md_file, guide))
 
+    def role_prose(self, out_path):
+        base, md_file = os.path.split(ROLE_README)
+        doc = self.ast(md_file, base=base)
+        blocks, skipping = [], False
+        for block in doc["blocks"]:
+            if block["t"] == "Header" and block["c"][0] == 1:
+                continue  # the page has its own title; the text under it follows the synopsis
+            if block["t"] == "Header" and block["c"][0] == 2:
+                skipping = stringify(block["c"][2]) in ROLE_SKIPPED
+            if not skipping:
+                blocks.append(block)
+        for block in blocks:
+            if block["t"] == "Header":
+                block["c"][0] += 2  # ## -> ^ and ### -> ' below the page's own headings
+        doc["blocks"] = blocks
+        self.base[ROLE_PAGE] = base
+        self.slugs[ROLE_PAGE] = set(filter(None, heading_slugs(blocks)))
+        rst = self.convert(doc, ROLE_README, ROLE_PAGE, title_label=False)
+        with open(out_path, "w", encoding="utf-8") as f:
+            f.write(rst)
+        print("md_to_rst: %s -> %s" % (ROLE_README, out_path))
 
-def main(collection):
+
+def splice_role(page_path, prose_path):
+    """The role README's prose into the role's page, after the synopsis."""
+    with open(page_path, encoding="utf-8") as f:
+        page = f.read()
+    with open(prose_path, encoding="utf-8") as f:
+        prose = f.read()
+    if page.count(ROLE_SPLICE_BEFORE) != 1:
+        sys.exit(
+            "md_to_rst: %s: expected one %r marker (antsibull-docs' role page changed?)"
+            % (page_path, ROLE_SPLICE_BEFORE.strip())
+        )
+    with open(page_path, "w", encoding="utf-8") as f:
+        f.write(page.replace(ROLE_SPLICE_BEFORE, "\n" + prose + ROLE_SPLICE_BEFORE))
+    print("md_to_rst: %s spliced into %s" % (prose_path, page_path))
+
+
+def main(collection, role_prose=None):
     with open(os.path.join(collection, "docs", "docsite", "extra-docs.yml"), encoding="utf-8") as f:
         extra = yaml.safe_load(f)
     guides = {}
@@ -192,8 +244,14 @@ def main(collection):
             guides[name[6:] + ".md"] = name
     with open(os.path.join(collection, "galaxy.yml"), encoding="utf-8") as f:
         repository = yaml.safe_load(f).get("repository")
-    Converter(collection, guides, repository).run()
+    converter = Converter(collection, guides, repository)
+    converter.run()
+    if role_prose:
+        converter.role_prose(role_prose)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--splice-role":
+        splice_role(sys.argv[2], sys.argv[3])
+    else:
+        main(*sys.argv[1:3])

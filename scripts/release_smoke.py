@@ -42,6 +42,10 @@ REQUIRED = [
     "roles/session_maintenance/tasks/main.yml",
     "playbooks/maintain.yml",
     "changelogs/changelog.yaml",
+    # the README's example playbooks and the guide it points users to
+    "docs/examples/single_server.yml",
+    "docs/examples/fleet/fleet.yml",
+    "docs/getting_started.md",
 ]
 # Never in the artifact: any path component equal to one of these ...
 FORBIDDEN_PARTS = {

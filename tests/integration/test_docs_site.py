@@ -5,13 +5,16 @@
 Builds the site into tmp_path with scripts/docs_site.sh (the venv of ``make docs-site-setup``),
 then for the index, every module page, the role page and every guide: the DOM Chromium renders
 (``--dump-dom``) has the page's title, and every ``href``/``src`` in it that stays on the site
-points at a file that exists and, with a ``#fragment``, at an id in that file. Screenshots of
+points at a file that exists and, with a ``#fragment``, at an id in that file; the role page
+carries the role README's prose (not its variables table, which the parameters are, nor its
+testing notes) before its parameters; the getting-started guide links the role. Screenshots of
 the index and the session_maintenance module page go to build/docs-site-screenshots/.
 
 Skipped without chromium or the docs venv, unless CI=true: then that is a failure.
 """
 
 import os
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -26,7 +29,7 @@ SCREENSHOTS = REPO_ROOT / "build" / "docs-site-screenshots"
 
 # page -> what its first <h1> must say (the modules', the role's, the guides' Markdown titles)
 MODULES = ["session_maintenance", "session_restore", "state_db_info", "state_db_restore"]
-GUIDES = ["architecture", "safety", "compatibility", "fleet", "benchmarks"]
+GUIDES = ["getting_started", "architecture", "safety", "compatibility", "fleet", "benchmarks"]
 
 
 def _guide_title(name):
@@ -152,6 +155,16 @@ def test_every_page_renders_with_no_broken_link(chromium, site):
     assert set(_pages()) - {"index.html"} <= index_links
     # the guides' cross-references became links to the other guides
     assert any(urlsplit(link).path == "guide_compatibility.html" for link in doms["docsite/guide_safety.html"].links)
+    # the role's page carries the role README's prose besides its parameters, converted
+    role_page = (site / "session_maintenance_role.html").read_text(encoding="utf-8")
+    for heading in ("What it installs (per user)", "The agent and its own maintenance", "Schedulers", "Examples"):
+        assert heading in role_page, heading
+    assert "hermes_maintenance_scheduler" in role_page and "Several Hermes users on one host" in role_page
+    assert role_page.index("Schedulers") < role_page.index("Parameters")
+    assert "Testing" not in [h.strip() for h in re.findall(r"<h\d[^>]*>([^<]*)<", role_page)]
+    # the getting-started page links the role's page and the fleet guide's undo section
+    started = {urlsplit(link).path for link in doms["docsite/guide_getting_started.html"].links}
+    assert {"../session_maintenance_role.html", "guide_fleet.html"} <= started, started
     # screenshots of what a reader sees first
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for name, page in (("index", "index.html"), ("session_maintenance", "session_maintenance_module.html")):

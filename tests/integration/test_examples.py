@@ -1,0 +1,104 @@
+# Copyright: contributors to hermes_agent.ops
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The README's two playbooks (docs/examples/), run as a user would on localhost.
+
+single_server.yml: the dry run (--check --diff) writes nothing and predicts what the real run
+then does, profile by profile; the real run also installs the runner (scheduler `none` here:
+no crontab of the machine running the tests is touched). fleet/fleet.yml with its
+group_vars, the inventory's group `hermes_hosts` holding localhost: the dry run over the role
+and maintain.yml writes nothing and predicts every profile. Both are first syntax-checked.
+Everything lives under tmp_path, for the user running the tests (no become).
+"""
+
+import getpass
+import hashlib
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "docs" / "examples"
+PROFILES = ["default", "work", "research"]
+LINE = re.compile(r"^(?P<name>[\w-]+): zombies=(?P<z>\d+) pruned=(?P<p>\d+) freed=")
+
+
+def make_home(path):
+    spec = importlib.util.spec_from_file_location("hermes_demo_home", REPO / "playbooks/files/hermes_demo_home.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main([str(path), "--profiles", ",".join(PROFILES), "--sessions", "40", "--force"]) == 0
+    return path
+
+
+def digests(home):
+    paths = [home / "state.db"] + sorted(home.glob("profiles/*/state.db"))
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+
+
+def counts(lines):
+    return {m["name"]: (int(m["z"]), int(m["p"])) for m in map(LINE.match, lines) if m}
+
+
+def local_vars(tmp_path, home):
+    """The examples' variables for the user running the tests, all under tmp_path."""
+    return {
+        "ansible_become": False,
+        "hermes_maintenance_become": False,
+        "hermes_maintenance_user": getpass.getuser(),
+        "hermes_maintenance_homes": [str(home)],
+        "hermes_maintenance_install_dir": str(tmp_path / "install"),
+        "hermes_maintenance_scheduler": "none",
+        "hermes_maintenance_syslog": False,
+        "hermes_maintenance_metrics_dir": "",
+    }
+
+
+@pytest.mark.parametrize("playbook", ["single_server.yml", "fleet/fleet.yml"])
+def test_syntax(ansible_playbook, tmp_path, playbook):
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"hermes_hosts": {"hosts": {"localhost": None}}}))
+    rc, out = ansible_playbook(EXAMPLES / playbook, args=("-i", str(inventory), "--syntax-check"))
+    assert rc == 0, getattr(out, "text", out)
+
+
+def test_single_server_dry_run_then_real_run(ansible_playbook, tmp_path):
+    home = make_home(tmp_path / "hermes")
+    extra = local_vars(tmp_path, home)
+    before = digests(home)
+
+    rc, out = ansible_playbook(EXAMPLES / "single_server.yml", extra_vars=extra, check=True, diff=True)
+    assert rc == 0, getattr(out, "text", out)
+    assert digests(home) == before
+    assert not (tmp_path / "install").exists()
+    predicted = counts(out.result("Say what was done, per profile")["msg"])
+    assert set(predicted) == set(PROFILES)
+    assert any(pruned for _z, pruned in predicted.values())  # 90 days prunes some of the demo's sessions
+
+    rc, out = ansible_playbook(EXAMPLES / "single_server.yml", extra_vars=extra)
+    assert rc == 0, getattr(out, "text", out)
+    assert counts(out.result("Say what was done, per profile")["msg"]) == predicted
+    assert out.result("Maintain now (with --check, the exact dry run)")["changed"]
+    assert (tmp_path / "install" / "bin" / "hermes-session-maintenance").is_file()
+    assert sorted(p.name for p in (home / "backups").iterdir())  # a backup before the first change
+
+
+def test_fleet_dry_run(ansible_playbook, tmp_path):
+    home = make_home(tmp_path / "hermes")
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"hermes_hosts": {"hosts": {"localhost": None}}}))
+    before = digests(home)
+
+    rc, out = ansible_playbook(
+        EXAMPLES / "fleet" / "fleet.yml",
+        extra_vars=local_vars(tmp_path, home),
+        check=True,
+        diff=True,
+        args=("-i", str(inventory)),
+    )
+    assert rc == 0, getattr(out, "text", out)
+    assert digests(home) == before
+    assert not (tmp_path / "install").exists()
+    assert set(counts(out.result("Summary")["msg"])) == set(PROFILES)
