@@ -210,3 +210,8 @@ def retire_ledger(conn, schema, sid):
         conn.execute("DELETE FROM worker_executions WHERE session_id = ? AND status = 'terminal'", (sid,))
     if "session_admissions" in schema["tables"]:
         conn.execute("DELETE FROM session_admissions WHERE target_session_id = ? AND status = 'terminal'", (sid,))
+
+
+def fully_known(catalogue):
+    """Whether every object of the file is one this collection knows (delete_with: auto)."""
+    return not catalogue["unknown"]
