@@ -17,6 +17,7 @@ import collections
 import json
 import os
 import re
+import select
 import shutil
 import sqlite3
 import subprocess
@@ -140,13 +141,17 @@ class ReleaseDeleter:
             "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
         }
+        # Its log goes to an unlinked file, never a pipe nobody drains: a release that logs a
+        # traceback per refused delete would fill a pipe and block there, mid-run.
+        self.log = tempfile.TemporaryFile(mode="w+")
         try:
             self.proc = subprocess.Popen(
                 [python, "-c", _SERVER, db_path],
-                cwd=hermes_home, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                cwd=hermes_home, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                 text=True, bufsize=1,
             )  # fmt: skip
         except OSError as exc:
+            self.log.close()
             raise MaintenanceError("%s: %s could not start: %s" % (what, python, exc)) from None
         hello = self._answer()
         self.release = hello.get("release") or "unknown Hermes"
@@ -154,10 +159,14 @@ class ReleaseDeleter:
         self.bulk = bool(hello.get("bulk"))
 
     def _answer(self):
-        line = self.proc.stdout.readline()
+        # One line per request, so nothing waits in the reader's buffer while select() looks.
+        ready, _, _ = select.select([self.proc.stdout], [], [], ANSWER_TIMEOUT)
+        line = self.proc.stdout.readline() if ready else ""
         if not line:
             self.proc.kill()
-            tail = (self.proc.stderr.read() or "").strip().splitlines()[-1:] or ["no output"]
+            self.proc.wait()
+            self.log.seek(0)
+            tail = (self.log.read() or "").strip().splitlines()[-1:] or ["no output"]
             raise MaintenanceError("%s: the Hermes at %s stopped: %s" % (self.what, self.python, tail[0]))
         try:
             return json.loads(line)
@@ -178,8 +187,8 @@ class ReleaseDeleter:
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
-        for stream in (self.proc.stdout, self.proc.stderr):
-            stream.close()
+        self.proc.stdout.close()
+        self.log.close()
 
     def info(self):
         return {"release": self.release, "version": self.version, "python": self.python, "bulk": self.bulk}
