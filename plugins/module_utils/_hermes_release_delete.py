@@ -194,12 +194,47 @@ class ReleaseDeleter:
         return {"release": self.release, "version": self.version, "python": self.python, "bulk": self.bulk}
 
 
+class TransactionCost:
+    """What one of the release's transactions costs: a fixed part (0.22.2's bulk delete also sweeps
+    unreferenced system prompts, 35-40 ms here whatever the batch) and a part per message, fitted
+    from the last two transactions of different sizes. Until there are two, a batch takes one
+    session more than the last."""
+
+    def __init__(self):
+        self.points = []  # (messages, seconds) of the last transactions, newest last
+        self.sessions = 0  # sessions in the last transaction
+        self.fixed = self.per_row = None
+
+    def measured(self, rows, seconds, sessions):
+        self.sessions = sessions
+        self.points = [p for p in self.points if p[0] != rows][-1:] + [(rows, seconds)]
+        if len(self.points) == 2:
+            (r1, s1), (r2, s2) = self.points
+            slope = (s2 - s1) / (r2 - r1)
+            if slope <= 0:  # noise (a loaded machine): take it all as per message, as a rate would
+                self.per_row, self.fixed = s2 / max(r2, 1), 0.0
+            else:
+                self.per_row, self.fixed = slope, max(s2 - slope * r2, 0.0)
+
+    def allows(self, sessions):
+        """Whether a batch of ``sessions`` may be tried: at most twice the last transaction's (one more
+        until the cost is fitted), so that a fit from small batches is checked before it is trusted far."""
+        if self.per_row is None:
+            return sessions <= self.sessions + 1
+        return sessions <= max(2 * self.sessions, self.sessions + 1)
+
+    def fits(self, rows, bound):
+        if self.per_row is None:
+            return True
+        return not bound or self.fixed + self.per_row * rows <= bound
+
+
 def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause, result, remove=True, stop=None):
     """Delete ``plan.delete_order`` through ``deleter``, paced like the engine's own prune.
 
     A request is one transaction of the release: its bulk delete takes whole sessions up to
-    ``batch_size`` messages, as many as the rate measured so far fits in ``batch_time`` (one
-    session first, to measure); without one, one session per request. Before each request its
+    ``batch_size`` messages, as many as fit in ``batch_time`` at the cost fitted so far
+    (TransactionCost; one session, then two, to measure); without one, one session per request. Before each request its
     sessions are checked again on ``conn`` (resumed, leased, routed since the plan: left alone);
     after it, WriterTurn lets a waiting writer of the gateway in. A batch the release refuses
     whole is retried a session at a time, so that only the refused one stays (``result.refused``).
@@ -212,18 +247,19 @@ def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause,
     wal = conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"
     writing = writer_probe(db_path, wal=wal) if remove else None
     turn = WriterTurn(writing, pause) if writing else None
-    queue = collections.deque([sid] for sid in plan.delete_order)
-    per_row = None  # seconds per message of the release's last transaction
+    queue = collections.deque((sid, False) for sid in plan.delete_order)  # (session, to be deleted alone)
+    cost = TransactionCost()
     while queue:
         result.stopped = stop() if stop else None
         if result.stopped:
             break
-        batch = queue.popleft()
-        if deleter.bulk and len(batch) == 1:  # grow it to what fits
-            rows = plan.messages.get(batch[0], 0)
-            while queue and len(queue[0]) == 1 and per_row is not None:
+        first, alone = queue.popleft()
+        batch = [first]
+        if deleter.bulk and not alone:  # grow it to what fits
+            rows = plan.messages.get(first, 0)
+            while queue and not queue[0][1] and cost.allows(len(batch) + 1):
                 more = plan.messages.get(queue[0][0], 0)
-                if rows + more > batch_size or per_row * (rows + more) > batch_time:
+                if rows + more > batch_size or not cost.fits(rows + more, batch_time):
                     break
                 batch.append(queue.popleft()[0])
                 rows += more
@@ -239,7 +275,7 @@ def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause,
         began = time.monotonic()
         answer = deleter.delete(ids)
         if answer["error"] and len(ids) > 1 and not answer["deleted"]:
-            queue.extendleft([sid] for sid in reversed(ids))  # one at a time: only the refused one stays
+            queue.extendleft((sid, True) for sid in reversed(ids))  # one at a time: only the refused one stays
             continue
         gone = set(answer["deleted"])
         if answer["error"]:
@@ -254,8 +290,7 @@ def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause,
         for sid in gone:
             files = plan.transcripts.get(sid, ())
             result.transcripts += remove_files(files) if remove else len(files)
-        if answer["messages"]:
-            per_row = answer["seconds"] / answer["messages"]
+        cost.measured(answer["messages"], answer["seconds"], len(ids))
         held = time.monotonic() - began
         if turn:
             turn.wait(held)
