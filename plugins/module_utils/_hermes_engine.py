@@ -312,7 +312,8 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             if deleter == HERMES and plan.delete_order:  # exactly what the release deletes from a copy
                 predicted, result["release_delete"] = release_prune_on_copy(
                     conn, plan, schema, opts["hermes_python"],
-                    batch_size=int(opts["batch_size"]), batch_time=float(opts["batch_time"]), end_reason=opts["end_reason"],
+                    batch_size=int(opts["batch_size"]), batch_time=float(opts["batch_time"]),
+                    end_reason=opts["end_reason"],
                 )  # fmt: skip
                 _predicted_by_release(result, predicted)
             if backup_due and result["preflight"]["live_rollback"]:  # as _apply would do

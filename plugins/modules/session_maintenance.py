@@ -164,8 +164,15 @@ options:
   delete_with:
     description:
       - Who deletes the sessions the prune selected (each profile's C(deleted_by) says who did).
-      - "V(engine): this collection's own statements. V(hermes): the delete code of the Hermes installed on the host (O(hermes_python), run as the owner of C(state.db), never as root), its bulk C(delete_sessions) where it has one, else C(delete_session) one session at a time, in transactions paced as the engine's own (O(batch_size), O(batch_time), the gateway's turn between them); a session it refuses is kept and named in C(sessions_refused). Check mode runs it on a private scratch copy."
-      - "V(auto): the engine where this collection knows every object of the file; where it does not, the installed Hermes when O(hermes_python) is newer than every release this collection knows, else no session is deleted and the result names the objects."
+      - V(engine) deletes with this collection's own statements.
+      - V(hermes) has the delete code of the Hermes installed on the host do it (O(hermes_python), run as the owner of
+        C(state.db), never as root), its bulk C(delete_sessions) where it has one, else C(delete_session) one session
+        at a time, in transactions paced as the engine's own (O(batch_size), O(batch_time), the gateway's turn between
+        them); a session it refuses is kept and named in C(sessions_refused). Check mode runs it on a private scratch
+        copy.
+      - V(auto) lets the engine delete where this collection knows every object of the file; where it does not, the
+        installed Hermes when O(hermes_python) is newer than every release this collection knows, else the engine,
+        refusing what those objects could affect and naming them.
     type: str
     choices: [auto, engine, hermes]
     default: auto
@@ -322,12 +329,14 @@ profiles:
       type: dict
     deleted_by:
       description:
-        - "Who deleted the pruned sessions (O(delete_with)): V(engine), V(hermes) (the installed Hermes's own delete code; RV(profiles[].release_delete) names it), or null when nothing was deleted."
+        - Who deleted the pruned sessions (O(delete_with)), V(engine) or V(hermes) (the installed Hermes's own
+          delete code, named in RV(profiles[].release_delete)), or null when nothing was deleted.
       type: str
     release_delete:
       description:
-        - "The Hermes that deleted: V(release) (its package and version), V(version), V(python) and V(bulk) (whether it has a bulk C(delete_sessions))."
-      returned: when the installed Hermes deleted or was asked (delete_with)
+        - The Hermes that deleted, with V(release) (its package and version), V(version), V(python) and V(bulk)
+          (whether it has a bulk C(delete_sessions)).
+      returned: when the installed Hermes deleted (delete_with)
       type: dict
     release_rules:
       description:
