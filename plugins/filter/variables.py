@@ -157,7 +157,8 @@ def value_problems(values, hermes_python_found=False):
     """The engine's checks on the role's option variables: what the scheduled run would refuse.
 
     ``hermes_python_found``: the role takes hermes_python from the Hermes entry points it reads
-    later (and fails there if none names one), so unknown_schema=release_rules needs none here."""
+    later (and fails there if none names one), so unknown_schema=release_rules and delete_with=hermes
+    need none here."""
     problems, options = [], {}
     for option in OPTIONS:
         name = ROLE_PREFIX + option.name
@@ -167,7 +168,9 @@ def value_problems(values, hermes_python_found=False):
             options[option.name] = _converted(option, values[name])
         except (TypeError, ValueError):
             problems.append("%s must be %s (got %r)" % (name, TYPE_WORDS[option.type], values[name]))
-    if hermes_python_found and options.get("unknown_schema") == "release_rules":
+    if hermes_python_found and (
+        options.get("unknown_schema") == "release_rules" or options.get("delete_with") == "hermes"
+    ):
         options.setdefault("hermes_python", "/")  # a stand-in: the role puts the entry point's there
     if not problems:
         try:

@@ -22,7 +22,7 @@ from ._hermes_actions import ARCHIVE, FILE, human_size, plan_actions, report_pla
 from ._hermes_apply import PruneResult, close_zombies, prune
 from ._hermes_archive import list_archives, take_archive
 from ._hermes_backup import apply_retention, check_backup_dir, list_backups, take_backup
-from ._hermes_catalogue import read_catalogue, refusal, refuses_deletes, refuses_zombie_closes, summary
+from ._hermes_catalogue import fully_known, read_catalogue, refusal, refuses_deletes, refuses_zombie_closes, summary
 from ._hermes_db import (
     MaintenanceError,
     ProfileSkipped,
@@ -49,6 +49,7 @@ from ._hermes_options import BY_NAME, OPTIONS, check_option, defaults
 from ._hermes_plan import DAY, build_plan
 from ._hermes_reclaim import reclaim, wal_budget
 from ._hermes_release import release_prune_set
+from ._hermes_release_delete import HERMES, ReleaseDeleter, choose_deleter, release_prune, release_prune_on_copy
 from ._hermes_results import new_profile_result
 from ._hermes_storage import storage
 
@@ -72,6 +73,10 @@ def normalize_options(options):
         problem = check_option(option, opts[option.name])
         if problem:
             raise MaintenanceError(problem)
+    if opts["delete_with"] == "hermes" and not opts["hermes_python"]:
+        raise MaintenanceError(
+            "delete_with=hermes needs hermes_python: the interpreter of the Hermes installed on the host"
+        )
     if opts["unknown_schema"] == "release_rules" and not opts["hermes_python"]:
         raise MaintenanceError(
             "unknown_schema=release_rules needs hermes_python: the interpreter of the Hermes installed on the host"
@@ -272,8 +277,16 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
         result["bad_time_rows"] = plan.bad_time_rows
         result["sessions_kept"] = plan.kept
         unknown = schema["catalogue"]["unknown"]
-        if unknown:
-            result["error"] = refusal(unknown)
+        deleter, why = choose_deleter(opts["delete_with"], schema["catalogue"], opts["hermes_python"], fully_known)
+        schema["deleter"] = deleter
+        if unknown and deleter == HERMES:
+            pass  # the installed Hermes is the authority on its own store: its delete code decides
+        elif unknown:
+            if why:
+                result["error"] = "%s (delete_with=auto: %s)" % (refusal(unknown), why)
+            else:
+                result["error"] = refusal(unknown)
+        if unknown and deleter != HERMES:
             if refuses_zombie_closes(unknown):
                 plan.zombies = []
             if refuses_deletes(unknown):
@@ -303,6 +316,14 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
         )  # fmt: skip
         if check_mode:
             report_plan(result, plan, actions, backup_dir, name, compress=opts["backup_compress"])
+            result["deleted_by"] = deleter if plan.delete_order else None
+            if deleter == HERMES and plan.delete_order:  # exactly what the release deletes from a copy
+                predicted, result["release_delete"] = release_prune_on_copy(
+                    conn, plan, schema, opts["hermes_python"],
+                    batch_size=int(opts["batch_size"]), batch_time=float(opts["batch_time"]),
+                    end_reason=opts["end_reason"],
+                )  # fmt: skip
+                _predicted_by_release(result, predicted)
             if opts["file_retention"]:
                 result["file_retention"] = describe(actions.files)
             result["stores"] = actions.stores
@@ -349,6 +370,22 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             lock.release()
     result["duration"] = round(time.time() - started, 3)
     return result
+
+
+def _predicted_by_release(result, predicted):
+    """Check mode with delete_with=hermes: the counts of the release's run on the scratch copy."""
+    result.update(
+        sessions_pruned=predicted.sessions,
+        messages_pruned=predicted.messages,
+        sessions_orphaned=predicted.orphaned,
+        transcripts_removed=predicted.transcripts,
+        prompts_collected=predicted.prompts,
+        sessions_left_alone=len(predicted.left_alone),
+        sessions_refused=predicted.refused,
+        deleted_by=HERMES if predicted.sessions else None,
+    )
+    result["after"]["sessions"] = result["before"]["sessions"] - predicted.sessions
+    result["after"]["messages"] = result["before"]["messages"] - predicted.messages
 
 
 def _drop_deletes(plan):
@@ -443,12 +480,24 @@ def _apply(result, conn, plan, schema, opts, actions, *, db_path, backup_dir, na
                 conn, db_path, backup_dir, name, plan.delete_order, plan.messages, schema["schema_version"]
             )
             _retain(result, opts, backup_dir=backup_dir, name=name, now=now, lister=list_archives)
-        prune(
-            conn, plan, schema,
-            batch_size=int(opts["batch_size"]), pause=pause, result=pruned, batch_time=float(opts["batch_time"]),
-            pause_after_commit=live_rollback,  # rollback-mode commits are slower: let the gateway's next poll in
-            stop=stop,
-        )  # fmt: skip
+        if schema.get("deleter") == HERMES and plan.delete_order:
+            deleter = ReleaseDeleter(opts["hermes_python"], db_path, os.path.dirname(db_path))
+            result["release_delete"] = deleter.info()
+            try:
+                release_prune(
+                    conn, plan, schema, deleter,
+                    batch_size=int(opts["batch_size"]), batch_time=float(opts["batch_time"]), pause=pause,
+                    result=pruned, stop=stop,
+                )  # fmt: skip
+            finally:
+                deleter.close()
+        else:
+            prune(
+                conn, plan, schema,
+                batch_size=int(opts["batch_size"]), pause=pause, result=pruned, batch_time=float(opts["batch_time"]),
+                pause_after_commit=live_rollback,  # rollback-mode commits are slower: let the gateway's next poll in
+                stop=stop,
+            )  # fmt: skip
     finally:  # also when a later transaction failed: report what was committed
         result.update(
             zombies_closed=len(closed),
@@ -460,6 +509,7 @@ def _apply(result, conn, plan, schema, opts, actions, *, db_path, backup_dir, na
             sessions_left_alone=len(pruned.left_alone),
             sessions_refused=pruned.refused,
             changed=result["changed"] or bool(closed or pruned.sessions),
+            deleted_by=(schema.get("deleter") or "engine") if pruned.sessions else None,
         )
     result["stopped_early"] = pruned.stopped
     result["reclaim"] = reclaim(conn, db_path, opts, schema, actions.reclaim, pruned=pruned.sessions > 0, stop=stop)

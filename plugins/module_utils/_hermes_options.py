@@ -208,7 +208,19 @@ OPTIONS = (
     )),
     Option("hermes_python", "path", unset="none", doc=(
         "The Python interpreter of the Hermes installed on the host (the one its C(hermes) entry point names), "
-        "needed when O(unknown_schema) is V(release_rules).",
+        "needed when O(unknown_schema) is V(release_rules) or O(delete_with) is V(hermes).",
+    )),
+    Option("delete_with", "str", default="auto", choices=("auto", "engine", "hermes"), doc=(
+        "Who deletes the sessions the prune selected (each profile's C(deleted_by) says who did).",
+        "V(engine) deletes with this collection's own statements.",
+        "V(hermes) has the delete code of the Hermes installed on the host do it (O(hermes_python), run as the "
+        "owner of C(state.db), never as root), its bulk C(delete_sessions) where it has one, else "
+        "C(delete_session) one session at a time, in transactions paced as the engine's own (O(batch_size), "
+        "O(batch_time), the gateway's turn between them); a session it refuses is kept and named in "
+        "C(sessions_refused). Check mode runs it on a private scratch copy.",
+        "V(auto) lets the engine delete where this collection knows every object of the file; where it does "
+        "not, the installed Hermes when O(hermes_python) is newer than every release this collection knows, else "
+        "the engine, refusing what those objects could affect and naming them.",
     )),
     Option("allow_empty_homes", "bool", default=False, doc=(
         "Accept a home that does not exist yet or holds no C(state.db) in it nor under C(profiles/) (a host where "

@@ -113,6 +113,14 @@ PROFILE_FIELDS = (
         "fails, naming them), V(known) and V(runtime_ledger) (whether the "
         "gateway runtime ledger of upstream Hermes is there).",
     )),
+    Field("deleted_by", "str", initial=None, doc=(
+        "Who deleted the pruned sessions (O(delete_with)), V(engine) or V(hermes) (the installed Hermes's own "
+        "delete code, named in RV(profiles[].release_delete)), or null when nothing was deleted.",
+    )),
+    Field("release_delete", "dict", returned="when the installed Hermes deleted (delete_with)", doc=(
+        "The Hermes that deleted, with V(release) (its package and version), V(version), V(python) and V(bulk) "
+        "(whether it has a bulk C(delete_sessions)).",
+    )),
     Field("release_rules", "dict", returned="with unknown_schema=release_rules on a newer schema", doc=(
         "Which Hermes decided beside this collection's rules. V(release) (its package and version), V(python), "
         "V(guards) (its prune kept rows under live write guards) and V(release_pruned) (sessions its own prune "

@@ -159,8 +159,23 @@ options:
   hermes_python:
     description:
       - The Python interpreter of the Hermes installed on the host (the one its C(hermes) entry point names), needed
-        when O(unknown_schema) is V(release_rules).
+        when O(unknown_schema) is V(release_rules) or O(delete_with) is V(hermes).
     type: path
+  delete_with:
+    description:
+      - Who deletes the sessions the prune selected (each profile's C(deleted_by) says who did).
+      - V(engine) deletes with this collection's own statements.
+      - V(hermes) has the delete code of the Hermes installed on the host do it (O(hermes_python), run as the owner of
+        C(state.db), never as root), its bulk C(delete_sessions) where it has one, else C(delete_session) one session
+        at a time, in transactions paced as the engine's own (O(batch_size), O(batch_time), the gateway's turn between
+        them); a session it refuses is kept and named in C(sessions_refused). Check mode runs it on a private scratch
+        copy.
+      - V(auto) lets the engine delete where this collection knows every object of the file; where it does not, the
+        installed Hermes when O(hermes_python) is newer than every release this collection knows, else the engine,
+        refusing what those objects could affect and naming them.
+    type: str
+    choices: [auto, engine, hermes]
+    default: auto
   allow_empty_homes:
     description:
       - Accept a home that does not exist yet or holds no C(state.db) in it nor under C(profiles/) (a host where
@@ -320,6 +335,17 @@ profiles:
           naming them), V(known) and V(runtime_ledger) (whether the gateway runtime ledger of upstream Hermes is
           there).
       returned: when the schema was read
+      type: dict
+    deleted_by:
+      description:
+        - Who deleted the pruned sessions (O(delete_with)), V(engine) or V(hermes) (the installed Hermes's own
+          delete code, named in RV(profiles[].release_delete)), or null when nothing was deleted.
+      type: str
+    release_delete:
+      description:
+        - The Hermes that deleted, with V(release) (its package and version), V(version), V(python) and V(bulk)
+          (whether it has a bulk C(delete_sessions)).
+      returned: when the installed Hermes deleted (delete_with)
       type: dict
     release_rules:
       description:

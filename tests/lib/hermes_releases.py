@@ -10,8 +10,10 @@ orphan sweep closed. ``release_prune`` runs the release's own ``prune_sessions``
 """
 
 import json
+import os
 import random
 import sqlite3
+from pathlib import Path
 
 from hermes_fixtures import (
     DEFAULT_ZOMBIE_SOURCES,
@@ -21,6 +23,25 @@ from hermes_fixtures import (
     missing_venv_message,
     run_release_code,
 )
+
+
+def hermes_python_for(layout, base):
+    """The release's code under an interpreter the Hermes user can run: the venv's python lives
+    under /root here, so a wrapper runs the system python3 (same 3.11 ABI) on the venv's packages."""
+    # the venv's own Python version (3.11 from pyenv here, Debian 13's 3.13 in the fresh-machine container)
+    site = sorted((Path(hermes_python(layout)).parent.parent / "lib").glob("python3*/site-packages"))[0]
+    wrapper = Path(base) / "hermes-python"
+    wrapper.write_text('#!/bin/sh\nPYTHONPATH=%s exec /usr/bin/python3 "$@"\n' % site)
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def unreachable_packages(layout):
+    """The first directory above ``layout``'s packages that others cannot search, or None."""
+    site = sorted((Path(hermes_python(layout)).parent.parent / "lib").glob("python3*/site-packages"))[0]
+    closed = [str(d) for d in [site, *site.parents] if not os.stat(str(d)).st_mode & 0o001]
+    return closed[0] if closed else None
+
 
 #: Releases whose own prune the engine is checked against.
 RULE_RELEASES = LAYOUTS[LAYOUTS.index("hermes-0.19.0") : LAYOUTS.index("hermes-0.22.2.post1") + 1]  # 0.19.0 on
