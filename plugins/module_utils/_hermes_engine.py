@@ -283,7 +283,7 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             pass  # the installed Hermes is the authority on its own store: its delete code decides
         elif unknown:
             if why:
-                result["error"] = "%s (delete_with=auto: %s)" % (refusal(unknown), why)
+                result["error"] = "%s (delete_with auto: %s)" % (refusal(unknown), why)
             else:
                 result["error"] = refusal(unknown)
         if unknown and deleter != HERMES:

@@ -30,7 +30,7 @@ from ._hermes_plan import live_leases, routed_sessions
 
 ENGINE, HERMES = "engine", "hermes"
 # The newest release whose store the engine knows (docs/compatibility.md); an installed Hermes
-# newer than it is the authority on a store the engine does not fully know (delete_with: auto).
+# newer than it is the authority on a store the engine does not fully know (delete_with set to auto).
 NEWEST_KNOWN = (0, 22, 2)
 ANSWER_TIMEOUT = 300
 
@@ -349,7 +349,7 @@ print(json.dumps({"release": release, "version": version}))
 def installed_version(python):
     """(release words, version) of the Hermes at ``python``: its package's metadata (a release, or a
     git install's pyproject version), else hermes_cli's ``__version__``."""
-    _check_python(python, "delete_with=auto")
+    _check_python(python, "delete_with auto")
     scratch = tempfile.mkdtemp(prefix="hermes-ops-version-")
     try:
         env = {"HOME": scratch, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
