@@ -41,6 +41,7 @@ MATRIX = (
 DELETE_USER = "hermes-ops-delw"  # unique to this file: it creates a system user
 
 pytestmark = [
+    pytest.mark.slow,  # a release subprocess per case: on the controller only, not again on every matrix leg
     pytest.mark.releases,
     pytest.mark.root,
     pytest.mark.skipif(os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK), reason="root, system python3"),
