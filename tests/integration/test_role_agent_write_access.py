@@ -24,6 +24,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hermes_reliability import REPO_ROOT
 from hermes_role_host import RoleHost, role_host
 
 pytestmark = pytest.mark.managed_node
@@ -58,10 +59,21 @@ def host():
         yield h
 
 
+# World-writable scratch directories: other processes (parallel tests among them) add and
+# remove entries there all the time, and the role never writes there. The repository and its
+# shared caches change under parallel runs too.
+SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/shm", "/run/lock", "/var/lock")
+
+
 def writable(h):
-    """Every path on the root filesystem outside the user's home that the user can write."""
+    """Every path on the root filesystem outside the user's home (and the scratch directories'
+    contents) that the user can write."""
+    skip = [str(h.home), *SCRATCH, str(REPO_ROOT), os.path.realpath(str(REPO_ROOT / ".cache"))]
+    pruned = []
+    for path in skip:
+        pruned += ["-path", path + ("/*" if path in SCRATCH else ""), "-o"]
     proc = subprocess.run(
-        ["runuser", "-u", USER, "--", "find", "/", "-xdev", "-path", str(h.home), "-prune"]
+        ["runuser", "-u", USER, "--", "find", "/", "-xdev", "(", *pruned[:-1], ")", "-prune"]
         + ["-o", "-writable", "-print"],
         capture_output=True,
         text=True,
