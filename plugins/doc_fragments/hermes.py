@@ -29,9 +29,11 @@ options:
     default: 1
   prune_days:
     description:
-      - An ended session whose last activity is older than this many days is pruned (Hermes's own default is 90).
+      - An ended session whose last activity is older than this many days is pruned.
+      - The default, 90, is the retention of Hermes's own auto-prune, so a session goes no sooner than Hermes itself
+        would delete it. The monthly C(session-maintenance.sh) this replaces pruned at 7 (set 7 for that).
     type: float
-    default: 7
+    default: 90
   prune_days_by_source:
     description:
       - Retention in days for the sessions of some sources, a mapping of source to days (cron to 3 and telegram to

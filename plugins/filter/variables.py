@@ -10,7 +10,7 @@ and ``hermes_gateway_*`` variable visible to the play, before they change anythi
 
 It returns one message per problem (an empty list when there is none): a name the collection
 does not know, with the closest known one (a misspelt ``hermes_maintenance_prune_day`` would
-otherwise leave the 7-day default pruning what the operator meant to keep), and a value the
+otherwise leave the default retention in place of the one the operator meant), and a value the
 scheduled run would refuse, found with the engine's own checks (the option table's bounds and
 ``normalize_options``), named by its role variable.
 
@@ -42,6 +42,9 @@ ROLE_PREFIX = "hermes_maintenance_"
 CHECKED = re.compile(r"^hermes_(maintenance|restore|gateway)_")
 # How close (difflib's ratio) a name outside them must be to a known one to count as misspelt.
 MISSPELT_SPACE = 0.9
+# Engine options whose bare name other roles' variables use too: never taken for a role
+# variable written without its prefix (each other option's bare name is).
+BARE_NAMES_OF_OTHERS = frozenset({"backup", "backup_dir", "profiles", "batch_size", "busy_timeout", "metrics_dir"})
 ARGUMENT_SPECS = os.path.join(
     os.path.dirname(__file__), "..", "..", "roles", "session_maintenance", "meta", "argument_specs.yml"
 )
@@ -180,13 +183,31 @@ def value_problems(values, hermes_python_found=False):
     return problems
 
 
-def variable_problems(values, names=(), check_values=True, hermes_python_found=False):
+def bare_option_names(names):
+    """Among ``names``, the role's engine options written without their prefix
+    (``prune_days`` for ``hermes_maintenance_prune_days``): the role would never read them."""
+    options = {o.name for o in OPTIONS if o.role is not ROLE_NONE} - BARE_NAMES_OF_OTHERS
+    return sorted(set(names) & options)
+
+
+def bare_message(name):
+    return "%s is not a variable of the role: its variables carry the prefix %s (write %s%s)" % (
+        name,
+        ROLE_PREFIX,
+        ROLE_PREFIX,
+        name,
+    )
+
+
+def variable_problems(values, names=(), check_values=True, hermes_python_found=False, bare=()):
     """Messages for unknown names among ``values`` (name -> value) and ``names`` (every
-    hermes_* name, whose values are not needed), then for refused values."""
+    hermes_* name, whose values are not needed), for engine options among ``bare`` (names
+    without the hermes_ prefix), then for refused values."""
     if not isinstance(values, dict):
         raise AnsibleFilterError("variable_problems expects a dict of variable names and values")
     known = known_variables()
     problems = [unknown_message(n, known) for n in sorted(set(values) | set(names)) if unknown(n, known)]
+    problems += [bare_message(n) for n in bare_option_names(bare)]
     if check_values:
         problems += value_problems(values, hermes_python_found)
     return problems

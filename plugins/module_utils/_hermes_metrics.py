@@ -14,6 +14,7 @@ import errno
 import os
 import pwd
 import re
+import stat
 import time
 
 from ._hermes_db import fsync_path
@@ -245,13 +246,26 @@ def previous_last_success(path):
 
 
 def write_atomically(directory, filename, text):
-    """Write text to directory/filename through a temporary file renamed over it.
+    """Write text to directory/filename so that node_exporter never takes a half-written file
+    for a whole one; returns the path written.
 
-    The temporary name does not end in .prom, so the collector never reads a half-written file.
+    Where the directory is writable: a temporary file (its name does not end in .prom, so the
+    collector skips it) renamed over the file. Where it is not (the role's layout with
+    privilege: the directory is root's and only this one file is the user's), the file is
+    rewritten in place: emptied, then written in one call. A scrape meanwhile reads the empty
+    file (no samples), the whole new text, or a prefix of it; a prefix ending inside a line is
+    refused by the collector's parser ("unexpected end of input stream", counted in
+    node_textfile_scrape_error), one ending at a line end holds only lines of the new text.
+    Never a mix of old and new lines.
     """
     final = os.path.join(directory, filename)
     temp = os.path.join(directory, ".%s.%d.tmp" % (filename, os.getpid()))
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
+    except PermissionError:
+        if not os.path.lexists(final):
+            raise
+        return _rewrite_in_place(final, text)
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
@@ -267,6 +281,23 @@ def write_atomically(directory, filename, text):
             pass
         raise
     return final
+
+
+def _rewrite_in_place(path, text):
+    """Replace the content of the existing regular file path (never through a symlink)."""
+    data = text.encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "%s is not a regular file" % path)
+        os.ftruncate(fd, 0)
+        written = 0
+        while written < len(data):
+            written += os.write(fd, data[written:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
 
 
 def _user_name():

@@ -81,8 +81,10 @@ OPTIONS = (
         "An open session (no C(ended_at)) idle for longer than this many days is a zombie.",
         "Idle time counts from the latest of C(last_activity_at), the newest message and C(started_at).",
     )),
-    Option("prune_days", "float", default=7.0, minimum=0, scope=SHARED, doc=(
-        "An ended session whose last activity is older than this many days is pruned (Hermes's own default is 90).",
+    Option("prune_days", "float", default=90.0, minimum=0, scope=SHARED, doc=(
+        "An ended session whose last activity is older than this many days is pruned.",
+        "The default, 90, is the retention of Hermes's own auto-prune, so a session goes no sooner than Hermes "
+        "itself would delete it. The monthly C(session-maintenance.sh) this replaces pruned at 7 (set 7 for that).",
     )),
     Option("prune_days_by_source", "dict", scope=SHARED, unset="one retention, prune_days, for every source", doc=(
         "Retention in days for the sessions of some sources, a mapping of source to days (cron to 3 and telegram to "

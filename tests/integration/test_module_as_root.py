@@ -26,6 +26,7 @@ PLAYBOOK = """
     - name: Maintain
       hermes_agent.ops.session_maintenance:
         hermes_home: ["{{ test_home }}"]
+        prune_days: 7
         backup_compress: true
         vacuum_mode: full
       register: maintained

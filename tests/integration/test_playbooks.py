@@ -50,7 +50,11 @@ def counts(lines):
 
 def common_vars(home):
     # No become: the tests run as whoever runs them, on files that user owns.
-    return {"hermes_maintenance_homes": [str(home)], "hermes_maintenance_become": False}
+    return {
+        "hermes_maintenance_homes": [str(home)],
+        "hermes_maintenance_become": False,
+        "hermes_maintenance_prune_days": 7,
+    }
 
 
 def role_home(tmp_path, scheduler, sessions, **options):

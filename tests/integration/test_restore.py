@@ -132,14 +132,14 @@ def world(tmp_path):
     os.chmod(str(db), 0o600)
     original = ids(db)
     # Backup 1 (.gz, everything) then the prune; backup 2 (plain) of the pruned file plus one new session.
-    first = run_maintenance({"hermes_home": [str(home)], "backup_compress": True})["profiles"][0]
+    first = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "backup_compress": True})["profiles"][0]
     assert first["status"] == "ok" and first["sessions_pruned"] > 0, first
     conn = sqlite3.connect(str(db))
     conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('after-prune', 'cli', ?)", (time.time(),))
     conn.commit()
     conn.close()
     time.sleep(1.1)  # a later time stamp for the second backup
-    second = run_maintenance({"hermes_home": [str(home)], "backup_interval_days": 0})["profiles"][0]
+    second = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "backup_interval_days": 0})["profiles"][0]
     assert second["status"] == "ok" and second["backup"], second
     pruned_state = ids(db)
     backups = home / "backups"

@@ -80,7 +80,9 @@ def live(tmp_path):
     writer = WriterProcess(hermes_python(RELEASE), db, str(tmp_path / "writer.jsonl"), prefix="restore-live")
     writer.start()
     try:
-        profile = run_maintenance({"hermes_home": [str(home)], "allow_unknown_schema": True})["profiles"][0]
+        profile = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "allow_unknown_schema": True})[
+            "profiles"
+        ][0]
         assert profile["status"] == "ok", profile["error"]
         assert profile["backup"]["kind"] == "archive" and profile["sessions_pruned"] == 30, profile
         yield {"home": str(home), "db": db, "archive": profile["backup"]["path"], "writer": writer}
@@ -212,7 +214,9 @@ def test_restore_sessions_as_root_writes_only_the_users_files(ansible_playbook):
         writer = WriterProcess(hermes_python(RELEASE), db, str(base / "writer.jsonl"), prefix="root-gw")
         writer.start()
         try:  # the archive is taken while root owns the file, then the home is given to the user
-            profile = run_maintenance({"hermes_home": [str(home)], "allow_unknown_schema": True})["profiles"][0]
+            profile = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "allow_unknown_schema": True})[
+                "profiles"
+            ][0]
         finally:
             assert writer.stop()["failed"] == 0
         assert profile["backup"]["kind"] == "archive" and profile["sessions_pruned"] == 10, profile
@@ -238,7 +242,7 @@ def test_undo_a_prune_from_a_whole_file_backup_with_the_playbook(ansible_playboo
     """No holder at the prune, so a gzipped whole-file backup; the listing, then a source back, --check first."""
     home = tmp_path / "home"
     db = str(make_big_rollback_home(home, 24, 4, seed=11))
-    options = {"hermes_home": [str(home)], "allow_unknown_schema": True, "backup_compress": True}
+    options = {"prune_days": 7, "hermes_home": [str(home)], "allow_unknown_schema": True, "backup_compress": True}
     profile = run_maintenance(options)["profiles"][0]
     assert profile["backup"]["kind"] == "file" and profile["backup"]["compressed"], profile["backup"]
     backup = profile["backup"]["path"]

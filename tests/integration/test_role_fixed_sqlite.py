@@ -227,6 +227,7 @@ def test_without_privilege_ones_own_hermes_install_is_used(ansible_playbook, tmp
         "hermes_maintenance_syslog": False,
         "hermes_maintenance_metrics_dir": "",
         "hermes_maintenance_hermes_entry_points": [str(entry)],
+        "hermes_maintenance_prune_days": 7,
     }
     said = _apply(ansible_playbook, role_vars)
     python = venv / "bin" / "python"

@@ -88,3 +88,17 @@ def test_the_role_refuses_bad_file_and_profile_retention_at_apply_naming_the_var
     assert value_problems({profiles: {"work": 30, "personal": {"prune_days_by_source": {"cron": 3}}}}) == []
     (problem,) = value_problems({profiles: {"work": "a month"}})
     assert problem.startswith("%s[work].prune_days must be a number of days" % profiles), problem
+
+
+def test_an_engine_option_without_its_prefix_names_the_variable_meant():
+    bare = ["prune_days", "zombie_days", "ansible_facts", "backup", "metrics_dir", "batch_size", "inventory_hostname"]
+    assert variables.variable_problems({}, bare=bare, check_values=False) == [
+        "prune_days is not a variable of the role: its variables carry the prefix hermes_maintenance_"
+        " (write hermes_maintenance_prune_days)",
+        "zombie_days is not a variable of the role: its variables carry the prefix hermes_maintenance_"
+        " (write hermes_maintenance_zombie_days)",
+    ]
+    # names other roles use too are theirs; every other bare option name is flagged
+    flagged = variables.bare_option_names(["hermes_home", *(o.name for o in variables.OPTIONS)])
+    assert "hermes_home" not in flagged and not set(flagged) & variables.BARE_NAMES_OF_OTHERS
+    assert {"prune_days", "vacuum_mode", "allow_empty_homes", "file_retention"} <= set(flagged)

@@ -20,7 +20,7 @@ DAY = 86400
 
 def test_gzip_backup_decompresses_to_the_pre_run_database(tmp_path):
     build_home(str(tmp_path), "v30", SPECS, profile="work")
-    profile = run_maintenance({"hermes_home": [str(tmp_path)], "backup_compress": True})["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)], "backup_compress": True})["profiles"][0]
     backup = profile["backup"]
     assert backup["path"].endswith(".db.gz") and "hermes-ops_work_" in os.path.basename(backup["path"])
     assert backup["path"].startswith(str(tmp_path / "backups"))
@@ -56,7 +56,7 @@ def test_partial_files_are_invisible_to_retention(tmp_path):
 
 def test_backup_interval_takes_a_backup_without_other_changes(tmp_path):
     build_home(str(tmp_path), "v30", SPECS[1:])
-    options = {"hermes_home": [str(tmp_path)], "backup_interval_days": 7}
+    options = {"prune_days": 7, "hermes_home": [str(tmp_path)], "backup_interval_days": 7}
     first = run_maintenance(options)["profiles"][0]
     assert first["backup"] and first["changed"] is True and first["sessions_pruned"] == 0
     second = run_maintenance(options)["profiles"][0]
@@ -66,14 +66,14 @@ def test_backup_interval_takes_a_backup_without_other_changes(tmp_path):
 
 def test_no_change_no_backup(tmp_path):
     build_home(str(tmp_path), "v30", SPECS[1:])
-    profile = run_maintenance({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)]})["profiles"][0]
     assert profile["changed"] is False and profile["backup"] is None
     assert not (tmp_path / "backups").exists()
 
 
 def test_backup_off_still_maintains(tmp_path):
     build_home(str(tmp_path), "v30", SPECS)
-    profile = run_maintenance({"hermes_home": [str(tmp_path)], "backup": False})["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)], "backup": False})["profiles"][0]
     assert profile["sessions_pruned"] == 1 and profile["backup"] is None
 
 
@@ -85,7 +85,7 @@ def test_backup_copies_through_a_buffer_where_sendfile_wants_a_socket(tmp_path, 
 
     monkeypatch.setattr(os, "sendfile", socket_only)
     build_home(str(tmp_path), "v30", SPECS)
-    profile = run_maintenance({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)]})["profiles"][0]
     assert profile["status"] == "ok", profile["error"]
     assert profile["backup"]["copied_by"] == "files" and profile["backup"]["sessions"] == 2
     conn = sqlite3.connect(profile["backup"]["path"])

@@ -48,8 +48,8 @@ def by_name(result):
 
 def run_both_modes(home):
     """Check mode then the real run; return both results keyed by profile."""
-    return by_name(run_maintenance({"hermes_home": [str(home)]}, check_mode=True)), by_name(
-        run_maintenance({"hermes_home": [str(home)]})
+    return by_name(run_maintenance({"prune_days": 7, "hermes_home": [str(home)]}, check_mode=True)), by_name(
+        run_maintenance({"prune_days": 7, "hermes_home": [str(home)]})
     )
 
 
@@ -102,7 +102,7 @@ def test_page_aligned_truncation_fails_quick_check(tmp_path):
     page = int.from_bytes(data[16:18], "big")
     db.write_bytes(data[: (len(data) // page // 2) * page])
     before = digest(db)
-    profile = run_maintenance({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)]})["profiles"][0]
     assert profile["status"] == "failed"
     assert "quick_check" in profile["error"] or "malformed" in profile["error"]
     assert digest(db) == before
@@ -143,7 +143,7 @@ def test_isolated_bad_rows_are_counted_not_touched(tmp_path):
         {"id": "bad", "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 2, "bad_time": "ms"}
     ]
     build_home(str(tmp_path), "v30", specs)
-    profile = run_maintenance({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)]})["profiles"][0]
     assert profile["status"] == "ok"
     assert profile["bad_time_rows"] == 1
     conn = sqlite3.connect(str(tmp_path / "state.db"))
@@ -152,7 +152,7 @@ def test_isolated_bad_rows_are_counted_not_touched(tmp_path):
 
 def test_missing_home_is_an_error_the_other_home_still_runs(home, tmp_path_factory):
     missing = str(tmp_path_factory.mktemp("x") / "nope")
-    result = run_maintenance({"hermes_home": [missing, str(home)]})
+    result = run_maintenance({"prune_days": 7, "hermes_home": [missing, str(home)]})
     names = {(p["home"], p["status"]) for p in result["profiles"]}
     assert (missing, "failed") in names
     assert "does not exist" in [p for p in result["profiles"] if p["home"] == missing][0]["error"]
@@ -161,14 +161,14 @@ def test_missing_home_is_an_error_the_other_home_still_runs(home, tmp_path_facto
 
 def test_the_database_file_or_a_home_without_profiles_is_never_a_success(home, tmp_path_factory):
     db, empty = str(home / "state.db"), tmp_path_factory.mktemp("empty")
-    result = run_maintenance({"hermes_home": [db, str(empty)]}, check_mode=True)
+    result = run_maintenance({"prune_days": 7, "hermes_home": [db, str(empty)]}, check_mode=True)
     by_home = {p["home"]: p for p in result["profiles"]}
     assert by_home[db]["status"] == "failed"
     assert by_home[db]["error"].startswith("%s is the database file; give its home, %s" % (db, home))
     assert by_home[str(empty)]["status"] == "no_profiles" and result["status"] == "failed"
 
     later = str(empty / "not-yet")  # a host where Hermes is not set up yet, allowed
-    result = run_maintenance({"hermes_home": [str(empty), later], "allow_empty_homes": True})
+    result = run_maintenance({"prune_days": 7, "hermes_home": [str(empty), later], "allow_empty_homes": True})
     assert result["status"] == "no_profiles" and result["failed"] == []
     assert [p["status"] for p in result["profiles"]] == ["no_profiles", "no_profiles"]
     assert (
@@ -185,12 +185,12 @@ def test_held_lock_skips_the_profile(home):
     try:
         before = digest(home / "state.db")
         for check in (True, False):
-            profile = run_maintenance({"hermes_home": [str(home)]}, check_mode=check)["profiles"][0]
+            profile = run_maintenance({"prune_days": 7, "hermes_home": [str(home)]}, check_mode=check)["profiles"][0]
             assert profile["status"] == "skipped" and "auto-maintenance.lock" in profile["error"]
         assert digest(home / "state.db") == before
     finally:
         os.close(fd)
-    assert run_maintenance({"hermes_home": [str(home)]})["profiles"][0]["sessions_pruned"] == 1
+    assert run_maintenance({"prune_days": 7, "hermes_home": [str(home)]})["profiles"][0]["sessions_pruned"] == 1
 
 
 def test_writer_holding_the_lock_longer_than_busy_timeout_skips(home):
@@ -199,7 +199,9 @@ def test_writer_holding_the_lock_longer_than_busy_timeout_skips(home):
     holder = sqlite3.connect(busy_db, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     try:
-        result = by_name(run_maintenance({"hermes_home": [str(home)], "busy_timeout": 0.2, "backup": False}))
+        result = by_name(
+            run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "busy_timeout": 0.2, "backup": False})
+        )
     finally:
         holder.execute("ROLLBACK")
         holder.close()
@@ -216,12 +218,14 @@ def test_newer_schema_refused_but_reported(tmp_path):
     conn.commit()
     conn.close()
     before = digest(db)
-    profile = run_maintenance({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)]})["profiles"][0]
     assert profile["status"] == "failed" and "schema_version 99" in profile["error"]
     assert digest(db) == before
-    info = gather_info({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    info = gather_info({"prune_days": 7, "hermes_home": [str(tmp_path)]})["profiles"][0]
     assert info["status"] == "ok" and info["schema_version"] == 99 and info["prunable_sessions"] == 1
-    allowed = run_maintenance({"hermes_home": [str(tmp_path)], "allow_unknown_schema": True})["profiles"][0]
+    allowed = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)], "allow_unknown_schema": True})[
+        "profiles"
+    ][0]
     assert allowed["status"] == "ok" and allowed["sessions_pruned"] == 1
 
 
@@ -229,7 +233,9 @@ def test_schema_31_of_hermes_0_22_is_known_and_32_is_refused(tmp_path):
     if not layout_available("hermes-0.22.2.post1"):
         pytest.skip(missing_venv_message("hermes-0.22.2.post1"))
     build_home(str(tmp_path / "known"), "hermes-0.22.2.post1", OLD)
-    profile = run_maintenance({"hermes_home": [str(tmp_path / "known")]}, check_mode=True)["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path / "known")]}, check_mode=True)["profiles"][
+        0
+    ]
     assert profile["status"] == "ok" and profile["sessions_pruned"] == 1, profile["error"]
     db = build_home(str(tmp_path / "newer"), "hermes-0.22.2.post1", OLD)
     conn = sqlite3.connect(str(db))
@@ -237,18 +243,18 @@ def test_schema_31_of_hermes_0_22_is_known_and_32_is_refused(tmp_path):
     conn.commit()
     conn.close()
     before = digest(db)
-    profile = run_maintenance({"hermes_home": [str(tmp_path / "newer")]})["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path / "newer")]})["profiles"][0]
     assert profile["status"] == "failed" and "schema_version 32" in profile["error"]
     assert "up to 31" in profile["error"]
     assert digest(db) == before
-    allowed = run_maintenance({"hermes_home": [str(tmp_path / "newer")], "allow_unknown_schema": True})
+    allowed = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path / "newer")], "allow_unknown_schema": True})
     assert allowed["profiles"][0]["status"] == "ok" and allowed["profiles"][0]["sessions_pruned"] == 1
 
 
 def test_missing_tokenizer_refuses_deletes_but_closes_zombies(tmp_path):
     db = build_home(str(tmp_path), "v30", OLD)
     add_index_with_missing_tokenizer(db)
-    profile = run_maintenance({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)]})["profiles"][0]
     assert profile["status"] == "failed"
     assert "messages_fts_cjk" in profile["error"] and "pruning refused" in profile["error"]
     # A healthy file: restoring a backup would lose every message written since.
@@ -271,7 +277,7 @@ def test_damaged_file_with_missing_tokenizer_is_still_called_damaged(tmp_path):
         handle.seek((root[0] - 1) * page_size + 8)
         handle.write(b"\x00\x01" * 50)
     before = digest(db)
-    profile = run_maintenance({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)]})["profiles"][0]
     assert profile["status"] == "failed"
     assert "failed quick_check" in profile["error"] and "restore the newest backup" in profile["error"]
     assert profile["zombies_closed"] == 0
@@ -299,12 +305,12 @@ def test_unsafe_backup_dir_refused_before_any_change(home, tmp_path_factory):
     link = home / "linked-backups"
     link.symlink_to(target)
     before = digest(home / "state.db")
-    profile = run_maintenance({"hermes_home": [str(home)], "backup_dir": str(link)})["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "backup_dir": str(link)})["profiles"][0]
     assert profile["status"] == "failed" and "symbolic link" in profile["error"]
     assert digest(home / "state.db") == before
     open_dir = tmp_path_factory.mktemp("open-backups")
     os.chmod(open_dir, 0o777)
-    profile = run_maintenance({"hermes_home": [str(home)], "backup_dir": str(open_dir)})["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "backup_dir": str(open_dir)})["profiles"][0]
     assert "writable by group or others" in profile["error"]
     assert digest(home / "state.db") == before
 
@@ -320,7 +326,7 @@ def test_failed_backup_changes_nothing(home, monkeypatch):
 
     monkeypatch.setattr(_hermes_backup.shutil, "copyfileobj", full_disk)
     before = digest(home / "state.db")
-    profile = run_maintenance({"hermes_home": [str(home)], "backup_compress": True})["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "backup_compress": True})["profiles"][0]
     monkeypatch.setattr(_hermes_backup.shutil, "copyfileobj", real_copy)
     assert profile["status"] == "failed" and "ran out of space" in profile["error"]
     assert digest(home / "state.db") == before
@@ -351,7 +357,7 @@ def test_session_resumed_during_the_run_is_left_alone(tmp_path, monkeypatch):
         return plan
 
     monkeypatch.setattr(_hermes_engine, "build_plan", plan_then_resume)
-    profile = run_maintenance({"hermes_home": [str(tmp_path)], "batch_size": 6})["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)], "batch_size": 6})["profiles"][0]
     assert profile["status"] == "ok"
     assert profile["sessions_pruned"] == 19 and profile["sessions_left_alone"] == 1
     conn = sqlite3.connect(db)
@@ -378,7 +384,9 @@ def test_a_run_stopped_halfway_reports_what_it_committed(tmp_path, monkeypatch):
         return real_check(conn, sid, *args)
 
     monkeypatch.setattr(_hermes_apply, "_still_prunable", locked_after_two_batches)
-    profile = run_maintenance({"hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0})["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0})[
+        "profiles"
+    ][0]
     assert profile["status"] == "skipped" and "busy_timeout" in profile["error"]
     assert profile["changed"] is True and profile["zombies_closed"] == 1
     assert profile["sessions_pruned"] == 2 and profile["messages_pruned"] == 6
@@ -404,7 +412,13 @@ def test_batch_time_bounds_each_transaction(tmp_path, monkeypatch, batch_time, t
         return real_transaction(conn)
 
     monkeypatch.setattr(_hermes_apply, "write_transaction", counted)
-    options = {"hermes_home": [str(tmp_path)], "batch_size": 1000, "batch_time": batch_time, "batch_pause": 0}
+    options = {
+        "prune_days": 7,
+        "hermes_home": [str(tmp_path)],
+        "batch_size": 1000,
+        "batch_time": batch_time,
+        "batch_pause": 0,
+    }
     profile = run_maintenance(options)["profiles"][0]
     assert profile["sessions_pruned"] == 10 and profile["messages_pruned"] == 30
     assert len(opened) == transactions

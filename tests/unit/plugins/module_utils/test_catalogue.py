@@ -214,5 +214,5 @@ def test_sessions_kept_in_postgres_skip_the_profile_untouched(home):
         assert p["database_backend"] == {"backend": "postgres", "source": str(home / "config.yaml")}
         assert p["sessions_pruned"] == p["zombies_closed"] == 0
     assert digest(db) == before and sorted(p.name for p in home.iterdir()) == listing  # no lock, no backup
-    (info,) = gather_info({"hermes_home": [str(home)]})["profiles"]
+    (info,) = gather_info({"prune_days": 7, "hermes_home": [str(home)]})["profiles"]
     assert info["database_backend"]["backend"] == "postgres" and info["status"] == "ok"

@@ -58,12 +58,18 @@ def wait_for_line(proc, wanted, timeout=60):
 def test_second_run_skips_the_profile_the_first_is_working_on(tmp_path):
     make_big_home(str(tmp_path), "v30", 400, 5, old_fraction=0.5, seed=5)
     build_home(str(tmp_path), "v30", SPECS, profile="work")
-    slow = {"hermes_home": [str(tmp_path)], "batch_size": 20, "batch_pause": 0.05, "profiles": ["default"]}
+    slow = {
+        "prune_days": 7,
+        "hermes_home": [str(tmp_path)],
+        "batch_size": 20,
+        "batch_pause": 0.05,
+        "profiles": ["default"],
+    }
     first = start_child(CHILD, str(COLLECTIONS_ROOT), json.dumps(slow))
     try:
         wait_for_line(first, "@@ prune start")
-        second = by_name(run_maintenance({"hermes_home": [str(tmp_path)]}))
-        check = by_name(run_maintenance({"hermes_home": [str(tmp_path)]}, check_mode=True))
+        second = by_name(run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)]}))
+        check = by_name(run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)]}, check_mode=True))
         assert first.poll() is None, "the first run ended too early for this test"
     finally:
         out, err = first.communicate(timeout=120)
@@ -95,13 +101,13 @@ def test_hermes_auto_maintenance_in_another_process_skips_that_profile(tmp_path)
     hermes = start_child(HERMES_LOCK_HOLDER, str(busy), stdin=subprocess.PIPE)
     try:
         wait_for_line(hermes, "locked")
-        result = by_name(run_maintenance({"hermes_home": [str(tmp_path)]}))
+        result = by_name(run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)]}))
     finally:
         hermes.communicate("", timeout=30)
     assert result["busy"]["status"] == "skipped" and "Hermes's auto-maintenance" in result["busy"]["error"]
     assert result["default"]["status"] == "ok" and result["default"]["sessions_pruned"] == 1
     assert full_rows(busy) == before
-    after = by_name(run_maintenance({"hermes_home": [str(tmp_path)]}))
+    after = by_name(run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)]}))
     assert after["busy"]["status"] == "ok" and after["busy"]["sessions_pruned"] == 1
 
 
@@ -138,7 +144,7 @@ def test_writer_taking_the_lock_mid_prune_skips_the_profile(tmp_path, monkeypatc
         return real_prune(conn, *args, **kwargs)
 
     monkeypatch.setattr(_hermes_engine, "prune", prune_with_gateway)
-    opts = {"hermes_home": [str(tmp_path)], "busy_timeout": 0.3, "batch_pause": 0}
+    opts = {"prune_days": 7, "hermes_home": [str(tmp_path)], "busy_timeout": 0.3, "batch_pause": 0}
     result = by_name(run_maintenance(opts))
     writers[0].wait(30)
     assert result["default"]["status"] == "skipped"
@@ -148,11 +154,13 @@ def test_writer_taking_the_lock_mid_prune_skips_the_profile(tmp_path, monkeypatc
     assert result["work"]["status"] == "ok" and result["work"]["sessions_pruned"] == 1
     assert db_problems(db) == []
     monkeypatch.setattr(_hermes_engine, "prune", real_prune)
-    reference = by_name(run_maintenance({"hermes_home": [str(reference_home)], "batch_pause": 0}))["default"]
+    reference = by_name(run_maintenance({"prune_days": 7, "hermes_home": [str(reference_home)], "batch_pause": 0}))[
+        "default"
+    ]
     kept = session_rows(reference_home / "state.db")
     now_rows = session_rows(db)
     assert all(now_rows[sid] == before[sid] for sid in kept)
-    again = by_name(run_maintenance({"hermes_home": [str(tmp_path)], "batch_pause": 0}))["default"]
+    again = by_name(run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)], "batch_pause": 0}))["default"]
     assert again["status"] == "ok" and again["sessions_pruned"] == reference["sessions_pruned"]
     assert set(session_rows(db)) == set(kept)
 
@@ -167,7 +175,7 @@ def test_a_run_leaves_the_unfinished_backup_of_a_similarly_named_profile_alone(t
     in_progress.write_bytes(b"being written by the other run")
     stale = backups / ".hermes-ops_work_20200101T000000Z.db.partial"
     stale.write_bytes(b"left by a killed run of profile work")
-    result = by_name(run_maintenance({"hermes_home": [str(tmp_path)], "profiles": ["work"]}))
+    result = by_name(run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)], "profiles": ["work"]}))
     assert result["work"]["status"] == "ok" and result["work"]["backup"]
     assert in_progress.exists(), "a run of profile work removed profile work_bot's unfinished backup"
     assert not stale.exists()

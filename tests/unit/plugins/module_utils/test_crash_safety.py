@@ -63,6 +63,7 @@ TRIALS = int(os.environ.get("HERMES_CRASH_TRIALS", "20"))
 
 def options(home, compress):
     return {
+        "prune_days": 7,
         "hermes_home": [str(home)],
         "batch_size": 30,
         "batch_pause": 0.003,
@@ -336,14 +337,17 @@ def test_killed_worker_is_reported_and_the_other_profiles_maintained(monkeypatch
 
         monkeypatch.setattr(_hermes_engine, "prune", prune_and_mark)
         monkeypatch.setattr(_hermes_apply, "remove_files", remove_then_die)
-        first = {p["name"]: p for p in run_maintenance({"hermes_home": [str(home)], "batch_size": 3})["profiles"]}
+        first = {
+            p["name"]: p
+            for p in run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "batch_size": 3})["profiles"]
+        }
         monkeypatch.undo()
         assert first["default"]["status"] == "failed"
         assert "worker process for uid %d died before reporting" % uid in first["default"]["error"]
         assert first["work"]["status"] == "ok" and first["work"]["sessions_pruned"] == 6
         assert db_problems(home / "state.db") == []
         assert "new" in session_rows(home / "state.db")
-        again = run_maintenance({"hermes_home": [str(home)]})["profiles"][0]
+        again = run_maintenance({"prune_days": 7, "hermes_home": [str(home)]})["profiles"][0]
         assert again["status"] == "ok" and again["sessions_pruned"] >= 1
         assert set(session_rows(home / "state.db")) == {"new"}
         assert files_not_owned_by(home, uid) == []

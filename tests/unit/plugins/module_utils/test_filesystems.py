@@ -104,7 +104,9 @@ def test_a_home_on_a_real_tmpfs_is_local(tmp_path):
         home = mnt / "home"
         db = str(make_big_home(home, "hermes-0.19.0", n_sessions=20, msgs_per_session=4, old_fraction=0.5))
         assert filesystem_of(db)["type"] == "tmpfs" and filesystem_of(db)["mount_point"] == str(mnt)
-        result = run_maintenance({"hermes_home": [str(home)], "allow_unknown_schema": True})["profiles"][0]
+        result = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "allow_unknown_schema": True})[
+            "profiles"
+        ][0]
         assert result["status"] == "ok" and result["preflight"]["shared_filesystem"] is None
         assert result["sessions_pruned"] > 0 and result["backup"]["copied_by"] == "files"
 
@@ -135,9 +137,15 @@ def test_on_a_network_filesystem_only_what_is_safe(release, tmp_path, monkeypatc
     assert "nfs4" in shared_filesystem(db)
     assert [h["evidence"] for h in holders(db)] == ["filesystem"]
     before = full_rows(db)
-    options = {"hermes_home": [str(home)], "allow_unknown_schema": True, "vacuum_mode": "full", "vacuum_threshold": 0}
+    options = {
+        "prune_days": 7,
+        "hermes_home": [str(home)],
+        "allow_unknown_schema": True,
+        "vacuum_mode": "full",
+        "vacuum_threshold": 0,
+    }
     result = run_maintenance(options)["profiles"][0]
-    info = gather_info({"hermes_home": [str(home)]})["profiles"][0]
+    info = gather_info({"prune_days": 7, "hermes_home": [str(home)]})["profiles"][0]
     assert info["status"] == "ok" and info["holders"][0]["evidence"] == "filesystem"
     with pytest.raises(MaintenanceError, match="held open by processes on other hosts"):
         restore(plan_restore(str(home), "default"))

@@ -62,7 +62,7 @@ def state(home):
 def maintain(home, backup_dir, **extra):
     from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 
-    opts = {"hermes_home": [str(home)], "backup_dir": str(backup_dir), "batch_pause": 0}
+    opts = {"prune_days": 7, "hermes_home": [str(home)], "backup_dir": str(backup_dir), "batch_pause": 0}
     opts.update(extra)
     return run_maintenance(opts)["profiles"][0]
 

@@ -221,7 +221,7 @@ def test_full_run_beside_a_live_wal_writer_keeps_its_identity(home_022, tmp_path
     before = file_identity(db)
     with live_gateway(db, tmp_path) as writer:
         with_writer = identity_while_writing(db)
-        result = run_maintenance({"hermes_home": [home], "allow_unknown_schema": True})
+        result = run_maintenance({"prune_days": 7, "hermes_home": [home], "allow_unknown_schema": True})
         after = identity_after_more_writes(db)  # it keeps writing after the run, through the same handle
         summary = writer.stop()
     profile = result["profiles"][0]
@@ -248,7 +248,9 @@ def test_zombies_incremental_vacuum_and_checkpoints_beside_a_live_wal_writer(hom
     before = file_identity(db)
     with live_gateway(db, tmp_path) as writer:
         with_writer = identity_while_writing(db)
-        result = run_maintenance({"hermes_home": [home], "allow_unknown_schema": True, "zombie_days": 0.001})
+        result = run_maintenance(
+            {"prune_days": 7, "hermes_home": [home], "allow_unknown_schema": True, "zombie_days": 0.001}
+        )
         profile = result["profiles"][0]
         # Every kind of checkpoint from another connection, the writer still appending.
         conn = sqlite3.connect(db, timeout=10)
@@ -268,7 +270,7 @@ def test_zombies_incremental_vacuum_and_checkpoints_beside_a_live_wal_writer(hom
 
 def test_full_vacuum_waits_for_the_service_window(home_022, tmp_path):
     home, db = home_022
-    opts = {"hermes_home": [home], "allow_unknown_schema": True, "vacuum_mode": "full"}
+    opts = {"prune_days": 7, "hermes_home": [home], "allow_unknown_schema": True, "vacuum_mode": "full"}
     before = file_identity(db)
     with live_gateway(db, tmp_path) as writer:
         held = run_maintenance(opts)["profiles"][0]
@@ -313,7 +315,7 @@ def test_restored_file_keeps_its_stamp_and_a_restarted_gateway_writes(home_022, 
     home, db = home_022
     original = file_identity(db)
     with live_gateway(db, tmp_path) as writer:
-        run = run_maintenance({"hermes_home": [home], "allow_unknown_schema": True})["profiles"][0]
+        run = run_maintenance({"prune_days": 7, "hermes_home": [home], "allow_unknown_schema": True})["profiles"][0]
         summary = writer.stop()  # the gateway stopped for the restore
     assert run["status"] == "ok" and run["backup"]["path"]
     assert_writer_unharmed(writer, summary, db)
@@ -332,7 +334,7 @@ def test_forced_restore_under_a_running_gateway_stops_its_writes(home_022, tmp_p
     """The inode, not the stamp, is what tells a running 0.22.2 its file was swapped: the
     restored file carries the old stamp, and the handle still refuses to write into it."""
     home, db = home_022
-    run = run_maintenance({"hermes_home": [home], "allow_unknown_schema": True})["profiles"][0]
+    run = run_maintenance({"prune_days": 7, "hermes_home": [home], "allow_unknown_schema": True})["profiles"][0]
     assert run["status"] == "ok" and run["backup"]["path"]
     with live_gateway(db, tmp_path) as writer:
         time.sleep(0.3)

@@ -100,7 +100,7 @@ def test_a_prune_nobody_else_writes_to_runs_its_later_transactions_longer(tmp_pa
     monkeypatch.setattr(_hermes_apply, "IdlePacing", Watched)
     monkeypatch.setattr(_hermes_apply, "LockBudget", Budget)
     # one session per transaction (3 messages each), short pauses: a transaction per session
-    options = {"hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0.001, "backup": False}
+    options = {"prune_days": 7, "hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0.001, "backup": False}
     profile = run_maintenance(options)["profiles"][0]
     assert profile["status"] == "ok", profile["error"]
     assert profile["sessions_pruned"] == len(specs)
@@ -160,7 +160,7 @@ def test_a_writer_that_turns_up_after_a_quiet_while_gets_in_and_resets_the_pacin
     assert proc.stdout.readline().strip() == "ready"
     proc.stdin.write("go\n")
     proc.stdin.flush()
-    options = {"hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0.01, "backup": False}
+    options = {"prune_days": 7, "hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0.01, "backup": False}
     profile = run_maintenance(options)["profiles"][0]
     latencies = json.loads(proc.communicate(timeout=30)[0].splitlines()[-1])
     assert profile["status"] == "ok", profile["error"]

@@ -88,7 +88,7 @@ def home(tmp_path_factory):
     # what Hermes itself left beside its stores (a WAL file's -wal/-shm where it runs WAL, on
     # sid's SQLite), so the test can tell that our read added nothing
     SIDECARS_BEFORE[str(home)] = _sidecars(home)
-    info = gather_info({"hermes_home": [str(home)]})
+    info = gather_info({"prune_days": 7, "hermes_home": [str(home)]})
     return home, {p["name"]: p for p in info["profiles"]}
 
 

@@ -320,7 +320,7 @@ def test_an_affected_sqlite_never_checkpoints_a_wal_file_another_process_holds(t
     home = wal_home(tmp_path)
     db = home / "state.db"
     with holding(WAL_GATEWAY, db, tmp_path / "ready"):
-        result = run_maintenance({"hermes_home": [str(home)], "backup": False, "vacuum_mode": "full"})
+        result = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "backup": False, "vacuum_mode": "full"})
         frames, backfilled = shm_counts(db)  # after our connection closed, the gateway still open
         wal_bytes = os.path.getsize(str(db) + "-wal")
     profile = result["profiles"][0]
@@ -340,7 +340,7 @@ def test_without_checkpoints_the_work_stops_at_the_wal_budget_and_the_next_run_g
     monkeypatch.setattr(_hermes_reclaim, "WAL_BUDGET", budget)
     home = wal_home(tmp_path)
     db = home / "state.db"
-    opts = {"hermes_home": [str(home)], "backup": False, "batch_size": 40}
+    opts = {"prune_days": 7, "hermes_home": [str(home)], "backup": False, "batch_size": 40}
     with holding(WAL_GATEWAY, db, tmp_path / "ready"):
         first = run_maintenance(opts)["profiles"][0]
         frames, backfilled = shm_counts(db)
@@ -359,7 +359,7 @@ def test_without_checkpoints_the_work_stops_at_the_wal_budget_and_the_next_run_g
 
 def test_alone_on_the_file_the_engine_checkpoints_it_fully(tmp_path):
     home = wal_home(tmp_path)
-    result = run_maintenance({"hermes_home": [str(home)], "backup": False})
+    result = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "backup": False})
     profile = result["profiles"][0]
     assert profile["status"] == "ok" and profile["reclaim"]["checkpoint"] == "TRUNCATE"
     assert os.path.getsize(str(home / "state.db-wal")) == 0 if os.path.exists(str(home / "state.db-wal")) else True
@@ -383,8 +383,8 @@ def test_a_held_hermes_operation_lock_skips_that_profile_only(tmp_path, which, o
     before = full_rows(busy_db)
     holder = hold_hermes_lock(busy_db, which)
     try:
-        result = by_name(run_maintenance({"hermes_home": [str(tmp_path)], "backup": False}))
-        info = by_name(gather_info({"hermes_home": [str(tmp_path)]}))
+        result = by_name(run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)], "backup": False}))
+        info = by_name(gather_info({"prune_days": 7, "hermes_home": [str(tmp_path)]}))
     finally:
         holder.communicate("", timeout=30)
     lock_file = "%s.%s.lock" % (busy_db, which)
@@ -396,7 +396,7 @@ def test_a_held_hermes_operation_lock_skips_that_profile_only(tmp_path, which, o
     assert info["default"]["hermes_locks_held"] == []
     # The lock file stays on disk once Hermes is done with it: that blocks nothing.
     assert os.path.exists(lock_file)
-    again = by_name(run_maintenance({"hermes_home": [str(tmp_path)], "backup": False}))
+    again = by_name(run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)], "backup": False}))
     assert again["busy"]["status"] == "ok" and again["busy"]["sessions_pruned"] == 1
 
 
@@ -404,10 +404,10 @@ def test_lock_files_nobody_holds_block_nothing_and_none_are_created(tmp_path):
     db = build_home(str(tmp_path), "v30", SPECS)
     for suffix in (".repair.lock", ".quarantine.lock", ".fts_rebuild.lock"):
         Path(str(db) + suffix).write_text("")
-    result = by_name(run_maintenance({"hermes_home": [str(tmp_path)], "backup": False}))
+    result = by_name(run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)], "backup": False}))
     assert result["default"]["status"] == "ok" and result["default"]["sessions_pruned"] == 1
     fresh = build_home(str(tmp_path), "v30", SPECS, profile="fresh")
-    run_maintenance({"hermes_home": [str(tmp_path)], "profiles": ["fresh"], "backup": False})
+    run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)], "profiles": ["fresh"], "backup": False})
     made = sorted(p.name for p in fresh.parent.iterdir() if p.name.endswith(".lock"))
     assert made == ["state.db.auto-maintenance.lock"]  # ours, shared with Hermes; never Hermes's others
 
@@ -446,7 +446,7 @@ def test_a_litestream_replica_gets_row_work_only(tmp_path):
     db = home / "state.db"
     inode = os.stat(str(db)).st_ino
     with holding(LITESTREAM_RUNNING, db, tmp_path / "ready"):
-        result = run_maintenance({"hermes_home": [str(home)], "backup": False, "vacuum_mode": "full"})
+        result = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "backup": False, "vacuum_mode": "full"})
         frames, backfilled = shm_counts(db)
     profile = result["profiles"][0]
     assert profile["status"] == "ok" and profile["sessions_pruned"] == 30
@@ -462,13 +462,13 @@ def test_a_litestream_replica_gets_row_work_only(tmp_path):
         assert conn.execute("SELECT seq FROM _litestream_seq").fetchall() == [(1,)]  # its tables untouched
     finally:
         conn.close()
-    info = by_name(gather_info({"hermes_home": [str(home)]}))
+    info = by_name(gather_info({"prune_days": 7, "hermes_home": [str(home)]}))
     assert info["default"]["litestream"] == ["_litestream_lock", "_litestream_seq"]
 
 
 def test_a_litestream_replica_already_incremental_is_reclaimed_in_steps(tmp_path):
     home = replica_home(tmp_path, incremental=True)
-    result = run_maintenance({"hermes_home": [str(home)], "backup": False})
+    result = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "backup": False})
     reclaim = result["profiles"][0]["reclaim"]
     assert reclaim["action"] == "incremental" and reclaim["checkpoint"] is None
 
@@ -542,7 +542,7 @@ def test_our_run_skips_while_hermes_auto_maintenance_holds_the_lock_and_shows_it
         "model: x\nsessions:\n  auto_prune: false  # we schedule hermes_agent.ops\n  retention_days: 60\n"
         "  nested:\n    auto_prune: true\ndisplay:\n  auto_prune: true\n"
     )
-    opts = {"hermes_home": [str(home)], "backup": False, "allow_unknown_schema": True}
+    opts = {"prune_days": 7, "hermes_home": [str(home)], "backup": False, "allow_unknown_schema": True}
     hermes = subprocess.Popen(
         [hermes_python(RELEASE), "-c", HERMES_AUTO_MAINTENANCE, str(db)],
         stdin=subprocess.PIPE,

@@ -185,7 +185,7 @@ def test_short_reads_plan_and_count_like_one_read(base_db, tmp_path):
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         schema = inspect_schema(conn, home)
-        opts, now = normalize_options({"hermes_home": [home]}), time.time()
+        opts, now = normalize_options({"prune_days": 7, "hermes_home": [home]}), time.time()
         plans = [build_plan(conn, schema, opts, now, os.path.join(home, "sessions"), short) for short in (False, True)]
         counts = [stats(conn, db, short)["messages"] for short in (False, True)]
     finally:

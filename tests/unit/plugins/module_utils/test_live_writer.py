@@ -90,7 +90,7 @@ def live_run(base, tmp_path, incremental=False, writers=1, read_hold=None):
             w.start()
         time.sleep(0.5)
         t0 = time.time()
-        result = run_maintenance({"hermes_home": [home]})
+        result = run_maintenance({"prune_days": 7, "hermes_home": [home]})
         t1 = time.time()
         # The writers keep going after the run: same file, same handles, no error.
         time.sleep(1.5)

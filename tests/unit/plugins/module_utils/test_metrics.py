@@ -88,7 +88,12 @@ def _run(tmp_path, home, *extra, **options):
     metrics_dir.mkdir(exist_ok=True)
     cfg = tmp_path / "maintenance.json"
     cfg.write_text(
-        json.dumps(dict({"hermes_home": [str(home)], "syslog": False, "metrics_dir": str(metrics_dir)}, **options))
+        json.dumps(
+            dict(
+                {"prune_days": 7, "hermes_home": [str(home)], "syslog": False, "metrics_dir": str(metrics_dir)},
+                **options,
+            )
+        )
     )
     rc = runner.main(["--config", str(cfg), *extra])
     return rc, metrics_dir
@@ -231,7 +236,9 @@ def test_missing_metrics_dir_is_reported_and_the_run_still_succeeds(tmp_path, ho
     home, _expected = home
     cfg = tmp_path / "maintenance.json"
     missing = tmp_path / "no-such-dir"
-    cfg.write_text(json.dumps({"hermes_home": [str(home)], "syslog": False, "metrics_dir": str(missing)}))
+    cfg.write_text(
+        json.dumps({"prune_days": 7, "hermes_home": [str(home)], "syslog": False, "metrics_dir": str(missing)})
+    )
     assert runner.main(["--config", str(cfg)]) == 0
     err = capsys.readouterr().err
     assert f"cannot write metrics to {missing}" in err and "does not exist" in err

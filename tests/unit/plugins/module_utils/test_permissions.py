@@ -89,7 +89,9 @@ def test_root_run_creates_only_owner_files_with_private_modes(parent, monkeypatc
 
     monkeypatch.setattr(_hermes_engine, "prune", prune_and_look)
     try:
-        result = run_maintenance({"hermes_home": [str(home)], "vacuum_mode": "full", "backup_compress": False})
+        result = run_maintenance(
+            {"prune_days": 7, "hermes_home": [str(home)], "vacuum_mode": "full", "backup_compress": False}
+        )
         looks = [json.loads((seen_dir / n).read_text()) for n in os.listdir(str(seen_dir))]
     finally:
         subprocess.run(["rm", "-rf", str(seen_dir)], check=False)
@@ -126,7 +128,7 @@ def test_two_users_never_write_each_others_files(parent):
         os.chmod(str(path), 0o711)
     os.chmod(str(visitor / "state.db"), 0o600)
     visitor_before = digest(visitor / "state.db")
-    result = run_maintenance({"hermes_home": [str(home1), str(home2)]})
+    result = run_maintenance({"prune_days": 7, "hermes_home": [str(home1), str(home2)]})
     by = {(p["home"], p["name"]): p for p in result["profiles"]}
     assert by[(str(home1), "default")]["status"] == "ok" and by[(str(home2), "default")]["status"] == "ok"
     refused = by[(str(home1), "visitor")]
@@ -148,7 +150,7 @@ def test_backup_dir_of_another_user_refused(parent):
     theirs.mkdir(mode=0o700)
     os.chown(str(theirs), other_uid, other_gid)
     before = digest(home / "state.db")
-    result = run_maintenance({"hermes_home": [str(home)], "backup_dir": str(theirs)})
+    result = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "backup_dir": str(theirs)})
     for profile in result["profiles"]:
         assert profile["status"] == "failed"
         assert "backup directory %s is owned by uid %d" % (theirs, other_uid) in profile["error"]
@@ -162,7 +164,10 @@ def test_unreadable_state_db_named_others_maintained(parent):
     os.chmod(str(locked), 0o000)
     before = digest(locked)
     for check in (True, False):
-        by = {p["name"]: p for p in run_maintenance({"hermes_home": [str(home)]}, check_mode=check)["profiles"]}
+        by = {
+            p["name"]: p
+            for p in run_maintenance({"prune_days": 7, "hermes_home": [str(home)]}, check_mode=check)["profiles"]
+        }
         assert by["locked"]["status"] == "failed"
         assert str(locked) in by["locked"]["error"] and "permission denied" in by["locked"]["error"]
         assert by["default"]["status"] == "ok" and by["default"]["sessions_pruned"] == 1
@@ -220,7 +225,7 @@ def _runner(config, *args, user=None, python=sys.executable, code_root=COLLECTIO
 def test_runner_refuses_root_on_a_foreign_home_unless_told(parent):
     home, uid, gid = make_user_home(parent, "hermes-ops-t1")
     config = parent / "maintenance.json"
-    config.write_text(json.dumps({"hermes_home": [str(home)], "syslog": False}))
+    config.write_text(json.dumps({"prune_days": 7, "hermes_home": [str(home)], "syslog": False}))
     os.chmod(str(config), 0o644)
     before = digest(home / "state.db")
     refused = _runner(config)

@@ -48,7 +48,7 @@ def live_holder(db):
 
 def maintain(home, **options):
     options.setdefault("batch_pause", 0)
-    return run_maintenance(dict(hermes_home=[home], **options))["profiles"][0]
+    return run_maintenance(dict(prune_days=7, hermes_home=[home], **options))["profiles"][0]
 
 
 def test_auto_runs_a_full_vacuum_in_place_when_nobody_holds_the_file(home):

@@ -106,7 +106,7 @@ def test_release_resumes_and_appends_after_maintenance(layout, tmp_path):
     home = tmp_path / "home"
     specs, expected = standard_scenario(layout)
     db = build_home(str(home), layout, specs)
-    first = run_maintenance({"hermes_home": [str(home)]})["profiles"][0]
+    first = run_maintenance({"prune_days": 7, "hermes_home": [str(home)]})["profiles"][0]
     assert first["status"] == "ok", first["error"]
     assert first["sessions_pruned"] == len(expected["pruned"])
     assert db_problems(db) == []
@@ -149,7 +149,7 @@ def test_release_resumes_and_appends_after_maintenance(layout, tmp_path):
     assert len(seen["created"]) == (3 if plan["delegate"] else 2)
 
     # A second maintenance run: the fresh work is recent, nothing of it goes.
-    second = run_maintenance({"hermes_home": [str(home)]})["profiles"][0]
+    second = run_maintenance({"prune_days": 7, "hermes_home": [str(home)]})["profiles"][0]
     assert second["status"] == "ok", second["error"]
     assert second["zombies_closed"] == 0
     left = left_ids(db)

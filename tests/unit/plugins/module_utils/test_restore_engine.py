@@ -36,7 +36,7 @@ def ids(db):
 def home(tmp_path):
     """A home whose backup has 'old' and 'new' and whose state.db, after the prune, only 'new'."""
     build_home(str(tmp_path), "v30", SPECS)
-    result = run_maintenance({"hermes_home": [str(tmp_path)]})["profiles"][0]
+    result = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)]})["profiles"][0]
     assert result["sessions_pruned"] == 1 and result["backup"]
     return tmp_path
 
@@ -224,7 +224,7 @@ def test_sigkill_during_restore_never_leaves_less_than_before(tmp_path):
     base = int(os.environ.get("HERMES_CRASH_SEED") or random.SystemRandom().randrange(10**6))
     template = tmp_path / "template"
     make_big_home(str(template), "v30", 1500, 6, seed=2)  # a few MB: the copy takes a while
-    run_maintenance({"hermes_home": [str(template)], "batch_pause": 0})
+    run_maintenance({"prune_days": 7, "hermes_home": [str(template)], "batch_pause": 0})
     (backup,) = [str(template / "backups" / n) for n in os.listdir(str(template / "backups"))]
     backup_ids = ids(backup)
     report = []

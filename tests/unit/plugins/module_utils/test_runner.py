@@ -138,7 +138,7 @@ def test_failed_profile_exit_1_others_maintained(tmp_path, home, capsys):
         ({"zombiedays": 3}, "unknown key 'zombiedays'"),
         ({"zombie_days": "three"}, "key 'zombie_days' must be a number"),
         ({"backup": "yes"}, "key 'backup' must be true/false"),
-        ({"hermes_home": [1]}, "key 'hermes_home' must be a list"),
+        ({"prune_days": 7, "hermes_home": [1]}, "key 'hermes_home' must be a list"),
         ({"log_keep": 0}, "key 'log_keep' must be at least 1"),
         ({"zombie_days": 30, "prune_days": 7}, "zombie_days"),  # refused by the engine
         ([1, 2], "expected a JSON object"),

@@ -61,7 +61,7 @@ def scenario(request, tmp_path_factory):
 def test_check_mode_predicts_and_writes_nothing(scenario):
     layout, home, db, specs, expected = scenario
     before_files, before_digest = listing(home), digest(db)
-    result = run_maintenance({"hermes_home": [home]}, check_mode=True)
+    result = run_maintenance({"prune_days": 7, "hermes_home": [home]}, check_mode=True)
     profile = result["profiles"][0]
     assert profile["status"] == "ok", profile["error"]
     assert result["changed"] is True
@@ -79,11 +79,11 @@ def test_check_mode_predicts_and_writes_nothing(scenario):
 
 def test_real_run_does_what_check_mode_said(scenario):
     layout, home, db, specs, expected = scenario
-    predicted = run_maintenance({"hermes_home": [home]}, check_mode=True)["profiles"][0]
+    predicted = run_maintenance({"prune_days": 7, "hermes_home": [home]}, check_mode=True)["profiles"][0]
     pre_rows = rows(db, "SELECT id, started_at FROM sessions")
     inode = os.stat(db).st_ino
     identity = file_identity(db)
-    result = run_maintenance({"hermes_home": [home]})
+    result = run_maintenance({"prune_days": 7, "hermes_home": [home]})
     profile = result["profiles"][0]
     assert profile["status"] == "ok", profile["error"]
     assert {k: profile[k] for k in COUNTS} == {k: predicted[k] for k in COUNTS}
@@ -121,15 +121,15 @@ def test_real_run_does_what_check_mode_said(scenario):
     assert stat.S_IMODE(os.stat(os.path.dirname(backup["path"])).st_mode) == 0o700
     assert sorted(rows(backup["path"], "SELECT id, started_at FROM sessions")) == sorted(pre_rows)
 
-    again = run_maintenance({"hermes_home": [home]})
+    again = run_maintenance({"prune_days": 7, "hermes_home": [home]})
     assert again["changed"] is False, again["profiles"][0]
-    assert run_maintenance({"hermes_home": [home]}, check_mode=True)["changed"] is False
+    assert run_maintenance({"prune_days": 7, "hermes_home": [home]}, check_mode=True)["changed"] is False
 
 
 @pytest.mark.releases
 def test_release_still_reads_the_file(scenario, tmp_path):
     layout, home, db, specs, expected = scenario
-    run_maintenance({"hermes_home": [home]})
+    run_maintenance({"prune_days": 7, "hermes_home": [home]})
     release = release_for(layout)
     if not layout_available(release):
         pytest.skip(missing_venv_message(release))
@@ -165,7 +165,7 @@ def test_vacuum_keeps_a_rollback_journal_file_as_hermes_made_it(layout, tmp_path
     if identity[0] != [("delete",)]:  # a fixed SQLite: test_identity_guards.py covers the WAL file
         pytest.skip("on SQLite %s %s runs %s, not a rollback journal" % (sqlite3.sqlite_version, layout, identity[0]))
 
-    full = run_maintenance({"hermes_home": [home], "vacuum_mode": "full"})["profiles"][0]
+    full = run_maintenance({"prune_days": 7, "hermes_home": [home], "vacuum_mode": "full"})["profiles"][0]
     assert full["status"] == "ok", full["error"]
     assert full["reclaim"]["action"] == "full"
     assert rows(db, "PRAGMA auto_vacuum") == [(2,)]  # left in incremental mode for live runs

@@ -37,7 +37,9 @@ def archived(tmp_path):
     writer = WriterProcess(hermes_python(RELEASE), db, str(tmp_path / "writer.jsonl"), prefix="lock-gw")
     writer.start()
     try:
-        profile = run_maintenance({"hermes_home": [str(home)], "allow_unknown_schema": True})["profiles"][0]
+        profile = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "allow_unknown_schema": True})[
+            "profiles"
+        ][0]
     finally:
         assert writer.stop()["failed"] == 0
     assert profile["backup"]["kind"] == "archive" and profile["sessions_pruned"] == 10, profile

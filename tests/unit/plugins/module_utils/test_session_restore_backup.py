@@ -99,6 +99,7 @@ def pruned(request, tmp_path_factory):
     assert mode in RELEASES[release]["modes"], mode
     before = {r[0] for r in query(db, "SELECT id FROM sessions")}
     options = {
+        "prune_days": 7,
         "hermes_home": [str(home)],
         "allow_unknown_schema": True,
         "backup_compress": RELEASES[release]["compress"],

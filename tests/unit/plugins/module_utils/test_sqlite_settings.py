@@ -34,7 +34,13 @@ def test_maintenance_connection_settings(release, tmp_path):
         assert conn.execute("PRAGMA mmap_size").fetchone()[0] == 0
     finally:
         conn.close()
-    options = {"hermes_home": [str(home)], "allow_unknown_schema": True, "vacuum_mode": "full", "vacuum_threshold": 0}
+    options = {
+        "prune_days": 7,
+        "hermes_home": [str(home)],
+        "allow_unknown_schema": True,
+        "vacuum_mode": "full",
+        "vacuum_threshold": 0,
+    }
     result = run_maintenance(options)["profiles"][0]
     assert result["status"] == "ok" and result["sessions_pruned"] > 0, result["error"]
     assert result["reclaim"]["action"] == "full"

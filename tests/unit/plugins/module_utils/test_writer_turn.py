@@ -249,7 +249,7 @@ def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried(tmp_path, 
 
     monkeypatch.setattr(_hermes_apply.LockBudget, "interrupt", interrupt)
     # every session fits the bound on its own
-    options = {"hermes_home": [str(tmp_path)], "batch_size": 1000, "batch_time": 0.06, "backup": False}
+    options = {"prune_days": 7, "hermes_home": [str(tmp_path)], "batch_size": 1000, "batch_time": 0.06, "backup": False}
     profile = run_maintenance(options)["profiles"][0]
     assert profile["status"] == "ok", profile["error"]
     assert profile["sessions_pruned"] == 10 and profile["messages_pruned"] == 30
@@ -282,7 +282,7 @@ def test_a_rollback_prune_keeps_its_journal_between_transactions_and_leaves_none
         return out
 
     monkeypatch.setattr(_hermes_apply, "_prune_batch", watched)
-    options = {"hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0, "backup": False}
+    options = {"prune_days": 7, "hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0, "backup": False}
     profile = run_maintenance(options)["profiles"][0]
     assert profile["status"] == "ok", profile["error"]
     assert profile["sessions_pruned"] == 4 and between == [True] * 4  # a transaction per session
