@@ -110,7 +110,7 @@ def build(path, root):
     home = os.path.join(root, "home")
     now = time.time()
     db = build_home(home, "v30", standard_scenario("v30")[0], now=now)
-    options = {"hermes_home": [home], "batch_size": 4, "batch_pause": 0.0, "backup_compress": False}
+    options = {"hermes_home": [home], "prune_days": 7, "batch_size": 4, "batch_pause": 0.0, "backup_compress": False}
     job = {"home": home, "kind": "maintenance", "options": options}
     if path == "prune-wal-frames":  # a first run: no backup directory yet
         _wal_with_frames(db)

