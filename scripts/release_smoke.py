@@ -197,7 +197,12 @@ def main():
             "ANSIBLE_RETRY_FILES_ENABLED": "0",
         }
     )
-    extra = {"hermes_maintenance_homes": [str(home)], "hermes_maintenance_become": False}
+    # the scenario's home is laid out for the seed script's 7 days (the role's default keeps 90)
+    extra = {
+        "hermes_maintenance_homes": [str(home)],
+        "hermes_maintenance_become": False,
+        "hermes_maintenance_prune_days": 7,
+    }
     (OUT / "smoke-vars.json").write_text(json.dumps(extra), encoding="utf-8")
     proc = run(
         [

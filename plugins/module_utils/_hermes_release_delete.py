@@ -160,7 +160,7 @@ class ReleaseDeleter:
 
     def _answer(self):
         # One line per request, so nothing waits in the reader's buffer while select() looks.
-        ready, _, _ = select.select([self.proc.stdout], [], [], ANSWER_TIMEOUT)
+        ready = select.select([self.proc.stdout], [], [], ANSWER_TIMEOUT)[0]
         line = self.proc.stdout.readline() if ready else ""
         if not line:
             self.proc.kill()

@@ -58,7 +58,7 @@ def record(script, args, root, trace_path, env=None, cwd=None):
         "strace", "-f", "-qq", "-s", str(1 << 28), "-xx", "-e", "trace=" + SYSCALLS, "-e", "signal=none",
         "-o", trace_path, sys.executable, "-c", script,
     ] + list(args)  # fmt: skip
-    return subprocess.run(command, env=env, cwd=cwd or root, capture_output=True, text=True, timeout=600)
+    return subprocess.run(command, env=env, cwd=cwd or root, capture_output=True, text=True, timeout=600, check=False)
 
 
 def _split_args(text):

@@ -301,7 +301,7 @@ def _killed_at(db, step, schema, plan):
             prune(conn, plan, schema, batch_size=100, pause=0, result=PruneResult())
         finally:
             os._exit(0)
-    _, status = os.waitpid(pid, 0)
+    status = os.waitpid(pid, 0)[1]
     return os.WIFSIGNALED(status)
 
 
