@@ -14,7 +14,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import collection_paths  # noqa: E402, F401  # pylint: disable=unused-import  (puts the collection on sys.path)
+# imported for its side effect: it puts the collection on sys.path
+import collection_paths  # noqa: E402, F401  # pylint: disable=unused-import
 import crash_states  # noqa: E402
 import powerloss_paths  # noqa: E402
 
