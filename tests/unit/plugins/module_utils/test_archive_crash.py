@@ -84,7 +84,7 @@ BIG_MESSAGES = ARCHIVE_CHUNK * 2 + 137  # read in three ranges, deleted in slice
 # batch_time 0: transactions end by batch_size alone, so the steps of a run are the same on a
 # busy machine as on an idle one (a time bound ends them earlier when the machine is slow, and
 # step N of the reference run would then be another step, or none, in the trial).
-OPTIONS = {"allow_unknown_schema": True, "batch_size": 300, "batch_pause": 0.002, "batch_time": 0}
+OPTIONS = {"allow_unknown_schema": True, "prune_days": 7, "batch_size": 300, "batch_pause": 0.002, "batch_time": 0}
 NOT_KILLED = "the child was not killed (rc 0)"
 ALL_POINTS = os.environ.get("HERMES_ARCHIVE_KILL_POINTS") == "all"
 EVERY = 1 if ALL_POINTS else 10  # of the prune's steps
