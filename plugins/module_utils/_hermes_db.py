@@ -709,7 +709,10 @@ def commits_durable(db_path):
     because its row is gone): synchronous=FULL would pay one at every commit."""
     for path in (db_path + "-wal", db_path):
         try:
-            fsync_path(path)
+            # db_file_fd: SQLite's own descriptor where our connection has the file open (closing
+            # another descriptor of it would drop the locks SQLite holds through its own).
+            with db_file_fd(path) as fd:
+                os.fsync(fd)
         except FileNotFoundError:
             continue
     fsync_path(os.path.dirname(os.path.abspath(db_path)))
