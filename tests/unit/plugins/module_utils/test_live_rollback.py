@@ -39,7 +39,8 @@ SIZE = (1200, 100) if FULL else (400, 100)  # (sessions, messages each); half of
 OLD_ZOMBIES = 20
 RECENT_ZOMBIES = 10
 STALL_LIMIT = 3.0  # a safety net only: the 250 ms target is measured by bench/run.py
-OPTIONS = {"allow_unknown_schema": True, "prune_days": 7}  # the seed's 7 days its homes are laid out for; schema 31 is newer than what some branches know
+# The seed's 7 days its homes are laid out for; schema 31 is newer than what some branches know.
+OPTIONS = {"allow_unknown_schema": True, "prune_days": 7}
 
 pytestmark = release_module_marks(RELEASE)
 
