@@ -34,12 +34,9 @@ ENGINE, HERMES = "engine", "hermes"
 NEWEST_KNOWN = (0, 22, 2)
 ANSWER_TIMEOUT = 300
 
-# Runs under the release's interpreter: argv = state.db. First line out: who it is. Then one JSON
-# list of session ids per line in, one JSON answer per line out. Each request is one transaction
-# of the release's bulk delete (delete_sessions) where it has one, else one delete_session.
-_SERVER = r"""
-import json, sqlite3, sys, time
-from pathlib import Path
+# Runs under the release's interpreter: which Hermes it is (its package's metadata, a release or a
+# git install's pyproject version, else hermes_cli's __version__); both scripts below start with it.
+_FIND_RELEASE = r"""
 release, version = None, None
 try:
     from importlib import metadata
@@ -57,6 +54,16 @@ if version is None:
         release = "hermes_cli %s" % version
     except Exception:
         pass
+"""
+
+# Runs under the release's interpreter: argv = state.db. First line out: who it is. Then one JSON
+# list of session ids per line in, one JSON answer per line out. Each request is one transaction
+# of the release's bulk delete (delete_sessions) where it has one, else one delete_session.
+_SERVER = (
+    _FIND_RELEASE
+    + r"""
+import json, sqlite3, sys, time
+from pathlib import Path
 import hermes_state
 db = hermes_state.SessionDB(db_path=Path(sys.argv[1]))
 bulk = hasattr(db, "delete_sessions")
@@ -101,6 +108,7 @@ for line in sys.stdin:
 look.close()
 db.close()
 """
+)
 
 
 def _check_python(python, what):
@@ -326,24 +334,13 @@ def release_prune_on_copy(conn, plan, schema, python, *, batch_size, batch_time,
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-_VERSION = r"""
+_VERSION = (
+    _FIND_RELEASE
+    + r"""
 import json
-release, version = None, None
-try:
-    from importlib import metadata
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"] or ""
-        if name.lower().startswith("hermes-agent") or name.lower() == "hermes_agent":
-            release, version = "%s %s" % (name, dist.version), dist.version
-            break
-except Exception:
-    pass
-if version is None:
-    import hermes_cli
-    version = str(hermes_cli.__version__)
-    release = "hermes_cli %s" % version
 print(json.dumps({"release": release, "version": version}))
 """
+)
 
 
 def installed_version(python):
