@@ -262,6 +262,7 @@ DELETING_OPTIONS = (
     "backup_keep_days",
     "backup_keep_count",
     "file_retention",
+    "tool_payload_days",
 )
 
 
