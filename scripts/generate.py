@@ -262,7 +262,6 @@ DELETING_OPTIONS = (
     "backup_keep_days",
     "backup_keep_count",
     "file_retention",
-    "tool_payload_days",
 )
 
 

@@ -180,9 +180,10 @@ OPTIONS = (
     )),
     Option("tool_payload_days", "float", minimum=0, unset="no tool output is elided", doc=(
         "In the sessions the prune keeps, replace the content of C(role=tool) messages older than this many days "
-        "with a short tombstone saying what was there (C([elided: tool output older than 30d - retention policy] "
-        "48213 bytes of terminal output from 2026-08-01)), the tombstone Hermes's own proposed tool-payload retention "
-        "writes, followed by size, tool and day. Off by default.",
+        "with a short tombstone saying what was there. Off by default.",
+        "The tombstone is the one Hermes's own proposed tool-payload retention writes (C([elided) C(tool output older "
+        "than 30d - retention policy])), followed by size, tool and day (C(48213 bytes of terminal output from "
+        "2026-08-01)), so a Hermes with that retention reads it as its own.",
         "Tool output (web extracts, terminal dumps, browser trees) and its two full-text indexes are most of a "
         "long-lived C(state.db); the conversation stays. Sessions a rule keeps (pinned, a live lease, the runtime "
         "ledger's fence) are not touched, nor anything when the file holds objects this collection does not know.",

@@ -112,7 +112,8 @@ def _rows(db):
         return {
             r[0]: r[1:]
             for r in conn.execute(
-                "SELECT id, session_id, role, typeof(content), CAST(content AS BLOB), tool_name, timestamp FROM messages"
+                "SELECT id, session_id, role, typeof(content), CAST(content AS BLOB), tool_name, timestamp "
+                "FROM messages"
             )
         }
     finally:
