@@ -401,7 +401,7 @@ def _payload_refusal(schema, unknown, broken_fts):
     messages, so not where the catalogue holds objects we do not know, nor where an FTS index's
     tokenizer is missing from this SQLite."""
     if unknown:
-        return "%s: no tool payload is elided" % refusal(unknown)
+        return refusal(unknown)
     if broken_fts:
         return "%s; this SQLite %s cannot run Hermes's update triggers" % (
             "; ".join(broken_fts),

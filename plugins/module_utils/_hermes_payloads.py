@@ -107,6 +107,36 @@ class PayloadPlan:
         }
 
 
+# Hermes's own triggers that an UPDATE of messages.content fires (0.20+; older layouts have only
+# the FTS pair): they keep the full-text indexes and the display bookkeeping in step.
+KNOWN_UPDATE_TRIGGERS = ("messages_fts_update", "messages_fts_trigram_update", "messages_display_identity_update")
+_UPDATE_HEAD = re.compile(
+    r"\bUPDATE\s+(?:OF\s+(?P<columns>[^;]*?)\s+)?ON\s+[\"`\[]?messages[\"`\]]?\s", re.IGNORECASE | re.DOTALL
+)
+_TRIGGER_EVENT = re.compile(r"\b(?:BEFORE|AFTER|INSTEAD\s+OF)\s+(INSERT|DELETE|UPDATE)\b", re.IGNORECASE)
+
+
+def unknown_content_triggers(conn):
+    """Triggers on messages that an UPDATE of its content fires and the collection does not know:
+    the catalogue's rules cover the prune's writes (DELETE), the elision writes an UPDATE."""
+    found = []
+    rows = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'messages'")
+    for name, sql in rows:
+        if name in KNOWN_UPDATE_TRIGGERS:
+            continue
+        event = _TRIGGER_EVENT.search(sql or "")
+        if event and event.group(1).upper() != "UPDATE":
+            continue
+        head = _UPDATE_HEAD.search(sql or "")
+        columns = head.group("columns") if head else None
+        if head and columns is not None:
+            names = {c.strip().strip('"`[]').lower() for c in columns.split(",")}
+            if "content" not in names:
+                continue
+        found.append(name)
+    return sorted(found)
+
+
 def plan_payloads(conn, schema, plan, days, now, refusal=None):
     """The tool bodies to elide in one profile (reads only, in statements of ID_WINDOW ids each).
 
@@ -117,10 +147,15 @@ def plan_payloads(conn, schema, plan, days, now, refusal=None):
     if days is None:
         return None
     payloads = PayloadPlan(float(days), now - float(days) * DAY)
-    if refusal:
-        payloads.skipped_reason = refusal
-        return payloads
     if "messages" not in schema["tables"]:
+        return payloads
+    unknown = unknown_content_triggers(conn)
+    if unknown and not refusal:
+        refusal = "trigger(s) %s on messages (unknown to this collection) fire on an update of its content" % (
+            ", ".join(unknown)
+        )
+    if refusal:
+        payloads.skipped_reason = refusal + ": no tool payload is elided"
         return payloads
     cols = {r[1] for r in conn.execute("SELECT * FROM pragma_table_info('messages')")}
     if not {"role", "content", "timestamp", "session_id"} <= cols:

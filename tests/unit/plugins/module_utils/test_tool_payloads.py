@@ -232,3 +232,19 @@ def test_nothing_is_elided_without_the_option_or_in_protected_sessions(home):
     pruned = run_maintenance(_opts(home, prune_days=90), check_mode=True)["profiles"][0]
     assert pruned["sessions_pruned"] == len(OLD_SESSIONS)
     assert pruned["tool_payloads"]["elided"] == 0
+
+
+def test_an_object_the_collection_does_not_know_stops_every_elision(home):
+    db = home / "state.db"
+    conn = sqlite3.connect(str(db))
+    conn.execute(
+        "CREATE TRIGGER site_audit AFTER UPDATE OF content ON messages BEGIN "
+        "UPDATE sessions SET title = title WHERE id = new.session_id; END"
+    )
+    conn.close()
+    original = _rows(db)
+    predicted = run_maintenance(_opts(home), check_mode=True)["profiles"][0]["tool_payloads"]
+    assert predicted["elided"] == 0 and "site_audit" in predicted["skipped_reason"], predicted
+    done = run_maintenance(_opts(home))["profiles"][0]["tool_payloads"]
+    assert done["elided"] == 0 and done["archive"] is None and done["skipped_reason"] == predicted["skipped_reason"]
+    assert _rows(db) == original
