@@ -46,7 +46,14 @@ from ._hermes_hazards import (
 from ._hermes_inspect import check_version, inspect_schema, quick_check, quick_check_small_tables, stats, unusable_fts
 from ._hermes_inventory import inventory, session_ids
 from ._hermes_options import BY_NAME, OPTIONS, check_option, defaults
-from ._hermes_payloads import PAYLOAD_PREFIX, ElideResult, elide, plan_payloads, take_payload_archive
+from ._hermes_payloads import (
+    PAYLOAD_PREFIX,
+    ElideResult,
+    elide,
+    fts_optimize,
+    plan_payloads,
+    take_payload_archive,
+)
 from ._hermes_plan import DAY, build_plan
 from ._hermes_reclaim import reclaim, wal_budget
 from ._hermes_release import release_prune_set
@@ -429,16 +436,24 @@ def _elide_payloads(result, conn, plan, schema, opts, *, db_path, backup_dir, na
     report["archive"] = take_payload_archive(conn, db_path, backup_dir, name, payloads, schema["schema_version"])
     result["changed"] = True
     done = ElideResult()
+    wait = turn_after_commit(conn, float(opts["batch_pause"]))
     try:
         elide(
             conn, schema, report["archive"], batch_size=int(opts["batch_size"]), batch_time=float(opts["batch_time"]),
-            wait=turn_after_commit(conn, float(opts["batch_pause"])), stop=stop, result=done,
+            wait=wait, stop=stop, result=done,
         )  # fmt: skip
     finally:  # also when a later transaction failed: report what was committed
         report.update(
             elided=done.elided, bytes=done.bytes, bytes_after=done.bytes_after, sessions=len(done.sessions),
             left_alone=done.left_alone, stopped_early=done.stopped,
         )  # fmt: skip
+    if done.elided and holders(db_path):
+        # Beside a live 0.22.2 gateway FTS5's incremental optimize left our connection unable to open
+        # the index ("vtable constructor failed") in the collection's test: it waits for a run without
+        # a holder (the service window), and the reclaim's ordinary merge does what it can meanwhile.
+        report["fts_optimize_steps"], report["fts_optimize_stopped"] = 0, ["the file is held by another process"]
+    elif done.elided:
+        report["fts_optimize_steps"], report["fts_optimize_stopped"] = fts_optimize(conn, schema["fts"], wait, stop)
 
 
 def _drop_deletes(plan):
