@@ -178,6 +178,20 @@ OPTIONS = (
         "Seconds to pause between transactions, so that a live gateway's writes get the lock.",
         "A waiting writer polls the lock every 25 ms or more, so a pause shorter than that can starve it.",
     )),
+    Option("tool_payload_days", "float", minimum=0, unset="no tool output is elided", doc=(
+        "In the sessions the prune keeps, replace the content of C(role=tool) messages older than this many days "
+        "with a short tombstone saying what was there. Off by default.",
+        "The tombstone is the one Hermes's own proposed tool-payload retention writes (C([elided) C(tool output older "
+        "than 30d - retention policy])), followed by size, tool and day (C(48213 bytes of terminal output from "
+        "2026-08-01)), so a Hermes with that retention reads it as its own.",
+        "Tool output (web extracts, terminal dumps, browser trees) and its two full-text indexes are most of a "
+        "long-lived C(state.db); the conversation stays. Sessions a rule keeps (pinned, a live lease, the runtime "
+        "ledger's fence) are not touched, nor anything when the file holds objects this collection does not know.",
+        "The original bytes go first to an owner-only C(hermes-ops-payloads_<profile>_<time>.db) in the backup "
+        "directory, fsynced before the first change; M(hermes_agent.ops.session_restore) with C(tool_payloads=true) "
+        "puts them back. Paced like the prune; Hermes's own triggers keep both full-text indexes in step. A second "
+        "run elides nothing; check mode gives the exact count and bytes (C(tool_payloads) of each profile).",
+    )),
     Option("file_retention", "dict", unset="no file of the home is removed but transcripts of pruned sessions", doc=(
         "Remove some of the other files of each profile's home, by kind (the kinds of state_db_info's C(home_files)). "
         "Off by default; a mapping of kind to a rule, as follows.",

@@ -21,6 +21,8 @@ COMPRESSION = "compression"
 # Hermes's orphan sweep closes a dead process's sessions with this reason and ends them at the
 # sweep, so they stay resumable for a whole retention window; its prune ages them from ended_at.
 ORPHAN_REAP = "startup_orphan_reap"
+# Why a routed session stays: the only reason kept that still lets old tool payloads be elided.
+ROUTED = "the gateway's routing index names it (a chat resumes it)"
 
 
 def is_sane(value, now):
@@ -58,6 +60,8 @@ class Plan:
         self.sources = {}  # session id -> source, for every session in delete_order
         self.cutoffs = {}  # session id -> its own cutoff where it is not prune_cutoff (the apply re-checks by it)
         self.kept = []  # {"session", "reason"}: sessions old enough to go, kept for a reason
+        self.protected = {}  # session id -> why no rule may touch it whatever its age (see _reasons_kept)
+        self.payloads = None  # _hermes_payloads.PayloadPlan when tool_payload_days is set
 
     @property
     def messages_pruned(self):
@@ -69,7 +73,7 @@ class Plan:
 
     @property
     def has_changes(self):
-        return bool(self.zombies or self.delete_order)
+        return bool(self.zombies or self.delete_order or (self.payloads and self.payloads.items))
 
 
 def live_leases(conn, schema, now):
@@ -248,6 +252,7 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
     for s in _continuations([s for s in sessions.values() if s.pinned or s.id in leased], children):
         why.setdefault(s, "continues a pinned or leased session")
     protected |= set(why)
+    plan.protected = dict(why, **{s.id: "its times are not unix seconds" for s in sessions.values() if s.bad})
     delegated_by = {kid.id: parent for parent, kids in delegates.items() for kid in kids}
     zombie_sources = set(options["zombie_sources"])
     zombies = set()
@@ -317,7 +322,7 @@ def _reasons_kept(conn, schema, sessions, leased):
             why[s.id] = "Hermes holds a live lease on it"
     if not fenced:  # with the runtime ledger the deletion fence removes a deleted session's routes
         for sid in routed_sessions(conn, schema):
-            why.setdefault(sid, "the gateway's routing index names it (a chat resumes it)")
+            why.setdefault(sid, ROUTED)
     if fenced:
         for sid, reason in fence_reasons(conn, schema["tables"]).items():
             why.setdefault(sid, reason)

@@ -178,6 +178,16 @@ PROFILE_FIELDS = (
         "V(kind), V(path), V(files) (relative to the profile's home), V(bytes) and V(why); V(bytes), their total; "
         "V(skipped) (kind to why it was left alone, such as Hermes's backup running) and V(errors).",
     )),
+    Field("tool_payloads", "dict", initial=None, doc=(
+        "Null without O(tool_payload_days). Else V(days); V(elided), the tool messages whose content became a "
+        "tombstone (in check mode, exactly those that will); V(bytes), their original content bytes, and "
+        "V(bytes_after), their tombstones'; V(sessions), how many sessions they are in; V(archive), the owner-only "
+        "file holding the original bytes (M(hermes_agent.ops.session_restore) with C(tool_payloads=true) puts them "
+        "back); V(skipped_reason), why nothing was elided (objects this collection does not know, an FTS index "
+        "this SQLite cannot update); after a real run V(left_alone) (changed or protected since the plan), "
+        "V(stopped_early), V(fts_optimize_steps) (FTS5's incremental optimize after the elision, run when no "
+        "other process holds the file) and V(fts_optimize_stopped) (why it was not run or not finished).",
+    )),
     Field("stores", "dict", initial=None, doc=(
         "Null without O(reclaim_stores). Else each other SQLite store found, by kind, with V(path), V(bytes), "
         "V(free_pages), V(action) (V(full), V(incremental) or null), V(skipped_reason) and, after a real VACUUM, "

@@ -61,6 +61,7 @@ from ._hermes_db import (
     free_bytes,
     fsync_path,
     is_wal_file,
+    open_rw,
     refuse_wal_on_shared_filesystem,
     sqlite_uri,
 )
@@ -68,6 +69,13 @@ from ._hermes_engine import LOCK_SUFFIX, ProfileLock, backups_of, profile_path, 
 from ._hermes_fence import RETIRED_PREFIX, retired
 from ._hermes_hazards import refuse_during_hermes_operation
 from ._hermes_inspect import REQUIRED_COLUMNS, columns, quick_check_rows
+from ._hermes_payloads import (
+    PAYLOAD_PREFIX,
+    is_payload_archive_name,
+    list_payload_archives,
+    plan_restore,
+    restore_payloads,
+)
 from ._hermes_plan import load_sessions, parents_first, taken_along
 from ._hermes_restore import db_counts, unpack_backup
 
@@ -775,5 +783,87 @@ def list_missing(home, profile, backup_dir=None, busy_timeout=BUSY_TIMEOUT):
     home = os.path.abspath(os.path.expanduser(home))
     db_path = _profile_db(home, profile)
     result = _in_owner(db_path, _list_work, db_path, backups_of(home, backup_dir), profile, busy_timeout)
+    result["db"] = db_path
+    return result
+
+
+def _payload_sources(archive, backup_dir, profile):
+    """The payload archives to restore from: the one named (a path or a name in ``backup_dir``), else
+    every one of the profile, newest first."""
+    if archive is None:
+        return [path for path, _stamp in list_payload_archives(backup_dir, profile)]
+    path = archive if os.path.isabs(archive) else os.path.join(backup_dir, archive)
+    name = os.path.basename(path)
+    if not is_payload_archive_name(name):
+        raise MaintenanceError(
+            "%s is not a payload archive of this collection (hermes-ops-payloads_<profile>_<time>.db): refused" % path
+        )
+    match = name[len(PAYLOAD_PREFIX) :].rsplit("_", 1)[0]
+    if match != profile:
+        raise MaintenanceError("%s holds tool payloads of profile %s, not of %s: refused" % (path, match, profile))
+    if not os.path.lexists(path):
+        raise MaintenanceError("payload archive %s does not exist: check the name and backup_dir" % path)
+    return [path]
+
+
+def _payload_work(db_path, archives, session_ids, check_mode, busy_timeout, pause):
+    lock = None
+    try:
+        lock = _locked(db_path, check_mode)
+        live = ReadOnlyDB(db_path, busy_timeout)
+        try:
+            todo = plan_restore(live.conn, archives, session_ids)
+        finally:
+            live.close()
+        result = {
+            "archives": archives,
+            "planned": len(todo),
+            "bytes": sum(item[3] for item in todo),
+            "sessions": sorted({item[2] for item in todo}),
+            "changed": bool(todo),
+        }
+        if check_mode or not todo:
+            return {"result": result}
+        refuse_wal_on_shared_filesystem(db_path, "wal" if is_wal_file(db_path) else "delete")
+        conn = open_rw(db_path, busy_timeout)
+        try:
+            result["done"] = restore_payloads(conn, todo, pause=pause)
+        finally:
+            conn.close()
+        commits_durable(db_path)
+        return {"result": result}
+    except (MaintenanceError, sqlite3.Error, OSError) as exc:
+        return {"error": "%s: %s; tool payloads restored so far stay" % (db_path, exc)}
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def restore_tool_payloads(
+    home,
+    profile,
+    archive=None,
+    session_ids=None,
+    backup_dir=None,
+    check_mode=False,
+    busy_timeout=BUSY_TIMEOUT,
+    pause=BATCH_PAUSE,
+):
+    """Put the tool payloads that ``tool_payload_days`` elided back, byte for byte, from the payload
+    archive named (else every one of the profile): those of ``session_ids`` (None: of every session)
+    whose message still holds the tombstone written in its place. Returns {"db", "archives",
+    "planned", "bytes", "sessions", "changed"} and, after a real run, "done" ({"restored", "bytes",
+    "sessions"}). Raises MaintenanceError."""
+    home = os.path.abspath(os.path.expanduser(home))
+    db_path = _profile_db(home, profile)
+    backup_dir = backups_of(home, backup_dir)
+    archives = _payload_sources(archive, backup_dir, profile)
+    if not archives:
+        raise MaintenanceError(
+            "no payload archive of profile %s in %s (%s%s_<time>.db): nothing was restored"
+            % (profile, backup_dir, PAYLOAD_PREFIX, profile)
+        )
+    ids = list(session_ids) if session_ids is not None else None
+    result = _in_owner(db_path, _payload_work, db_path, archives, ids, check_mode, busy_timeout, pause)
     result["db"] = db_path
     return result

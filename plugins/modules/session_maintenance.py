@@ -120,6 +120,21 @@ options:
       - A waiting writer polls the lock every 25 ms or more, so a pause shorter than that can starve it.
     type: float
     default: 0.03
+  tool_payload_days:
+    description:
+      - In the sessions the prune keeps, replace the content of C(role=tool) messages older than this many days with a
+        short tombstone saying what was there. Off by default.
+      - The tombstone is the one Hermes's own proposed tool-payload retention writes (C([elided) C(tool output older
+        than 30d - retention policy])), followed by size, tool and day (C(48213 bytes of terminal output from
+        2026-08-01)), so a Hermes with that retention reads it as its own.
+      - Tool output (web extracts, terminal dumps, browser trees) and its two full-text indexes are most of a
+        long-lived C(state.db); the conversation stays. Sessions a rule keeps (pinned, a live lease, the runtime
+        ledger's fence) are not touched, nor anything when the file holds objects this collection does not know.
+      - The original bytes go first to an owner-only C(hermes-ops-payloads_<profile>_<time>.db) in the backup
+        directory, fsynced before the first change; M(hermes_agent.ops.session_restore) with C(tool_payloads=true)
+        puts them back. Paced like the prune; Hermes's own triggers keep both full-text indexes in step. A second run
+        elides nothing; check mode gives the exact count and bytes (C(tool_payloads) of each profile).
+    type: float
   file_retention:
     description:
       - Remove some of the other files of each profile's home, by kind (the kinds of state_db_info's C(home_files)).
@@ -420,6 +435,17 @@ profiles:
         - Null without O(file_retention). Else V(removed), each item removed (in check mode, to be removed) with
           V(kind), V(path), V(files) (relative to the profile's home), V(bytes) and V(why); V(bytes), their total;
           V(skipped) (kind to why it was left alone, such as Hermes's backup running) and V(errors).
+      type: dict
+    tool_payloads:
+      description:
+        - Null without O(tool_payload_days). Else V(days); V(elided), the tool messages whose content became a
+          tombstone (in check mode, exactly those that will); V(bytes), their original content bytes, and
+          V(bytes_after), their tombstones'; V(sessions), how many sessions they are in; V(archive), the owner-only
+          file holding the original bytes (M(hermes_agent.ops.session_restore) with C(tool_payloads=true) puts them
+          back); V(skipped_reason), why nothing was elided (objects this collection does not know, an FTS index this
+          SQLite cannot update); after a real run V(left_alone) (changed or protected since the plan),
+          V(stopped_early), V(fts_optimize_steps) (FTS5's incremental optimize after the elision, run when no other
+          process holds the file) and V(fts_optimize_stopped) (why it was not run or not finished).
       type: dict
     stores:
       description:

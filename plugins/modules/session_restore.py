@@ -107,6 +107,17 @@ options:
         nothing. The selection options are not used.
     type: bool
     default: false
+  tool_payloads:
+    description:
+      - Put back the tool output that O(hermes_agent.ops.session_maintenance#module:tool_payload_days) replaced with
+        tombstones, byte for byte, from the payload archives (C(hermes-ops-payloads_<profile>_<time>.db)) in
+        O(backup_dir): the one O(archive) names, else every one of the profile.
+      - Only the messages of the O(sessions) given (all when omitted) that still hold the tombstone written in their
+        place; a message changed since is left alone. Restoring twice changes nothing.
+      - Check mode gives the exact count and bytes (RV(tool_payloads)). The other selection options and O(backup)
+        are not used with it.
+    type: bool
+    default: false
   # BEGIN GENERATED: options (scripts/generate.py)
   busy_timeout:
     description:
@@ -141,6 +152,13 @@ EXAMPLES = r"""
     sessions:
       - 20261020_101500_ab12cd
       - 20261021_090000_ef34gh
+
+- name: Put back the tool output tool_payload_days elided in one session
+  hermes_agent.ops.session_restore:
+    hermes_home: /home/hermes/.hermes
+    tool_payloads: true
+    sessions:
+      - 20261020_101500_ab12cd
 
 - name: What each backup holds that state.db no longer has, per day and source
   hermes_agent.ops.session_restore:
@@ -246,6 +264,13 @@ listing:
   returned: list_missing
   type: list
   elements: str
+tool_payloads:
+  description:
+    - With O(tool_payloads=true), V(restored) (tool messages whose content was put back; in check mode, exactly
+      those that will be), V(bytes) (their bytes), V(sessions) (the session ids they belong to) and V(archives)
+      (the payload archives read).
+  returned: tool_payloads
+  type: dict
 msg:
   description: One line saying what was (or would be) done.
   returned: always
@@ -264,6 +289,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import (
     list_missing,
     restore_selected,
+    restore_tool_payloads,
     selection,
 )
 
@@ -279,6 +305,7 @@ def main():
             sources=dict(type="list", elements="str"),
             match=dict(type="str"),
             list_missing=dict(type="bool", default=False),
+            tool_payloads=dict(type="bool", default=False),
             busy_timeout=option_spec("busy_timeout"),
             batch_pause=option_spec("batch_pause"),
         ),
@@ -306,6 +333,8 @@ def main():
         result["msg"] = describe_listing(result)
         result["listing"] = listing(result["backups"])
         module.exit_json(changed=False, **result)
+    if p["tool_payloads"]:
+        restore_payloads(module, p, db)
     if not (p["archive"] or p["backup"]):
         module.fail_json(msg="name the archive or the backup to restore from (or list_missing: true)", db=db)
     try:
@@ -328,6 +357,38 @@ def main():
             "after": lines(result.get("after") or predicted(result["sessions"]), "backup" in result),
         }
     module.exit_json(changed=changed, **result)
+
+
+def restore_payloads(module, p, db):
+    """tool_payloads=true: the elided tool payloads of the chosen sessions back from the payload archives."""
+    given = [n for n in ("backup", "active_after", "active_before", "sources", "match", "list_missing") if p[n]]
+    if given:
+        module.fail_json(
+            msg="tool_payloads restores from the payload archives by session id only: leave %s out" % ", ".join(given),
+            db=db,
+        )
+    try:
+        result = restore_tool_payloads(
+            p["hermes_home"], p["profile"], archive=p["archive"], session_ids=p["sessions"],
+            backup_dir=p["backup_dir"], check_mode=module.check_mode,
+            busy_timeout=p["busy_timeout"], pause=p["batch_pause"],
+        )  # fmt: skip
+    except (MaintenanceError, OSError) as exc:
+        module.fail_json(msg="restore of tool payloads into %s: %s" % (db, exc), db=db)
+    done = result.pop("done", None)
+    changed = result.pop("changed")
+    count = done["restored"] if done else result["planned"]
+    nbytes = done["bytes"] if done else result["bytes"]
+    payloads = {"restored": count, "bytes": nbytes, "sessions": result["sessions"], "archives": result["archives"]}
+    msg = "%s %d tool payload(s), %d bytes, of %d session(s) into %s from %d payload archive(s)" % (
+        "would restore" if module.check_mode else "restored",
+        count,
+        nbytes,
+        len(result["sessions"]),
+        result["db"],
+        len(result["archives"]),
+    )
+    module.exit_json(changed=changed, db=result["db"], tool_payloads=payloads, msg=msg)
 
 
 def predicted(sessions):

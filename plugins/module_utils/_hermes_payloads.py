@@ -1,0 +1,492 @@
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Tool-payload retention: old ``role='tool'`` message bodies of kept sessions become tombstones.
+
+Most of a long-lived state.db is tool output (web extracts, terminal dumps, browser trees) and
+the two FTS indexes over it. ``tool_payload_days`` keeps every conversation and replaces the
+content of tool messages older than that with a short tombstone saying what was there:
+
+    [elided: tool output older than 30d - retention policy] 48213 bytes of terminal output from 2026-08-01
+
+Its first part is the tombstone of Hermes's own proposed ``SessionDB.elide_old_tool_payloads``
+(NousResearch/hermes-agent PR #110543, read in its test ``_TOMBSTONE``), so a release that
+merges it sees ours as its own (it skips a body that already starts with ``[elided:``); the
+size, the tool and the day follow, so a reader knows what was there.
+
+``plan_payloads`` selects (reads only; check mode reports it, the run executes it): tool
+messages older than the cutoff, larger than their tombstone, not yet elided, in sessions the
+prune keeps and no rule protects (pinned, leased, the runtime ledger's fence, rows of objects
+the collection does not know); nothing at all when the catalogue holds objects it does not
+know or an FTS index cannot run its triggers. ``take_payload_archive`` writes the original
+bytes of every selected body to an owner-only ``hermes-ops-payloads_<profile>_<time>.db``
+in the backup directory, reading in short read transactions, verified and fsynced (file and
+directory) before the first body changes. ``elide`` then updates the bodies in short paced
+write transactions, each one comparing the body with its archived bytes first (a body that
+changed since is left alone); Hermes's own ``UPDATE`` triggers keep both FTS indexes in step.
+``restore_payloads`` puts archived bodies back, byte for byte, where the tombstone still is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import stat
+import time
+
+from ._hermes_backup import list_stamped, remove_partials, stamped_name
+from ._hermes_db import MaintenanceError, fsync_path, read_snapshot, write_transaction
+from ._hermes_plan import DAY, ROUTED, SANE_MIN, leased_conversation, live_leases
+
+PAYLOAD_PREFIX = "hermes-ops-payloads_"
+PAYLOAD_KIND = "tool payloads"
+# Upstream's tombstone starts so; a body that does is never elided again (a second run is a no-op).
+TOMBSTONE_HEAD = "[elided: tool output"
+_NAME = re.compile(r"^hermes-ops-payloads_(?P<profile>.+)_(?P<stamp>\d{8}T\d{6}Z)(?:-(?P<seq>\d+))?\.db$")
+ID_WINDOW = 5000  # message ids per read statement of the selection: each its own short read
+READ_CHUNK = 200  # bodies per read transaction of the archive
+READ_BYTES = 4 * 1024 * 1024  # ... and at most about this many bytes
+FIRST_GROUP = 8  # bodies in the first write transaction, before a rate is measured
+GROUP_BYTES = 8 * 1024 * 1024  # most original bytes compared in one write transaction
+
+
+def payload_archive_name(profile, when, seq=0):
+    return stamped_name(PAYLOAD_PREFIX, profile, when, seq)
+
+
+def is_payload_archive_name(name):
+    return _NAME.match(name) is not None
+
+
+def list_payload_archives(backup_dir, profile):
+    """This profile's finished payload archives, newest first, as (path, unix time)."""
+    return list_stamped(backup_dir, profile, _NAME)
+
+
+def _days(days):
+    return "%gd" % float(days)
+
+
+def tombstone(days, nbytes, tool, when):
+    """The body an elided tool message gets: upstream's words, then size, tool and UTC day."""
+    day = time.strftime("%Y-%m-%d", time.gmtime(when))
+    return "[elided: tool output older than %s - retention policy] %d bytes of %s output from %s" % (
+        _days(days),
+        nbytes,
+        tool or "tool",
+        day,
+    )
+
+
+class PayloadPlan:
+    """The tool messages a run elides: ``items`` [(message id, session id, bytes, tombstone)]."""
+
+    def __init__(self, days=None, cutoff=None):
+        self.days = days
+        self.cutoff = cutoff
+        self.items = []
+        self.skipped_reason = None  # why nothing is elided although tool_payload_days is set
+
+    @property
+    def bytes(self):
+        return sum(item[2] for item in self.items)
+
+    @property
+    def sessions(self):
+        return len({item[1] for item in self.items})
+
+    def report(self, archive=None):
+        return {
+            "days": self.days,
+            "elided": len(self.items),
+            "bytes": self.bytes,
+            "bytes_after": sum(len(item[3].encode()) for item in self.items),
+            "sessions": self.sessions,
+            "archive": archive,
+            "skipped_reason": self.skipped_reason,
+        }
+
+
+# Hermes's own triggers that an UPDATE of messages.content fires (0.20+; older layouts have only
+# the FTS pair): they keep the full-text indexes and the display bookkeeping in step.
+KNOWN_UPDATE_TRIGGERS = ("messages_fts_update", "messages_fts_trigram_update", "messages_display_identity_update")
+_UPDATE_HEAD = re.compile(
+    r"\bUPDATE\s+(?:OF\s+(?P<columns>[^;]*?)\s+)?ON\s+[\"`\[]?messages[\"`\]]?\s", re.IGNORECASE | re.DOTALL
+)
+_TRIGGER_EVENT = re.compile(r"\b(?:BEFORE|AFTER|INSTEAD\s+OF)\s+(INSERT|DELETE|UPDATE)\b", re.IGNORECASE)
+
+
+def unknown_content_triggers(conn):
+    """Triggers on messages that an UPDATE of its content fires and the collection does not know:
+    the catalogue's rules cover the prune's writes (DELETE), the elision writes an UPDATE."""
+    found = []
+    rows = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'messages'")
+    for name, sql in rows:
+        if name in KNOWN_UPDATE_TRIGGERS:
+            continue
+        event = _TRIGGER_EVENT.search(sql or "")
+        if event and event.group(1).upper() != "UPDATE":
+            continue
+        head = _UPDATE_HEAD.search(sql or "")
+        columns = head.group("columns") if head else None
+        if head and columns is not None:
+            names = {c.strip().strip('"`[]').lower() for c in columns.split(",")}
+            if "content" not in names:
+                continue
+        found.append(name)
+    return sorted(found)
+
+
+def plan_payloads(conn, schema, plan, days, now, refusal=None):
+    """The tool bodies to elide in one profile (reads only, in statements of ID_WINDOW ids each).
+
+    ``plan``: the profile's row plan (its deleted sessions are not touched here, and neither are
+    the ones it keeps for a reason: ``plan.protected``). ``refusal``: why nothing may change
+    (unknown catalogue objects, an FTS index this SQLite cannot update), or None.
+    """
+    if days is None:
+        return None
+    payloads = PayloadPlan(float(days), now - float(days) * DAY)
+    if "messages" not in schema["tables"]:
+        return payloads
+    unknown = unknown_content_triggers(conn)
+    if unknown and not refusal:
+        refusal = "trigger(s) %s on messages (unknown to this collection) fire on an update of its content" % (
+            ", ".join(unknown)
+        )
+    if refusal:
+        payloads.skipped_reason = refusal + ": no tool payload is elided"
+        return payloads
+    cols = {r[1] for r in conn.execute("SELECT * FROM pragma_table_info('messages')")}
+    if not {"role", "content", "timestamp", "session_id"} <= cols:
+        payloads.skipped_reason = "messages lacks role, content, timestamp or session_id"
+        return payloads
+    tool = "tool_name" if "tool_name" in cols else "NULL"
+    doomed = set(plan.delete_order)
+    untouched = {sid for sid, why in plan.protected.items() if why != ROUTED} | doomed
+    top = conn.execute("SELECT MAX(id) FROM messages").fetchone()[0] or 0
+    sql = (
+        "SELECT id, session_id, length(CAST(content AS BLOB)), %s, timestamp FROM messages "
+        "WHERE id > ? AND id <= ? AND role = 'tool' AND content IS NOT NULL "
+        "AND typeof(timestamp) IN ('integer', 'real') AND timestamp >= ? AND timestamp < ? "
+        "AND substr(content, 1, %d) IS NOT ? ORDER BY id" % (tool, len(TOMBSTONE_HEAD))
+    )
+    for low in range(0, top, ID_WINDOW):
+        rows = conn.execute(sql, (low, low + ID_WINDOW, SANE_MIN, payloads.cutoff, TOMBSTONE_HEAD)).fetchall()
+        for mid, sid, nbytes, tool_name, stamp in rows:
+            if sid in untouched:
+                continue
+            stone = tombstone(days, nbytes, tool_name, stamp)
+            if nbytes > len(stone.encode()):  # only where the tombstone is smaller than the body
+                payloads.items.append((mid, sid, nbytes, stone))
+    return payloads
+
+
+def _connect_partial(partial):
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.close(fd)
+    dst = sqlite3.connect(partial)
+    dst.execute("PRAGMA journal_mode=OFF")  # a private partial file, verified before it counts
+    dst.execute("PRAGMA synchronous=OFF")
+    return dst
+
+
+def take_payload_archive(conn, db_path, backup_dir, profile, payloads, schema_version=None):
+    """The original bytes of every body ``payloads`` elides, in an owner-only file in ``backup_dir``,
+    quick_checked, counted and fsynced (file, then directory) before any body changes. Returns its path."""
+    remove_partials(backup_dir, profile, prefix=PAYLOAD_PREFIX, between="")
+    now = time.time()
+    seq = 0
+    while os.path.exists(os.path.join(backup_dir, payload_archive_name(profile, now, seq))):
+        seq += 1
+    final = os.path.join(backup_dir, payload_archive_name(profile, now, seq))
+    partial = os.path.join(backup_dir, "." + os.path.basename(final) + ".partial")
+    items = payloads.items
+    try:
+        dst = _connect_partial(partial)
+        try:
+            dst.execute(
+                "CREATE TABLE payloads (id INTEGER PRIMARY KEY, session_id TEXT NOT NULL, kind TEXT NOT NULL, "
+                "body BLOB NOT NULL, bytes INTEGER NOT NULL, tombstone TEXT NOT NULL)"
+            )
+            dst.execute("CREATE TABLE archive_meta (key TEXT PRIMARY KEY, value TEXT)")
+            start = 0
+            while start < len(items):
+                chunk, weight = [], 0
+                while start < len(items) and len(chunk) < READ_CHUNK and (not chunk or weight < READ_BYTES):
+                    chunk.append(items[start])
+                    weight += items[start][2]
+                    start += 1
+                wanted = {item[0]: item for item in chunk}
+                marks = ",".join("?" * len(chunk))
+                with read_snapshot(conn):  # a few ms of read lock: a gateway commit waits for no more
+                    rows = conn.execute(
+                        "SELECT id, session_id, typeof(content), CAST(content AS BLOB) FROM messages "
+                        "WHERE id IN (%s)" % marks,
+                        list(wanted),
+                    ).fetchall()
+                dst.executemany(
+                    "INSERT INTO payloads (id, session_id, kind, body, bytes, tombstone) VALUES (?, ?, ?, ?, ?, ?)",
+                    [
+                        (mid, sid, kind, body, len(body), wanted[mid][3])
+                        for mid, sid, kind, body in rows
+                        if body is not None and sid == wanted[mid][1]
+                    ],
+                )
+                dst.commit()
+            meta = {
+                "kind": PAYLOAD_KIND,
+                "source": os.path.abspath(db_path),
+                "profile": profile,
+                "created_at": repr(now),
+                "schema_version": str(schema_version),
+                "days": repr(payloads.days),
+            }
+            dst.executemany("INSERT INTO archive_meta (key, value) VALUES (?, ?)", sorted(meta.items()))
+            dst.commit()
+            check = [r[0] for r in dst.execute("PRAGMA quick_check").fetchall()]
+            if check != ["ok"]:
+                raise MaintenanceError("payload archive %s failed quick_check (%s)" % (partial, "; ".join(check[:3])))
+        finally:
+            dst.close()
+        os.chmod(partial, 0o600)
+        fsync_path(partial)
+        os.rename(partial, final)
+        fsync_path(backup_dir)
+    except BaseException as exc:
+        for leftover in (partial, partial + "-journal"):
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
+        if isinstance(exc, (sqlite3.Error, OSError)):
+            raise MaintenanceError(
+                "archive of the tool payloads of %s into %s failed: %s; nothing was elided" % (db_path, final, exc)
+            ) from None
+        raise
+    return final
+
+
+class ElideResult:
+    def __init__(self):
+        self.elided = 0
+        self.bytes = 0
+        self.bytes_after = 0
+        self.sessions = set()
+        self.left_alone = 0  # bodies that changed since the archive, or whose session is now protected
+        self.stopped = None
+
+
+def _protected_now(conn, sid, leased, has_pinned):
+    """Inside the write transaction: the session went away, was pinned, or Hermes leased it."""
+    row = conn.execute("SELECT %s FROM sessions WHERE id = ?" % ("pinned" if has_pinned else "0"), (sid,)).fetchone()
+    return row is None or bool(row[0]) or leased_conversation(conn, sid, leased)
+
+
+def elide(conn, schema, archive, *, batch_size, batch_time, wait, stop=None, result=None):
+    """Replace the archived bodies with their tombstones, in write transactions of at most
+    ``batch_size`` bodies and about ``batch_time`` seconds (measured rate; the first one small), the
+    gateway's turn (``wait(held)``, _hermes_apply.turn_after_commit) after each commit.
+
+    A transaction's bodies are changed by one UPDATE (FTS5 writes a segment per statement that
+    changed it, so one per body would fragment both indexes); only those whose live bytes still
+    equal the archived ones, in sessions still there, unpinned and unleased. ``result`` (an
+    ElideResult) is updated as each transaction commits."""
+    result = result or ElideResult()
+    src = sqlite3.connect("file:%s?mode=ro" % os.path.abspath(archive), uri=True)
+    has_pinned = "pinned" in schema["session_columns"]
+    conn.execute(
+        "CREATE TEMP TABLE IF NOT EXISTS hermes_ops_elide "
+        "(id INTEGER PRIMARY KEY, kind TEXT, body BLOB, bytes INTEGER, tombstone TEXT)"
+    )
+    try:
+        ids = [r[0] for r in src.execute("SELECT id FROM payloads ORDER BY id")]
+        sizes = dict(src.execute("SELECT id, bytes FROM payloads"))
+        index, per_body = 0, None
+        while index < len(ids):
+            result.stopped = stop() if stop else None
+            if result.stopped:
+                break
+            take = FIRST_GROUP if per_body is None else max(1, int(batch_time * 0.8 / per_body))
+            take = min(take, int(batch_size))
+            group, weight = [], 0
+            while index < len(ids) and len(group) < take and (not group or weight + sizes[ids[index]] <= GROUP_BYTES):
+                group.append(ids[index])
+                weight += sizes[ids[index]]
+                index += 1
+            marks = ",".join("?" * len(group))
+            rows = src.execute(
+                "SELECT id, session_id, kind, body, bytes, tombstone FROM payloads WHERE id IN (%s)" % marks, group
+            ).fetchall()
+            began = time.monotonic()
+            with write_transaction(conn):
+                leased = live_leases(conn, schema, time.time())
+                blocked = {sid for sid in {r[1] for r in rows} if _protected_now(conn, sid, leased, has_pinned)}
+                keep = [r for r in rows if r[1] not in blocked]
+                conn.execute("DELETE FROM temp.hermes_ops_elide")
+                conn.executemany(
+                    "INSERT INTO temp.hermes_ops_elide (id, kind, body, bytes, tombstone) VALUES (?, ?, ?, ?, ?)",
+                    [(r[0], r[2], r[3], r[4], r[5]) for r in keep],
+                )
+                # a body that changed since it was archived is not ours to replace
+                conn.execute(
+                    "DELETE FROM temp.hermes_ops_elide WHERE id NOT IN (SELECT t.id FROM temp.hermes_ops_elide t "
+                    "JOIN main.messages m ON m.id = t.id WHERE m.role = 'tool' AND typeof(m.content) = t.kind "
+                    "AND CAST(m.content AS BLOB) = t.body)"
+                )
+                done = conn.execute(
+                    "SELECT t.id, m.session_id, t.bytes, t.tombstone FROM temp.hermes_ops_elide t "
+                    "JOIN main.messages m ON m.id = t.id"
+                ).fetchall()
+                conn.execute(
+                    "UPDATE main.messages SET content = "
+                    "(SELECT t.tombstone FROM temp.hermes_ops_elide t WHERE t.id = messages.id) "
+                    "WHERE id IN (SELECT id FROM temp.hermes_ops_elide)"
+                )
+                conn.execute("DELETE FROM temp.hermes_ops_elide")
+            held = time.monotonic() - began
+            per_body = held / len(group)
+            result.elided += len(done)
+            result.bytes += sum(r[2] for r in done)
+            result.bytes_after += sum(len(r[3].encode()) for r in done)
+            result.sessions.update(r[1] for r in done)
+            result.left_alone += len(rows) - len(done)
+            wait(held)
+    finally:
+        src.close()
+    return result
+
+
+OPTIMIZE_PAGES = 256  # FTS5 pages one step of the incremental optimize writes (as the reclaim's merge step)
+OPTIMIZE_MAX_STEPS = 4000
+
+
+def fts_optimize(conn, fts, wait, stop=None):
+    """Give the elided bodies' index entries back: FTS5 keeps a replaced document's old entries, and the
+    delete markers the update adds, until the segments holding them are merged, and its ordinary
+    ``merge`` leaves fewer than ``usermerge`` segments of a level alone (on a 0.22.2 file the index
+    grew by half after an elision of most of its bytes). ``merge`` with a negative page count is
+    FTS5's incremental ``optimize``: every segment is merged into one, that many pages per step,
+    each step its own short write transaction with the gateway's turn after it; it ends when a step
+    changes nothing. Returns (steps taken, [what stopped a table's optimize])."""
+    steps, problems = 0, []
+    for table in fts:
+        if table["error"] or (stop and stop()):
+            continue
+        name = '"%s"' % table["name"].replace('"', '""')
+        sql = "INSERT INTO %s(%s, rank) VALUES('merge', %d)" % (name, name, -OPTIMIZE_PAGES)
+        failures = 0
+        for _step in range(OPTIMIZE_MAX_STEPS):
+            if stop and stop():
+                break
+            before = conn.total_changes
+            began = time.monotonic()
+            try:
+                with write_transaction(conn):
+                    conn.execute(sql)
+            except sqlite3.DatabaseError as exc:
+                # Beside a live 0.22.2 writer a step can fail to open the index ("vtable constructor
+                # failed"); the step rolled back whole and the index is as before. Retried once, then
+                # left for the next run: the elision itself has committed.
+                failures += 1
+                wait(time.monotonic() - began)
+                if failures > 1:
+                    problems.append("%s: %s" % (table["name"], exc))
+                    break
+                continue
+            failures = 0
+            steps += 1
+            wait(time.monotonic() - began)
+            if conn.total_changes - before < 2:  # FTS5's "no more work" signal
+                break
+    return steps, problems
+
+
+def open_payload_archive(path):
+    """A finished payload archive of ours (owner-only, quick_check ok, of this kind), read-only."""
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise MaintenanceError("payload archive %s is not a regular file: refused" % path)
+    if st.st_mode & 0o022 or st.st_uid not in (os.geteuid(), 0):
+        raise MaintenanceError(
+            "payload archive %s is writable by others or owned by uid %d (mode %o): refused"
+            % (path, st.st_uid, stat.S_IMODE(st.st_mode))
+        )
+    src = sqlite3.connect("file:%s?mode=ro&immutable=1" % os.path.abspath(path), uri=True)
+    try:
+        check = [r[0] for r in src.execute("PRAGMA quick_check").fetchall()]
+        meta = dict(src.execute("SELECT key, value FROM archive_meta").fetchall()) if check == ["ok"] else {}
+    except sqlite3.DatabaseError as exc:
+        check, meta = [str(exc)], {}
+    if check != ["ok"] or meta.get("kind") != PAYLOAD_KIND:
+        src.close()
+        raise MaintenanceError(
+            "%s is not a complete payload archive of this collection (%s): refused"
+            % (path, "quick_check: " + "; ".join(check[:3]) if check != ["ok"] else "no archive_meta of its kind")
+        )
+    return src, meta
+
+
+def plan_restore(conn, archives, session_ids=None):
+    """What a payload restore puts back: [(archive path, message id, session id, bytes)] of the
+    archived bodies whose message still holds the tombstone written in their place (a body elided
+    twice is taken from the newest archive that has it). Reads state.db a message at a time."""
+    found, seen = [], set()
+    wanted = set(session_ids) if session_ids is not None else None
+    for path in archives:
+        src, _meta = open_payload_archive(path)
+        try:
+            listed = src.execute("SELECT id, session_id, bytes, tombstone FROM payloads ORDER BY id").fetchall()
+            for mid, sid, nbytes, stone in listed:
+                if mid in seen or (wanted is not None and sid not in wanted):
+                    continue
+                row = conn.execute(
+                    "SELECT 1 FROM messages WHERE id = ? AND session_id = ? AND content IS ?", (mid, sid, stone)
+                ).fetchone()
+                if row:
+                    seen.add(mid)
+                    found.append((path, mid, sid, nbytes))
+        finally:
+            src.close()
+    return found
+
+
+def restore_payloads(conn, todo, *, pause, chunk_bytes=GROUP_BYTES):
+    """Put the bodies ``plan_restore`` listed back, byte for byte (a text body as text), where the
+    tombstone still is; transactions of about ``chunk_bytes`` with ``pause`` between. Returns
+    {"restored", "bytes", "sessions"}."""
+    done = {"restored": 0, "bytes": 0, "sessions": set()}
+    by_archive = {}
+    for path, mid, sid, nbytes in todo:
+        by_archive.setdefault(path, []).append((mid, sid, nbytes))
+    for path, entries in by_archive.items():
+        src, _meta = open_payload_archive(path)
+        try:
+            index = 0
+            while index < len(entries):
+                group, weight = [], 0
+                while index < len(entries) and (not group or weight < chunk_bytes):
+                    group.append(entries[index])
+                    weight += entries[index][2]
+                    index += 1
+                marks = ",".join("?" * len(group))
+                rows = src.execute(
+                    "SELECT id, session_id, kind, body, bytes, tombstone FROM payloads WHERE id IN (%s)" % marks,
+                    [g[0] for g in group],
+                ).fetchall()
+                with write_transaction(conn):
+                    for mid, sid, kind, body, nbytes, stone in rows:
+                        value = "CAST(? AS TEXT)" if kind == "text" else "?"
+                        changed = conn.execute(
+                            "UPDATE messages SET content = %s WHERE id = ? AND session_id = ? AND content IS ?" % value,
+                            (body, mid, sid, stone),
+                        ).rowcount
+                        if changed:
+                            done["restored"] += 1
+                            done["bytes"] += nbytes
+                            done["sessions"].add(sid)
+                time.sleep(pause)
+        finally:
+            src.close()
+    done["sessions"] = sorted(done["sessions"])
+    return done

@@ -1,0 +1,318 @@
+"""Tool-payload retention (``tool_payload_days``) and its undo, on a file Hermes 0.22.2 wrote.
+
+The release builds the home and appends the tool messages itself (its own ``append_message``),
+so the rows, triggers and both FTS indexes are the release's. Then: check mode predicts the run
+exactly; the run elides the old tool bodies of kept sessions only (pinned, leased, recent, small
+and already-elided bodies stay byte for byte), keeps both FTS indexes consistent, archives the
+originals owner-only; the release resumes, searches and appends to an elided session; a second
+run elides nothing; the file shrinks by half after the reclaim; ``restore_tool_payloads`` puts
+the bodies back byte for byte (check mode predicting it).
+"""
+
+import json
+import os
+import random
+import shutil
+import sqlite3
+import stat
+import time
+
+import pytest
+from hermes_markers import release_module_marks
+from hermes_writer import MARK, WriterProcess, latency_stats
+
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_tool_payloads
+from hermes_fixtures import build_home, copy_db, hermes_python, run_release_code
+
+RELEASE = "hermes-0.22.2.post1"
+pytestmark = release_module_marks(RELEASE)
+DAY = 86400.0
+UPSTREAM_TOMBSTONE = "[elided: tool output older than 30d - retention policy]"
+OLD_SESSIONS = ["old-%d" % i for i in range(8)]
+
+# Runs under the release: argv = db path, JSON [[session, role, content, tool_name, timestamp], ...].
+APPEND = r"""
+import json, sys
+from pathlib import Path
+import hermes_state
+db = hermes_state.SessionDB(db_path=Path(sys.argv[1]))
+try:
+    for sid, role, content, tool, ts in json.load(open(sys.argv[2])):
+        db.append_message(sid, role, content, tool_name=tool, timestamp=ts)
+finally:
+    db.close()
+"""
+
+# Runs under the release: resume, search, append to a session; argv = db path, session id.
+RESUME = r"""
+import json, sys
+from pathlib import Path
+import hermes_state
+db = hermes_state.SessionDB(db_path=Path(sys.argv[1]))
+sid = sys.argv[2]
+try:
+    conv = db.get_messages_as_conversation(sid)
+    zebra = [h.get("session_id") for h in db.search_messages("zebra", limit=1000)]
+    quokka = [h.get("session_id") for h in db.search_messages("quokka", limit=1000)]
+    if db.get_session(sid)["ended_at"] is not None:
+        db.reopen_session(sid)
+    new = db.append_message(sid, "user", "resumetoken appended after the elision")
+    again = [h.get("session_id") for h in db.search_messages("resumetoken", limit=1000)]
+finally:
+    db.close()
+print(json.dumps({"conversation": len(conv), "tool_bodies": [m.get("content") for m in conv if m.get("role") == "tool"],
+                  "zebra": zebra, "quokka": quokka, "appended": new, "resumetoken": again}))
+"""
+
+
+def _terminal_dump(sid, i, size):
+    """Tool output as varied as a real one (its own tokens, so both FTS indexes carry their weight)."""
+    rng = random.Random("%s-%d" % (sid, i))
+    parts, length = [], 0
+    while length < size:
+        line = "%s step %d: quokka %s\n" % (sid, i, " ".join("%x" % rng.getrandbits(40) for _ in range(8)))
+        parts.append(line)
+        length += len(line)
+    return "".join(parts)[:size]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A 0.22.2 home whose bytes are mostly old tool output, built once (copied per test)."""
+    base = tmp_path_factory.mktemp("payload-home")
+    now = time.time()
+    specs = [dict(id=sid, started_days_ago=200, ended_days_ago=100, messages=4) for sid in OLD_SESSIONS]
+    specs += [
+        dict(id="pinned", started_days_ago=200, ended_days_ago=100, messages=2, pinned=True),
+        dict(id="leased", started_days_ago=200, messages=2, lease="turn"),
+        dict(id="recent", started_days_ago=6, ended_days_ago=4, messages=2),
+    ]
+    db = build_home(base / "home", RELEASE, specs, now=now)
+    rows = []
+    for sid in OLD_SESSIONS + ["pinned", "leased"]:
+        for i in range(12 if sid in OLD_SESSIONS else 2):
+            rows.append([sid, "tool", _terminal_dump(sid, i, 24000 + 97 * i), "terminal", now - (150 - i) * DAY])
+        rows.append([sid, "tool", "ok", "terminal", now - 140 * DAY])  # smaller than its tombstone: kept
+        rows.append([sid, "tool", UPSTREAM_TOMBSTONE, "web_extract", now - 140 * DAY])  # elided upstream
+    for i in range(3):
+        rows.append(["recent", "tool", _terminal_dump("recent", i, 20000), "browser", now - 5 * DAY])
+    plan = base / "append.json"
+    plan.write_text(json.dumps(rows))
+    proc = run_release_code(hermes_python(RELEASE), APPEND, db, str(plan))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    conn = sqlite3.connect(str(db))
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return base / "home"
+
+
+@pytest.fixture
+def home(built, tmp_path):
+    target = tmp_path / "home"
+    shutil.copytree(str(built), str(target), ignore=shutil.ignore_patterns("state.db*"))
+    copy_db(built / "state.db", target / "state.db")
+    return target
+
+
+def _rows(db):
+    conn = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
+    try:
+        return {
+            r[0]: r[1:]
+            for r in conn.execute(
+                "SELECT id, session_id, role, typeof(content), CAST(content AS BLOB), tool_name, timestamp "
+                "FROM messages"
+            )
+        }
+    finally:
+        conn.close()
+
+
+def _fts_ok(db):
+    conn = sqlite3.connect(str(db))
+    try:
+        names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE sql LIKE 'CREATE VIRTUAL TABLE%'")]
+        assert {"messages_fts", "messages_fts_trigram"} <= set(names), names
+        for name in names:  # raises SQLITE_CORRUPT_VTAB when an index disagrees with its content
+            conn.execute("INSERT INTO %s(%s, rank) VALUES('integrity-check', 1)" % (name, name))
+        return names
+    finally:
+        conn.close()
+
+
+def _opts(home, **more):
+    opts = {"hermes_home": [str(home)], "prune_days": 365, "tool_payload_days": 30, "vacuum_mode": "full"}
+    opts.update(more)
+    return opts
+
+
+def test_old_tool_payloads_are_elided_archived_and_restored_byte_for_byte(home):
+    db = home / "state.db"
+    original = _rows(db)
+    size_before = os.path.getsize(str(db))
+    storage_before = gather_info({"hermes_home": [str(home)]})["profiles"][0]["storage"]
+
+    predicted = run_maintenance(_opts(home), check_mode=True)["profiles"][0]
+    assert _rows(db) == original  # check mode wrote nothing
+    run = run_maintenance(_opts(home))
+    profile = run["profiles"][0]
+    assert profile["status"] == "ok", profile["error"]
+    payloads = profile["tool_payloads"]
+    for key in ("elided", "bytes", "bytes_after", "sessions"):
+        assert payloads[key] == predicted["tool_payloads"][key], key
+    assert predicted["tool_payloads"]["archive"].endswith("hermes-ops-payloads_default_<timestamp>.db")
+    assert payloads["elided"] == 12 * len(OLD_SESSIONS) and payloads["sessions"] == len(OLD_SESSIONS)
+    assert "tool payloads elided=%d (" % payloads["elided"] in run["summary"][0], run["summary"]
+
+    after = _rows(db)
+    assert set(after) == set(original)
+    elided = {mid for mid in original if after[mid] != original[mid]}
+    assert len(elided) == payloads["elided"]
+    assert payloads["bytes"] == sum(len(original[mid][3]) for mid in elided)
+    for mid in elided:
+        sid, role, kind, body, tool, stamp = after[mid]
+        assert (sid, role, kind, tool, stamp) == original[mid][:2] + ("text",) + original[mid][4:]
+        assert sid in OLD_SESSIONS and role == "tool"
+        text = body.decode()
+        assert text.startswith(UPSTREAM_TOMBSTONE + " "), text
+        assert text.endswith("%d bytes of terminal output from %s" % (
+            len(original[mid][3]), time.strftime("%Y-%m-%d", time.gmtime(stamp))
+        ))  # fmt: skip
+    # pinned, leased, recent, small and upstream-elided bodies, and every other row: byte for byte
+    # the old sessions' tool payloads shrink by at least 90%
+    assert sum(len(after[mid][3]) for mid in elided) * 10 <= payloads["bytes"]
+    untouched = {mid: row for mid, row in original.items() if mid not in elided}
+    assert all(after[mid] == row for mid, row in untouched.items())
+    assert any(row[0] == "recent" and row[1] == "tool" for row in untouched.values())
+    _fts_ok(db)
+
+    archive = payloads["archive"]
+    assert stat.S_IMODE(os.stat(archive).st_mode) == 0o600
+    assert os.path.dirname(archive) == str(home / "backups")
+
+    # the file after the reclaim: at least half of it was old tool output and its indexes
+    size_after = os.path.getsize(str(db))
+    storage_after = gather_info({"hermes_home": [str(home)]})["profiles"][0]["storage"]
+    print("storage before:", json.dumps(storage_before, sort_keys=True))
+    print("storage after:", json.dumps(storage_after, sort_keys=True))
+    assert size_after * 2 <= size_before, (size_before, size_after)
+    print("file bytes before/after:", size_before, size_after)
+
+    # idempotent: a second run (check mode and real) elides nothing
+    assert run_maintenance(_opts(home), check_mode=True)["profiles"][0]["tool_payloads"]["elided"] == 0
+    second = run_maintenance(_opts(home))["profiles"][0]
+    assert second["tool_payloads"]["elided"] == 0 and second["tool_payloads"]["archive"] is None
+    assert _rows(db) == after
+
+    # the release resumes the elided session, searches it, appends to it
+    proc = run_release_code(hermes_python(RELEASE), RESUME, db, OLD_SESSIONS[0])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["conversation"] >= 4 + 14
+    assert sum(1 for body in seen["tool_bodies"] if body.startswith(UPSTREAM_TOMBSTONE + " ")) == 12
+    assert OLD_SESSIONS[0] in seen["zebra"]
+    assert not set(seen["quokka"]) & set(OLD_SESSIONS)  # the elided output is gone from the index too
+    assert "recent" in seen["quokka"] and "pinned" in seen["quokka"]
+    assert OLD_SESSIONS[0] in seen["resumetoken"]
+    _fts_ok(db)
+
+    # undo: check mode predicts it, the run puts every body back byte for byte
+    plan = restore_tool_payloads(str(home), "default", check_mode=True)
+    assert plan["planned"] == len(elided) and plan["bytes"] == payloads["bytes"]
+    assert plan["sessions"] == sorted(OLD_SESSIONS)
+    one = restore_tool_payloads(str(home), "default", session_ids=[OLD_SESSIONS[1]], check_mode=True)
+    assert one["planned"] == 12 and one["sessions"] == [OLD_SESSIONS[1]]
+    done = restore_tool_payloads(str(home), "default")
+    assert done["done"]["restored"] == len(elided) and done["done"]["bytes"] == payloads["bytes"]
+    restored = _rows(db)
+    assert all(restored[mid] == row for mid, row in original.items())
+    assert len(restored) == len(original) + 1  # the release's appended message stays
+    assert restore_tool_payloads(str(home), "default", check_mode=True)["planned"] == 0
+    _fts_ok(db)
+
+
+def test_nothing_is_elided_without_the_option_or_in_protected_sessions(home):
+    db = home / "state.db"
+    original = _rows(db)
+    profile = run_maintenance({"hermes_home": [str(home)], "prune_days": 365})["profiles"][0]
+    assert profile["tool_payloads"] is None and _rows(db) == original
+    # a 200-day retention keeps nothing old: the old sessions go whole, nothing is elided in them
+    pruned = run_maintenance(_opts(home, prune_days=90), check_mode=True)["profiles"][0]
+    assert pruned["sessions_pruned"] == len(OLD_SESSIONS)
+    assert pruned["tool_payloads"]["elided"] == 0
+
+
+def test_an_object_the_collection_does_not_know_stops_every_elision(home):
+    db = home / "state.db"
+    conn = sqlite3.connect(str(db))
+    conn.execute(
+        "CREATE TRIGGER site_audit AFTER UPDATE OF content ON messages BEGIN "
+        "UPDATE sessions SET title = title WHERE id = new.session_id; END"
+    )
+    conn.close()
+    original = _rows(db)
+    predicted = run_maintenance(_opts(home), check_mode=True)["profiles"][0]["tool_payloads"]
+    assert predicted["elided"] == 0 and "site_audit" in predicted["skipped_reason"], predicted
+    done = run_maintenance(_opts(home))["profiles"][0]["tool_payloads"]
+    assert done["elided"] == 0 and done["archive"] is None and done["skipped_reason"] == predicted["skipped_reason"]
+    assert _rows(db) == original
+
+
+LIVE_SESSIONS, LIVE_BODIES, LIVE_BYTES = 10, 15, 16000
+STALL_LIMIT = 3.0  # a safety net only, as in test_live_rollback.py: the 250 ms target is the bench's
+
+
+def test_elision_beside_a_live_writer_loses_no_append(tmp_path):
+    """A 0.22.2 SessionDB appends every 20 ms through the whole run: no append fails, each is
+    indexed, the elision matches its prediction, both FTS indexes stay consistent."""
+    now = time.time()
+    sids = ["live-old-%d" % i for i in range(LIVE_SESSIONS)]
+    specs = [dict(id=sid, started_days_ago=200, ended_days_ago=100, messages=2) for sid in sids]
+    home = tmp_path / "home"
+    db = build_home(home, RELEASE, specs, now=now)
+    rows = [
+        [sid, "tool", _terminal_dump(sid, i, LIVE_BYTES), "web_extract", now - (120 - i / 10.0) * DAY]
+        for sid in sids
+        for i in range(LIVE_BODIES)
+    ]
+    (tmp_path / "append.json").write_text(json.dumps(rows))
+    proc = run_release_code(hermes_python(RELEASE), APPEND, db, str(tmp_path / "append.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    writer = WriterProcess(hermes_python(RELEASE), db, str(tmp_path / "writer.jsonl"), prefix="payload-live")
+    try:
+        writer.start()
+        time.sleep(0.5)
+        t0 = time.time()
+        predicted = run_maintenance(_opts(home, vacuum_mode="auto"), check_mode=True)["profiles"][0]
+        began = time.monotonic()
+        profile = run_maintenance(_opts(home, vacuum_mode="auto"))["profiles"][0]
+        took = time.monotonic() - began
+        t1 = time.time()
+        time.sleep(0.5)
+        summary = writer.stop()
+    finally:
+        writer.kill()
+    assert profile["status"] == "ok", (profile["error"], profile.get("traceback"))
+    payloads = profile["tool_payloads"]
+    assert payloads["elided"] == predicted["tool_payloads"]["elided"] == LIVE_SESSIONS * LIVE_BODIES
+    assert payloads["bytes"] == predicted["tool_payloads"]["bytes"] and payloads["left_alone"] == 0
+    during = latency_stats(writer.records(), t0, t1)
+    assert summary["failed"] == 0 and summary["file_problems"] == [], summary
+    assert during["n"] > 0 and during["max"] < STALL_LIMIT, during
+    assert summary["message_count_seen"] == summary["appended"] == summary["attempts"]
+    conn = sqlite3.connect(str(db))
+    try:
+        hits = conn.execute(
+            "SELECT COUNT(*) FROM messages_fts WHERE messages_fts MATCH ?", ('"%s" "payload-live"' % MARK,)
+        ).fetchone()[0]
+    finally:
+        conn.close()
+    assert hits == len(summary["ids"])
+    _fts_ok(db)
+    print(
+        "\nelision beside a live 0.22.2 writer (journal_mode=%s): %d bodies (%d MB) in %.2f s (whole run), "
+        "%d appends during it, worst %.0f ms, p99 %.0f ms, %d FTS optimize steps"
+        % (profile["preflight"]["journal_mode"], payloads["elided"], payloads["bytes"] // 2**20, took,
+           during["n"], 1000 * during["max"], 1000 * during["p99"], payloads["fts_optimize_steps"])
+    )  # fmt: skip
