@@ -73,6 +73,8 @@ CONTROLS = {
     "backup_dir_created_durably": (
         "prune-wal-frames", "_hermes_backup.makedirs_durable = lambda p, m: os.makedirs(p, m)"),
     "transcripts_after_durable_commit": ("prune-wal-frames", "_hermes_apply.commits_durable = lambda p: None"),
+    "transcript_list_durable": ("prune-wal-frames", "_hermes_apply.pending_durable = lambda p: None"),
+    "transcript_removals_durable": ("prune-wal-frames", "_hermes_apply.removals_durable = lambda p: None"),
     "rollback_synchronous_extra": ("prune-rollback-vacuum", "_hermes_db.ROLLBACK_SYNCHRONOUS = 'FULL'"),
     "restore_aside_durable": ("restore", "_hermes_restore.aside_durable = lambda a, d: None"),
     "session_restore_pending_after_commits": (
@@ -81,6 +83,8 @@ CONTROLS = {
     "metrics_rename_durable": ("metrics-log", "_hermes_metrics.fsync_path = lambda p: None"),
     "runner_log_durable": ("metrics-log", "_hermes_runner.fsync_path = lambda p: None"),
 }  # fmt: skip
+# The same, for every fsync at once: the child run under eatmydata (fsync a no-op in the libc).
+EATMYDATA_PATHS = ("prune-wal-frames", "restore")
 
 
 # --------------------------------------------------------------------------- homes
@@ -211,6 +215,13 @@ def _db_violations(db):
     if not os.path.exists(db):
         return ["state.db is missing"]
     try:
+        conn = sqlite3.connect(db)  # a throwaway copy
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+        if "sessions" not in tables:  # an empty file passes integrity_check
+            return ["state.db holds no sessions table (%d bytes)" % os.path.getsize(db)]
         problems = db_problems(db)
         if not problems:
             _takes_a_write(db)
@@ -263,6 +274,15 @@ def _transcripts(home):
     return found
 
 
+def _pending_list(path):
+    """Session ids the prune's transcript list names (what the next run's finish_pending reads)."""
+    try:
+        with open(path) as handle:
+            return set(json.load(handle))
+    except (OSError, ValueError):
+        return set()
+
+
 def checker(path, job, home, final_home):
     """check(state_root, final) for ``path``: the violations of one crash state.
 
@@ -295,6 +315,15 @@ def checker(path, job, home, final_home):
             gone = sorted(sid for sid in sessions if set(transcripts.get(sid, ())) - set(now.get(sid, ())))
             if gone:
                 bad.append("transcripts missing for sessions still present: %s" % ", ".join(gone[:3]))
+            # a deleted session's transcript left behind must be on the list the next run finishes
+            listed = _pending_list(os.path.join(shome, "state.db.hermes-ops-transcripts"))
+            stranded = sorted(
+                sid
+                for sid in start_sessions - sessions
+                if set(transcripts.get(sid, ())) & set(now.get(sid, ())) and sid not in listed
+            )
+            if stranded:
+                bad.append("transcripts of deleted sessions left behind, on no list: %s" % ", ".join(stranded[:3]))
             if "file_retention" in job["options"]:
                 zips = [n for n in os.listdir(shome) if n.startswith("hermes-backup-") and n.endswith(".zip")]
                 contents = {open(os.path.join(shome, n), "rb").read() for n in zips}
@@ -437,8 +466,10 @@ def _rows_of_copy(home):
 # --------------------------------------------------------------------------- one path
 
 
-def record_path(path, workdir, disable=()):
-    """Build the home, record the run; returns (recording, check)."""
+def record_path(path, workdir, disable=(), eatmydata=False):
+    """Build the home, record the run; returns (recording, check).
+
+    ``eatmydata``: the child runs under eatmydata, so no fsync of the run reaches the kernel."""
     root = os.path.join(workdir, "root")
     os.makedirs(root)
     job = build(path, root)
@@ -456,7 +487,8 @@ def record_path(path, workdir, disable=()):
         )
         holder.stdout.readline()
     try:
-        run = crash_states.record(CHILD, [collections, json.dumps(job)], root, trace)
+        wrapper = ["eatmydata"] if eatmydata else []
+        run = crash_states.record(CHILD, [collections, json.dumps(job)], root, trace, wrapper=wrapper)
     finally:
         if holder is not None:
             holder.kill()

@@ -22,10 +22,10 @@ import powerloss_paths  # noqa: E402
 MODELS = ("strict", "ext4")
 
 
-def trial(path, models=MODELS, disable=(), points=None):
+def trial(path, models=MODELS, disable=(), points=None, eatmydata=False):
     """{model: {states, violations, seconds}} for one recorded run of ``path``."""
     with tempfile.TemporaryDirectory(prefix="powerloss-") as workdir:
-        recording, check = powerloss_paths.record_path(path, workdir, disable)
+        recording, check = powerloss_paths.record_path(path, workdir, disable, eatmydata=eatmydata)
         out = {}
         for model in models:
             began = time.monotonic()
@@ -39,7 +39,7 @@ def trial(path, models=MODELS, disable=(), points=None):
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--paths", default=",".join(powerloss_paths.PATHS))
-    parser.add_argument("--controls", default=",".join(powerloss_paths.CONTROLS))
+    parser.add_argument("--controls", default=",".join(list(powerloss_paths.CONTROLS) + ["eatmydata"]))
     parser.add_argument("--points", type=int, default=None)
     args = parser.parse_args(argv)
     failed = False
@@ -59,9 +59,14 @@ def main(argv=None):
         print()
         print("| negative control (one durability step made a no-op) | path | strict violations | ext4 violations |")
         print("|---|---|---|---|")
-    for name in controls:
-        path = powerloss_paths.CONTROLS[name][0]
-        found = trial(path, disable=(name,), points=args.points)
+    runs = [(name, path) for name in controls if name != "eatmydata" for path in powerloss_paths.CONTROLS[name][:1]]
+    if "eatmydata" in controls:  # every fsync at once
+        runs += [("eatmydata", path) for path in powerloss_paths.EATMYDATA_PATHS]
+    for name, path in runs:
+        if name == "eatmydata":
+            found = trial(path, points=args.points, eatmydata=True)
+        else:
+            found = trial(path, disable=(name,), points=args.points)
         counts = [len(found[m]["violations"]) for m in MODELS]
         print("| %s | %s | %d | %d |" % (name, path, counts[0], counts[1]))
         example = (found["strict"]["violations"] or found["ext4"]["violations"])[:1]

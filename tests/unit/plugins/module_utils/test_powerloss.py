@@ -38,6 +38,8 @@ def test_no_crash_state_breaks_an_invariant(path):
     [
         "backup_dir_created_durably",
         "transcripts_after_durable_commit",
+        "transcript_list_durable",
+        "transcript_removals_durable",
         "rollback_synchronous_extra",
         "restore_aside_durable",
         "session_restore_pending_after_commits",
@@ -50,4 +52,13 @@ def test_each_durability_step_is_needed(control):
     """With one durability step made a no-op (in the recorded child only), violations show."""
     path = powerloss_trials.powerloss_paths.CONTROLS[control][0]
     found = powerloss_trials.trial(path, models=("strict",), disable=(control,), points=POINTS)
+    assert found["strict"]["violations"], found["strict"]["states"]
+
+
+@pytest.mark.skipif(shutil.which("eatmydata") is None, reason="needs eatmydata (CI installs it)")
+@pytest.mark.parametrize("path", powerloss_trials.powerloss_paths.EATMYDATA_PATHS)
+def test_eatmydata_breaks_the_invariants(path):
+    """Under eatmydata (fsync a no-op in the libc, the kernel never asked) the explorer reports violations:
+    it sees the run's fsyncs in the trace, not the engine's intent."""
+    found = powerloss_trials.trial(path, models=("strict",), points=POINTS, eatmydata=True)
     assert found["strict"]["violations"], found["strict"]["states"]
