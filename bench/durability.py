@@ -1,8 +1,8 @@
 """Benchmark: what the power-loss durability steps cost, beside a live Hermes writer.
 
-    .venv/bin/python bench/durability.py [--commits 60] [--pause 0.1] [--workdir build/bench-durability]
+    .venv/bin/python bench/durability.py [--commits 60] [--pause 0.1] [--rounds 3] [--workdir build/bench-durability]
 
-(``make bench-durability``.) A Hermes home built by the test fixtures (tests/lib/hermes_fixtures:
+(``make bench-durability``; about 3 minutes.) A Hermes home built by the test fixtures (tests/lib/hermes_fixtures:
 400 ended sessions of 30 messages, layout v30, both FTS indexes) is copied fresh for each variant.
 The real Hermes 0.22.2 ``SessionDB`` appends a message every 20 ms to it (tests/lib/hermes_writer.py,
 as in ``make bench``) while our connection (``open_rw``, the engine's) commits ``--commits`` small
@@ -18,8 +18,9 @@ triggers, COMMIT), ``--pause`` apart as the prune's pacing lets the writer in:
 * ``persist/EXTRA`` and ``persist/FULL``: ``journal_mode=PERSIST``, what the prune uses;
 * ``writer alone``: no commits of ours in the same window (this shared machine's noise floor).
 
-Prints one row per variant: our COMMIT's median and worst (BEGIN to the end of COMMIT: what holds
-the write lock), ``commits_durable``'s median, and the writer's appends in the window (count,
+The variants run in turn, ``--rounds`` times (the machine's load drifts); a row is all of a variant's
+rounds together. Prints one row per variant: our COMMIT statement's median and worst (where ``synchronous`` decides
+the fsyncs; the lock is held through it), ``commits_durable``'s median, and the writer's appends in the window (count,
 median, p99, worst latency, failures).
 """
 
@@ -91,12 +92,12 @@ def variant(workdir, name, journal, synchronous, durable, commits, pause):
             if name == "writer alone":
                 time.sleep(pause)
                 continue
-            began = time.perf_counter()
             conn.execute("BEGIN IMMEDIATE")
             conn.execute(
                 "DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE session_id = ? LIMIT 5)",
                 (sessions[i % len(sessions)],),
             )
+            began = time.perf_counter()  # the COMMIT alone: where synchronous decides the fsyncs
             conn.execute("COMMIT")
             committed = time.perf_counter()
             commit_times.append(committed - began)
@@ -109,7 +110,15 @@ def variant(workdir, name, journal, synchronous, durable, commits, pause):
         time.sleep(0.3)
     finally:
         summary = writer.stop()
-    stats = latency_stats(writer.records(), start, end)
+    window = [r for r in writer.records() if start <= r["t"] <= end]
+    return commit_times, durable_times, window, summary["failed"]
+
+
+def summarize(name, runs):
+    """One row from a variant's rounds: every commit and every append of its windows together."""
+    commit_times = [t for run in runs for t in run[0]]
+    durable_times = [t for run in runs for t in run[1]]
+    stats = latency_stats([r for run in runs for r in run[2]])
     return {
         "variant": name,
         "commits": len(commit_times),
@@ -120,7 +129,7 @@ def variant(workdir, name, journal, synchronous, durable, commits, pause):
         "writer_p50_ms": stats["p50"] * 1000 if stats["p50"] is not None else None,
         "writer_p99_ms": stats["p99"] * 1000 if stats["p99"] is not None else None,
         "writer_max_ms": stats["max"] * 1000 if stats["max"] is not None else None,
-        "writer_failed": stats["failed"] + summary["failed"],
+        "writer_failed": stats["failed"] + sum(run[3] for run in runs),
     }
 
 
@@ -132,6 +141,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--commits", type=int, default=60)
     parser.add_argument("--pause", type=float, default=0.1)
+    parser.add_argument("--rounds", type=int, default=3, help="the variants in turn, this many times (drift)")
     parser.add_argument("--workdir", default=str(REPO / "build" / "bench-durability"))
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     args = parser.parse_args(argv)
@@ -140,11 +150,16 @@ def main(argv=None):
     sys.path.insert(0, collections_root())
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    rows = [variant(workdir, *v, commits=args.commits, pause=args.pause) for v in VARIANTS]
+    load = os.getloadavg()
+    runs = {v[0]: [] for v in VARIANTS}
+    for _round in range(args.rounds):
+        for v in VARIANTS:
+            runs[v[0]].append(variant(workdir, *v, commits=args.commits, pause=args.pause))
+    rows = [summarize(name, runs[name]) for name, *_rest in VARIANTS]
     print(
-        "%s, SQLite %s (ours), %d commits %.0f ms apart, load %s"
-        % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), sqlite3.sqlite_version, args.commits,
-           args.pause * 1000, " ".join("%.2f" % x for x in os.getloadavg()))
+        "%s, SQLite %s (ours), %d rounds of %d commits %.0f ms apart, load %s before, %s after"
+        % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), sqlite3.sqlite_version, args.rounds, args.commits,
+           args.pause * 1000, " ".join("%.2f" % x for x in load), " ".join("%.2f" % x for x in os.getloadavg()))
     )  # fmt: skip
     print()
     print(
