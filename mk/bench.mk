@@ -8,6 +8,9 @@
 #   make bench-report docs/benchmarks.md, its plots (docs/benchmarks/*.png) and bench/results/*.md
 #                     rewritten from bench/results/*.json alone (no run; seconds)
 #   make live-full    tests/unit/.../test_live_writer.py at the full size (prunes 110k messages)
+#   make bench-durability  bench/durability.py: what the power-loss fsyncs cost beside the 20 ms writer
+#                     (WAL commit with and without commits_durable, rollback journal EXTRA vs FULL);
+#                     prints its table (about 3 minutes; the controller venv, no plots)
 #
 # The bench targets run in their own venv (.cache/bench-venv, requirements/bench.txt: matplotlib
 # for the plots), made on first use; `make test` and CI never make it.
@@ -19,7 +22,7 @@ BENCH_ARGS ?=
 BENCH_VENV ?= $(CURDIR)/.cache/bench-venv
 BENCH_PY := $(BENCH_VENV)/bin/python
 
-.PHONY: bench bench-sweep bench-setup bench-report live-full
+.PHONY: bench bench-sweep bench-setup bench-report live-full bench-durability
 
 $(BENCH_VENV)/.stamp: requirements/bench.txt
 	test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)
@@ -40,3 +43,6 @@ bench-sweep: $(STAMP) collection-link bench-setup ## bench plus the batch_size x
 live-full: $(STAMP) collection-link ## live-writer test at full size (prune of 110k messages under a 20 ms writer)
 	@HERMES_LIVE_SIZE=full bash scripts/pytest.sh $(BIN)/pytest tests/unit/plugins/module_utils/test_live_writer.py \
 		-m "" $(PYTEST_ARGS)
+
+bench-durability: $(STAMP) collection-link ## what the power-loss fsyncs cost beside a live 20 ms writer (prints a table; ~3 min)
+	$(BIN)/python bench/durability.py $(BENCH_ARGS)

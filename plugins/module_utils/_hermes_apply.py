@@ -16,7 +16,7 @@ import sqlite3
 import time
 
 from ._hermes_catalogue import LEDGER_GUARD, retire_ledger
-from ._hermes_db import commits_durable, write_transaction, writer_probe
+from ._hermes_db import commits_durable, fsync_path, write_transaction, writer_probe
 from ._hermes_fence import FenceRefused, local_conversations
 from ._hermes_fence import check as fence_check
 from ._hermes_fence import retire as fence_retire
@@ -342,26 +342,33 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
             if budget.hard:  # while the gateway is idle the bound grows, and the hard bound with it
                 budget.hard = hard_bound(budget.seconds)
             batch = queue.popleft()
+            # Listed before BEGIN, durably (file and directory), out of the write lock's hold: a
+            # COMMIT that reaches the disk finds the list there, or its transcripts stay for good.
+            # The whole batch: the next run removes only the files of the sessions that are gone.
+            listed = {sid: list(plan.transcripts[sid]) for sid, _chunk in batch if plan.transcripts.get(sid)}
+            if listed:
+                _write_pending(pending, listed)
+                pending_durable(pending)
             began = time.monotonic()
             try:
-                done, counts, files = _prune_batch(
-                    conn, plan, schema, batch, budget, queue, skipped, has_prompts, pending
-                )
+                done, counts = _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts)
             except sqlite3.OperationalError:
                 if not budget.tripped:
                     raise
                 # Held past the hard bound: SQLite rolled the transaction back, nothing of it
                 # happened. The sessions done before that one are retried on their own.
                 queue.extendleft([batch[budget.unit :], batch[: budget.unit]])
-                done, counts, files = [], PruneResult(), None
+                done, counts = [], PruneResult()
                 budget.per_row = None  # slower than measured: the next transaction measures again
             counts.sessions = len(done)
             result.add(counts)
+            files = [path for sid in done for path in listed.get(sid, ())]
             if files:  # a transcript goes only once its session's deletion is durable
                 commits_durable(db_path)
-            for sid in done:
-                result.transcripts += remove_files(plan.transcripts.get(sid, ()))
+            result.transcripts += remove_files(files)
             if files:
+                removals_durable(files)  # before the list goes: else they may come back, unlisted
+            if listed:
                 remove_files([pending])
             held = time.monotonic() - began
             paused = pacing.pause(held)
@@ -379,8 +386,8 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     return result
 
 
-def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts, pending):
-    """One transaction of the prune: returns (sessions deleted, counts, transcripts listed as pending).
+def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts):
+    """One transaction of the prune: returns (sessions deleted, counts).
 
     The sessions that still qualify are deleted a group at a time, each group in one set of
     statements (``_delete_group``): FTS5 writes its pending changes out as a new segment at the
@@ -421,13 +428,10 @@ def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts,
             if group:
                 done += _delete_group(conn, schema, group, has_prompts, counts, plan, skipped)
         budget.measured(counts.messages)
-        files = {sid: list(plan.transcripts.get(sid, ())) for sid in done if plan.transcripts.get(sid)}
-        if files:  # a kill after the COMMIT must not leave these behind for good
-            _write_pending(pending, files)
         budget.armed = False  # never inside COMMIT
         committing = time.monotonic()
     budget.commit = time.monotonic() - committing
-    return done, counts, files
+    return done, counts
 
 
 def _delete_group(conn, schema, group, has_prompts, counts, plan, skipped):
@@ -565,6 +569,21 @@ def _write_pending(path, files):
         json.dump(files, handle)
 
 
+def pending_durable(path):
+    """The transcript list's data and its name, before the transaction whose commit relies on it."""
+    fsync_path(path)
+    fsync_path(os.path.dirname(os.path.abspath(path)))
+
+
+def removals_durable(paths):
+    """The unlinks of ``paths`` durable (their directories' fsync), before the list naming them goes."""
+    for directory in sorted({os.path.dirname(os.path.abspath(path)) for path in paths}):
+        try:
+            fsync_path(directory)
+        except FileNotFoundError:
+            continue
+
+
 def finish_pending(conn, path):
     """Remove the transcripts an interrupted run listed, of the sessions whose deletion committed.
 
@@ -583,6 +602,7 @@ def finish_pending(conn, path):
         commits_durable(conn.execute("PRAGMA database_list").fetchone()[2])
     for sid in gone:
         removed += remove_files(files[sid])
+    removals_durable([name for sid in gone for name in files[sid]])
     remove_files([path])
     return removed
 

@@ -24,8 +24,8 @@ import subprocess
 import tempfile
 import time
 
-from ._hermes_apply import PruneResult, WriterTurn, close_zombies, poll_gap, remove_files
-from ._hermes_db import MaintenanceError, writer_probe
+from ._hermes_apply import PruneResult, WriterTurn, close_zombies, poll_gap, removals_durable, remove_files
+from ._hermes_db import MaintenanceError, commits_durable, writer_probe
 from ._hermes_plan import live_leases, routed_sessions
 
 ENGINE, HERMES = "engine", "hermes"
@@ -295,9 +295,13 @@ def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause,
         result.messages += answer["messages"]
         result.orphaned += answer["orphaned"]
         result.prompts += answer["prompts"]
-        for sid in gone:
-            files = plan.transcripts.get(sid, ())
-            result.transcripts += remove_files(files) if remove else len(files)
+        files = [path for sid in gone for path in plan.transcripts.get(sid, ())]
+        if remove and files:  # the release's commit may be only in the page cache: durable first
+            commits_durable(db_path)
+            result.transcripts += remove_files(files)
+            removals_durable(files)
+        elif not remove:
+            result.transcripts += len(files)
         cost.measured(answer["messages"], answer["seconds"], len(ids))
         held = time.monotonic() - began
         if turn:

@@ -50,14 +50,17 @@ _UNFINISHED = re.compile(r"^(?P<pid>\d+)\s+(?P<head>.*) <unfinished \.\.\.>$")
 _RESUMED = re.compile(r"^(?P<pid>\d+)\s+<\.\.\. (?P<call>\w+) resumed>(?P<tail>.*)$")
 
 
-def record(script, args, root, trace_path, env=None, cwd=None):
-    """Run ``python3 -c script args`` under strace; returns its completed process."""
+def record(script, args, root, trace_path, env=None, cwd=None, wrapper=()):
+    """Run ``python3 -c script args`` under strace; returns its completed process.
+
+    ``wrapper``: a command the child is started through (``["eatmydata"]``: its LD_PRELOAD turns
+    fsync and fdatasync into no-ops in the libc, so the trace holds none and nothing is durable)."""
     import sys
 
     command = [
         "strace", "-f", "-qq", "-s", str(1 << 28), "-xx", "-e", "trace=" + SYSCALLS, "-e", "signal=none",
-        "-o", trace_path, sys.executable, "-c", script,
-    ] + list(args)  # fmt: skip
+        "-o", trace_path,
+    ] + list(wrapper) + [sys.executable, "-c", script] + list(args)  # fmt: skip
     return subprocess.run(command, env=env, cwd=cwd or root, capture_output=True, text=True, timeout=600, check=False)
 
 

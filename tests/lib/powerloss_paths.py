@@ -14,6 +14,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 
 import crash_states
@@ -71,8 +72,10 @@ time.sleep(600)
 # name: (path it shows on, what the child does to the engine first)
 CONTROLS = {
     "backup_dir_created_durably": (
-        "prune-wal-frames", "_hermes_backup.makedirs_durable = lambda p, m: os.makedirs(p, m)"),
+        "prune-wal-no-transcripts", "_hermes_backup.makedirs_durable = lambda p, m: os.makedirs(p, m)"),
     "transcripts_after_durable_commit": ("prune-wal-frames", "_hermes_apply.commits_durable = lambda p: None"),
+    "transcript_list_durable": ("prune-wal-frames", "_hermes_apply.pending_durable = lambda p: None"),
+    "transcript_removals_durable": ("prune-wal-frames", "_hermes_apply.removals_durable = lambda p: None"),
     "rollback_synchronous_extra": ("prune-rollback-vacuum", "_hermes_db.ROLLBACK_SYNCHRONOUS = 'FULL'"),
     "restore_aside_durable": ("restore", "_hermes_restore.aside_durable = lambda a, d: None"),
     "session_restore_pending_after_commits": (
@@ -81,6 +84,8 @@ CONTROLS = {
     "metrics_rename_durable": ("metrics-log", "_hermes_metrics.fsync_path = lambda p: None"),
     "runner_log_durable": ("metrics-log", "_hermes_runner.fsync_path = lambda p: None"),
 }  # fmt: skip
+# The same, for every fsync at once: the child run under eatmydata (fsync a no-op in the libc).
+EATMYDATA_PATHS = ("prune-wal-frames", "restore")
 
 
 # --------------------------------------------------------------------------- homes
@@ -112,8 +117,10 @@ def build(path, root):
     db = build_home(home, "v30", standard_scenario("v30")[0], now=now)
     options = {"hermes_home": [home], "prune_days": 7, "batch_size": 4, "batch_pause": 0.0, "backup_compress": False}
     job = {"home": home, "kind": "maintenance", "options": options}
-    if path == "prune-wal-frames":  # a first run: no backup directory yet
+    if path in ("prune-wal-frames", "prune-wal-no-transcripts"):  # a first run: no backup directory yet
         _wal_with_frames(db)
+        if path == "prune-wal-no-transcripts":  # nothing fsyncs the home before the first delete but the backup's steps
+            shutil.rmtree(os.path.join(home, "sessions"))
     elif path == "prune-wal-gz-vacuum":
         os.mkdir(os.path.join(home, "backups"), 0o700)
         options.update(backup_compress=True, vacuum_mode="full")
@@ -178,9 +185,122 @@ def build(path, root):
 
 
 PATHS = (
-    "prune-wal-frames", "prune-archive-holder", "prune-wal-gz-vacuum", "prune-rollback-vacuum", "restore",
-    "session-restore", "file-retention", "metrics-log",
+    "prune-wal-frames", "prune-wal-no-transcripts", "prune-archive-holder", "prune-wal-gz-vacuum",
+    "prune-rollback-vacuum", "restore", "session-restore", "file-retention", "metrics-log",
 )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- deeper, per state
+
+RELEASE = "hermes-0.22.2.post1"
+SEARCH_WORD = "zebra"  # in every fixture message (hermes_fixtures)
+READER = r"""
+import json, sys
+from pathlib import Path
+import hermes_state
+for line in sys.stdin:
+    ask = json.loads(line)
+    try:
+        db = hermes_state.SessionDB(db_path=Path(ask["db"]))
+        try:
+            hits = db.search_messages(ask["word"], limit=1000)
+        finally:
+            db.close()
+        out = {"sessions": sorted({hit["session_id"] for hit in hits})}
+    except Exception as exc:  # noqa: BLE001  # reported as the state's violation
+        out = {"error": "%s: %s" % (type(exc).__name__, exc)}
+    print(json.dumps(out), flush=True)
+"""
+
+
+class Deep:
+    """Per-state checks beyond the invariants, on every ``every``-th distinct state that keeps them:
+    the real release (its own ``SessionDB``) opens the state's state.db and its search finds a
+    session the run keeps; and (maintenance paths) a rerun of the maintenance on the state ends
+    without an error with the uninterrupted run's sessions, and a second rerun changes nothing.
+
+    One reader process of the release answers every state (a process per state would cost a second
+    each). ``counts``: what was checked, per model (``reset`` between models)."""
+
+    def __init__(self, every=1):
+        from hermes_fixtures import hermes_python
+
+        self.every, self.seen = max(1, int(every)), 0
+        self.python = hermes_python(RELEASE)
+        self.reader = None
+        self.reset()
+
+    def reset(self):
+        self.seen = 0
+        self.counts = {"release_opened": 0, "release_found_kept": 0, "reruns": 0, "converged": 0}
+
+    def due(self):
+        self.seen += 1
+        return (self.seen - 1) % self.every == 0
+
+    def _ask(self, db):
+        if self.reader is None:
+            self.scratch = tempfile.mkdtemp(prefix="powerloss-release-")  # its HERMES_HOME: outlives each state
+            env = dict(os.environ, HERMES_HOME=self.scratch)
+            env.pop("PYTHONPATH", None)  # the release imports only its own packages
+            self.reader = subprocess.Popen(
+                [self.python, "-c", READER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, text=True, env=env, cwd="/",
+            )  # fmt: skip
+        self.reader.stdin.write(json.dumps({"db": db, "word": SEARCH_WORD}) + "\n")
+        self.reader.stdin.flush()
+        line = self.reader.stdout.readline()
+        if not line:
+            raise RuntimeError("the %s reader ended" % RELEASE)
+        return json.loads(line)
+
+    def release_reads(self, db, kept):
+        """Violations: the release cannot open ``db``, or its search finds none of ``kept``."""
+        if self.python is None:
+            return []
+        answer = self._ask(db)
+        if "error" in answer:
+            return ["%s cannot open state.db: %s" % (RELEASE, answer["error"])]
+        self.counts["release_opened"] += 1
+        if not set(answer["sessions"]) & kept:
+            return ["%s's search finds no session the run keeps (%d hits)" % (RELEASE, len(answer["sessions"]))]
+        self.counts["release_found_kept"] += 1
+        return []
+
+    def rerun_converges(self, shome, options, end_sessions):
+        """Violations: a rerun fails, or keeps other sessions than the uninterrupted run, or a second
+        rerun changes anything."""
+        from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine
+
+        options = dict(options, hermes_home=[shome])
+        self.counts["reruns"] += 1
+        first = _hermes_engine.run_maintenance(options)
+        bad = ["rerun: %s" % p.get("error") for p in first["profiles"] if p.get("status") != "ok"]
+        if bad:
+            return bad
+        db = os.path.join(shome, "state.db")
+        sessions, _messages = _rows(db)
+        if sessions != end_sessions:
+            bad.append(
+                "rerun: sessions differ from the uninterrupted run (extra %s, missing %s)"
+                % (sorted(sessions - end_sessions)[:3], sorted(end_sessions - sessions)[:3])
+            )
+        if os.path.exists(db + ".hermes-ops-transcripts"):
+            bad.append("rerun: the transcript list is left")
+        before = full_rows(db)
+        second = _hermes_engine.run_maintenance(options)
+        if second["changed"] or full_rows(db) != before:
+            bad.append("a second rerun changed something: %s" % second.get("summary"))
+        if not bad:
+            self.counts["converged"] += 1
+        return bad
+
+    def close(self):
+        if self.reader is not None:
+            self.reader.stdin.close()
+            self.reader.wait()
+            self.reader = None
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- invariants
@@ -211,6 +331,13 @@ def _db_violations(db):
     if not os.path.exists(db):
         return ["state.db is missing"]
     try:
+        conn = sqlite3.connect(db)  # a throwaway copy
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+        if "sessions" not in tables:  # an empty file passes integrity_check
+            return ["state.db holds no sessions table (%d bytes)" % os.path.getsize(db)]
         problems = db_problems(db)
         if not problems:
             _takes_a_write(db)
@@ -263,10 +390,41 @@ def _transcripts(home):
     return found
 
 
-def checker(path, job, home, final_home):
+def _pending_list(path):
+    """Session ids the prune's transcript list names (what the next run's finish_pending reads)."""
+    try:
+        with open(path) as handle:
+            return set(json.load(handle))
+    except (OSError, ValueError):
+        return set()
+
+
+def checker(path, job, home, final_home, deep=None):
     """check(state_root, final) for ``path``: the violations of one crash state.
 
-    ``home``: a copy of the home as it was before the run; a state's home is state_root/home."""
+    ``home``: a copy of the home as it was before the run; a state's home is state_root/home.
+    ``deep`` (a Deep): the release's read and the rerun's convergence too, on its sample."""
+    invariants = _checker(job, home, final_home)
+    if job["kind"] == "metrics_log":
+        deep = None  # no state.db
+    else:
+        kept, _messages = _rows(os.path.join(final_home, "state.db"))
+
+    def check(state_root, final):
+        bad = invariants(state_root, final)
+        if bad or deep is None or not deep.due():
+            return bad
+        shome = os.path.join(state_root, "home")
+        bad = deep.release_reads(os.path.join(shome, "state.db"), kept)
+        if not bad and job["kind"] == "maintenance":
+            bad = deep.rerun_converges(shome, job["options"], kept)
+        return bad
+
+    check.deep = deep
+    return check
+
+
+def _checker(job, home, final_home):
     rel = "home"
     if job["kind"] == "maintenance":
         start_sessions, start_messages = _rows_of_copy(home)
@@ -295,6 +453,15 @@ def checker(path, job, home, final_home):
             gone = sorted(sid for sid in sessions if set(transcripts.get(sid, ())) - set(now.get(sid, ())))
             if gone:
                 bad.append("transcripts missing for sessions still present: %s" % ", ".join(gone[:3]))
+            # a deleted session's transcript left behind must be on the list the next run finishes
+            listed = _pending_list(os.path.join(shome, "state.db.hermes-ops-transcripts"))
+            stranded = sorted(
+                sid
+                for sid in start_sessions - sessions
+                if set(transcripts.get(sid, ())) & set(now.get(sid, ())) and sid not in listed
+            )
+            if stranded:
+                bad.append("transcripts of deleted sessions left behind, on no list: %s" % ", ".join(stranded[:3]))
             if "file_retention" in job["options"]:
                 zips = [n for n in os.listdir(shome) if n.startswith("hermes-backup-") and n.endswith(".zip")]
                 contents = {open(os.path.join(shome, n), "rb").read() for n in zips}
@@ -391,7 +558,7 @@ def checker(path, job, home, final_home):
             return bad
 
         return check
-    raise ValueError(path)
+    raise ValueError(job["kind"])
 
 
 def _rows_with_wal(db, wal):
@@ -437,8 +604,11 @@ def _rows_of_copy(home):
 # --------------------------------------------------------------------------- one path
 
 
-def record_path(path, workdir, disable=()):
-    """Build the home, record the run; returns (recording, check)."""
+def record_path(path, workdir, disable=(), eatmydata=False, deep=None):
+    """Build the home, record the run; returns (recording, check).
+
+    ``eatmydata``: the child runs under eatmydata, so no fsync of the run reaches the kernel.
+    ``deep``: a Deep, for the per-state release read and rerun (``check.deep``)."""
     root = os.path.join(workdir, "root")
     os.makedirs(root)
     job = build(path, root)
@@ -456,7 +626,8 @@ def record_path(path, workdir, disable=()):
         )
         holder.stdout.readline()
     try:
-        run = crash_states.record(CHILD, [collections, json.dumps(job)], root, trace)
+        wrapper = ["eatmydata"] if eatmydata else []
+        run = crash_states.record(CHILD, [collections, json.dumps(job)], root, trace, wrapper=wrapper)
     finally:
         if holder is not None:
             holder.kill()
@@ -466,4 +637,4 @@ def record_path(path, workdir, disable=()):
     final = os.path.join(workdir, "final")
     os.mkdir(final)
     recording.live.materialize(final)
-    return recording, checker(path, job, checks_home, os.path.join(final, "home"))
+    return recording, checker(path, job, checks_home, os.path.join(final, "home"), deep)

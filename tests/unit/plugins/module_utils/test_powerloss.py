@@ -14,7 +14,11 @@ import shutil
 import powerloss_trials
 import pytest
 
+from hermes_fixtures import hermes_python
+
 POINTS = int(os.environ.get("HERMES_POWERLOSS_POINTS", "4"))
+# The release's read and the maintenance rerun on every DEEP-th distinct state (CPU: see docs/safety.md).
+DEEP = int(os.environ.get("HERMES_POWERLOSS_DEEP", "4"))
 
 pytestmark = [
     pytest.mark.crash,
@@ -27,10 +31,19 @@ pytestmark = [
     "path", ["prune-wal-frames", "prune-archive-holder", "restore", "session-restore", "file-retention", "metrics-log"]
 )
 def test_no_crash_state_breaks_an_invariant(path):
-    found = powerloss_trials.trial(path, points=POINTS)
+    """And on a sample of the states: the real release opens state.db and its search finds a kept
+    session; on the maintenance paths a rerun converges to the uninterrupted run, a second changes nothing."""
+    found = powerloss_trials.trial(path, points=POINTS, deep=DEEP)
     for model, result in found.items():
         assert result["states"] > 1, (model, result)
         assert result["violations"] == [], (model, result["violations"][:5])
+        deep = result["deep"]
+        if deep is None:  # metrics and log: no state.db
+            continue
+        if hermes_python(powerloss_trials.powerloss_paths.RELEASE) is not None:
+            assert deep["release_found_kept"] > 0, (model, deep)
+        if path.startswith("prune-") or path == "file-retention":
+            assert deep["converged"] == deep["reruns"] > 0, (model, deep)
 
 
 @pytest.mark.parametrize(
@@ -38,6 +51,8 @@ def test_no_crash_state_breaks_an_invariant(path):
     [
         "backup_dir_created_durably",
         "transcripts_after_durable_commit",
+        "transcript_list_durable",
+        "transcript_removals_durable",
         "rollback_synchronous_extra",
         "restore_aside_durable",
         "session_restore_pending_after_commits",
@@ -49,5 +64,16 @@ def test_no_crash_state_breaks_an_invariant(path):
 def test_each_durability_step_is_needed(control):
     """With one durability step made a no-op (in the recorded child only), violations show."""
     path = powerloss_trials.powerloss_paths.CONTROLS[control][0]
-    found = powerloss_trials.trial(path, models=("strict",), disable=(control,), points=POINTS)
+    # the lost backup directory shows at one crash point only (the first delete's): every point (45 states)
+    points = None if control == "backup_dir_created_durably" else POINTS
+    found = powerloss_trials.trial(path, models=("strict",), disable=(control,), points=points)
+    assert found["strict"]["violations"], found["strict"]["states"]
+
+
+@pytest.mark.skipif(shutil.which("eatmydata") is None, reason="needs eatmydata (CI installs it)")
+@pytest.mark.parametrize("path", powerloss_trials.powerloss_paths.EATMYDATA_PATHS)
+def test_eatmydata_breaks_the_invariants(path):
+    """Under eatmydata (fsync a no-op in the libc, the kernel never asked) the explorer reports violations:
+    it sees the run's fsyncs in the trace, not the engine's intent."""
+    found = powerloss_trials.trial(path, models=("strict",), points=POINTS, eatmydata=True)
     assert found["strict"]["violations"], found["strict"]["states"]
