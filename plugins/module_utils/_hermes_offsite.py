@@ -28,6 +28,7 @@ locked or full: the result says so (``status``, ``reason``, ``error``) and the m
 from __future__ import annotations
 
 import argparse
+import calendar
 import errno
 import json
 import os
@@ -267,6 +268,7 @@ def push(
         "skipped": [],
         "refused": [],
         "snapshots": None,
+        "newest_snapshot": None,
         "repository_bytes": None,
         "check": None,
     }
@@ -318,7 +320,10 @@ def push(
                 result["check"] = {"ok": False, "error": str(exc)}
                 raise
         # What forget kept is every snapshot of this host's (it filters by host and tag).
-        result["snapshots"] = sum(len(group.get("keep") or []) for group in groups)
+        kept = [snap for group in groups for snap in group.get("keep") or []]
+        result["snapshots"] = len(kept)
+        times = [t for t in (snapshot_time(snap.get("time")) for snap in kept) if t is not None]
+        result["newest_snapshot"] = max(times) if times else None
         stats = tool.run_json(["stats", "--mode", "raw-data"]) or {}
         result["repository_bytes"] = stats.get("total_size")
     except OffsiteError as exc:
@@ -327,6 +332,21 @@ def push(
         result.update(status="failed", reason="refused_file", error=result["refused"][0]["error"])
     result["seconds"] = round(time.time() - started, 3)
     return result
+
+
+_RFC3339 = re.compile(r"^(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.\d+)?(Z|([+-])(\d\d):(\d\d))$")
+
+
+def snapshot_time(text):
+    """Unix time of restic's snapshot time (RFC 3339, nanoseconds and zone), None if unparsable."""
+    match = _RFC3339.match(text or "")
+    if not match:
+        return None
+    fields = tuple(int(match.group(i)) for i in range(1, 7))
+    offset = 0
+    if match.group(7) != "Z":
+        offset = (int(match.group(9)) * 3600 + int(match.group(10)) * 60) * (1 if match.group(8) == "+" else -1)
+    return calendar.timegm(fields + (0, 0, 0)) - offset
 
 
 def _backup(tool, fd, target, host, user, profile, when):
@@ -369,6 +389,7 @@ METRICS = (
     ("last_success_timestamp_seconds", "Unix time the last successful off-site push ended (absent: never)."),
     ("failures", "Off-site pushes that failed in a row (0 after a success)."),
     ("snapshots", "Snapshots of this host in the off-site repository, after the last successful push."),
+    ("newest_snapshot_timestamp_seconds", "Unix time of this host's newest backup in the off-site repository."),
     ("repository_bytes", "Size of the off-site repository (restic stats raw-data), after the last successful push."),
     ("last_pushed_bytes_added", "Bytes the last push added to the repository (after deduplication)."),
     ("last_check_timestamp_seconds", "Unix time of the last restic check of the repository (absent: never)."),
@@ -393,13 +414,16 @@ def previous_figures(path):
 def render(result, previous, finished):
     ok = result["status"] == "ok"
     figures = {"last_run_timestamp_seconds": finished, "failures": 0 if ok else int(previous.get("failures", 0)) + 1}
-    for name in ("last_success_timestamp_seconds", "snapshots", "repository_bytes"):
+    kept = ("last_success_timestamp_seconds", "snapshots", "newest_snapshot_timestamp_seconds", "repository_bytes")
+    for name in kept:
         if name in previous:
             figures[name] = previous[name]
     if ok:
         figures["last_success_timestamp_seconds"] = finished
         figures["snapshots"] = result["snapshots"] or 0
         figures["repository_bytes"] = result["repository_bytes"] or 0
+        if result["newest_snapshot"] is not None:
+            figures["newest_snapshot_timestamp_seconds"] = result["newest_snapshot"]
     figures["last_pushed_bytes_added"] = sum(p.get("bytes_added") or 0 for p in result["pushed"])
     if result.get("check") is not None:
         figures["last_check_timestamp_seconds"] = finished

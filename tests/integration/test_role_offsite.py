@@ -114,9 +114,7 @@ def test_offsite_push_is_roots(ansible_playbook, host, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "RESTIC_REPOSITORY": str(repo), "RESTIC_PASSWORD_FILE": str(password)}
     env["RESTIC_CACHE_DIR"] = str(tmp_path / "cache")
     listed = json.loads(
-        subprocess.run(
-            ["restic", "snapshots", "--json"], capture_output=True, text=True, env=env, check=True
-        ).stdout
+        subprocess.run(["restic", "snapshots", "--json"], capture_output=True, text=True, env=env, check=True).stdout
     )
     [snap] = listed
     assert snap["hostname"] == "node1" and {"hermes-ops", f"user={USER}", "profile=default"} <= set(snap["tags"])

@@ -109,6 +109,7 @@ def test_push_dedup_and_retention(site):
     [snap] = snapshots(site)
     assert {"hermes-ops", "user=hermes", "profile=default"} <= set(snap["tags"]) and snap["hostname"] == HOST
     assert result["snapshots"] == 1 and result["repository_bytes"] > 0
+    assert result["newest_snapshot"] == backup.parse_backup_name(first.name)[1]  # the backup's own time
 
     # The same backup again: nothing pushed.
     again = run_push(site)
