@@ -124,3 +124,19 @@ def test_offsite_push_is_roots(ansible_playbook, host, tmp_path):
     prom = (metrics / f"hermes_ops_offsite_{USER}.prom").read_text()
     assert f'hermes_ops_offsite_snapshots{{host="node1",user="{USER}"}} 1' in prom
     assert f'hermes_ops_offsite_failures{{host="node1",user="{USER}"}} 0' in prom
+
+    # report.yml shows the host's off-site state from the push's metrics.
+    report = {
+        "hermes_maintenance_user": USER,
+        "hermes_maintenance_homes": [str(h.hermes)],
+        "hermes_maintenance_metrics_dir": str(metrics),
+        "hermes_report_markdown": "",
+        "hermes_report_csv": "",
+    }
+    rc, out = ansible_playbook("playbooks/report.yml", extra_vars=report)
+    assert rc == 0, getattr(out, "text", out)
+    lines = out.result("Print the off-site table")["msg"]
+    assert lines[0].startswith("| host | snapshots | newest copy |")
+    cells = [c.strip() for c in lines[2].split("|")[1:-1]]
+    assert cells[0] == "localhost" and cells[1] == "1" and cells[3] == "0.0 days ago", lines
+    assert cells[5:] == ["0", "ok"], lines
