@@ -41,6 +41,7 @@ import time
 
 from ._hermes_backup import _NAME as BACKUP_NAME
 from ._hermes_backup import stamp_time
+from ._hermes_db import fsync_path
 from ._hermes_metrics import _labels, _number, metrics_filename, write_atomically
 
 TAG = "hermes-ops"
@@ -382,6 +383,62 @@ def _backup(tool, fd, target, host, user, profile, when):
     return summary
 
 
+# --- restore: a backup back from the repository ----------------------------------------
+
+
+def fetch(repository, password_file, host, user, profile, into, snapshot=None, restic=None, cache_dir=None):
+    """Write the backup of ``profile`` in ``snapshot`` (default: the host's newest for the user
+    and profile) to the directory ``into`` (root's, created 0700) under its own name; returns
+    {path, name, snapshot, time}. Raises OffsiteError naming what is missing."""
+    check_password_file(password_file)
+    tool = Restic(repository, password_file, restic=restic, cache_dir=cache_dir)
+    found = tool.run_json(["snapshots", "--host", host, "--tag", "%s,user=%s,profile=%s" % (TAG, user, profile)]) or []
+    if snapshot:
+        found = [s for s in found if s.get("id", "").startswith(snapshot) or s.get("short_id") == snapshot]
+    if not found:
+        raise OffsiteError(
+            "no snapshot%s of host %s, user %s, profile %s in %s"
+            % (" " + snapshot if snapshot else "", host, user, profile, repository)
+        )
+    chosen = max(found, key=lambda s: snapshot_time(s.get("time")) or 0)
+    [path] = chosen.get("paths") or [None]
+    name = os.path.basename(path or "")
+    parsed = BACKUP_NAME.match(name)
+    if not parsed or parsed.group("profile") != profile:
+        raise OffsiteError("snapshot %s holds %s, not a backup of profile %s" % (chosen.get("short_id"), path, profile))
+    os.makedirs(into, mode=0o700, exist_ok=True)
+    st = os.lstat(into)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise OffsiteError("%s must be a directory root alone can write" % into)
+    final = os.path.join(into, name)
+    partial = final + ".partial"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            proc = subprocess.run(
+                [tool.binary, "dump", chosen["id"], path],
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.PIPE,
+                env=tool.env,
+                cwd="/",
+                timeout=tool.timeout,
+                check=False,
+            )
+        finally:
+            os.fsync(fd)
+            os.close(fd)
+        if proc.returncode != 0:
+            raise OffsiteError("restic dump %s: %s" % (chosen.get("short_id"), proc.stderr.decode("utf-8", "replace")))
+        os.rename(partial, final)
+        fsync_path(into)
+    except BaseException:
+        if os.path.lexists(partial):
+            os.unlink(partial)
+        raise
+    return {"path": final, "name": name, "snapshot": chosen.get("short_id"), "time": chosen.get("time")}
+
+
 # --- metrics ---------------------------------------------------------------------------
 
 METRICS = (
@@ -501,6 +558,9 @@ def main(argv=None):
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     parser.add_argument("--init", action="store_true", help="create the repository when it does not exist")
     parser.add_argument("--check", action="store_true", help="run restic check now, whenever the last one was")
+    parser.add_argument("--fetch", metavar="PROFILE", help="write PROFILE's backup from the repository to --into")
+    parser.add_argument("--snapshot", help="with --fetch: this snapshot (default: the newest of the profile)")
+    parser.add_argument("--into", default="/var/lib/hermes-ops/offsite-restore", help="with --fetch: where to")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("hermes-ops-offsite: runs as root alone (the Hermes user must not read the password)", file=sys.stderr)
@@ -519,6 +579,23 @@ def main(argv=None):
             print(json.dumps({"changed": False, "failed": True, "msg": str(exc)}))
             return 1
         print(json.dumps({"changed": created, "repository": config["repository"]}))
+        return 0
+    if args.fetch:
+        try:
+            got = fetch(
+                config["repository"],
+                config["password_file"],
+                config["host"],
+                config["user"],
+                args.fetch,
+                os.path.join(args.into, config["user"]),
+                snapshot=args.snapshot,
+                cache_dir=config.get("cache_dir"),
+            )
+        except (OffsiteError, OSError) as exc:
+            print(json.dumps({"failed": True, "msg": str(exc)}))
+            return 1
+        print(json.dumps(got))
         return 0
     metrics_dir = config.get("metrics_dir") or ""
     check = args.check or check_due(metrics_dir, config["user"], int(config.get("check_days", DEFAULT_CHECK_DAYS)))

@@ -13,6 +13,7 @@ import shutil
 import sqlite3
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -260,3 +261,25 @@ def test_command_line_needs_roots_config(site, tmp_path, capsys):
     assert figures["snapshots"] == 1 and figures["check_ok"] == 1  # the first run checks
     os.chown(config, OWNER, OWNER)
     assert offsite.main(["--config", str(config)]) == 2
+
+
+def test_fetch_brings_the_backup_back(site, tmp_path):
+    now = time.time()
+    older = make_backup(site["backups"], "default", now - 86400)
+    assert run_push(site)["status"] == "ok"
+    newer = make_backup(site["backups"], "default", now)
+    result = run_push(site)
+    assert result["status"] == "ok"
+    first_id = snapshots(site)[0]["short_id"]
+    older_bytes, newer_bytes = older.read_bytes(), newer.read_bytes()
+    shutil.rmtree(site["backups"])  # the disk is gone
+    into = tmp_path / "restore"
+    got = offsite.fetch(site["repo"], site["password"], HOST, "hermes", "default", str(into), cache_dir=site["cache"])
+    assert got["name"] == newer.name and Path(got["path"]).read_bytes() == newer_bytes
+    assert (os.stat(got["path"]).st_mode & 0o777, os.stat(into).st_mode & 0o777) == (0o600, 0o700)
+    got = offsite.fetch(
+        site["repo"], site["password"], HOST, "hermes", "default", str(into), snapshot=first_id, cache_dir=site["cache"]
+    )
+    assert got["name"] == older.name and Path(got["path"]).read_bytes() == older_bytes
+    with pytest.raises(offsite.OffsiteError, match="no snapshot of host host1, user hermes, profile work"):
+        offsite.fetch(site["repo"], site["password"], HOST, "hermes", "work", str(into), cache_dir=site["cache"])
