@@ -1,0 +1,142 @@
+# Copyright: contributors to hermes_agent.ops
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Off-site copies through the role: real ``ansible-playbook`` runs of playbooks/schedule.yml
+with a restic repository (a local path) for the test user ``hermes-ops-i40``, as root.
+
+* a password file that is not root's 0600 fails the apply, naming the variable;
+* applied, the push is root's: an /etc/cron.d entry that runs as root, a 0600 config, the
+  repository created; the Hermes user can read neither the config nor the password;
+* the maintenance (run as the user) makes a backup, and root's push sends it: one snapshot,
+  tagged with the user and the profile, whose content is the backup; the metrics file says so.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from hermes_role_host import RoleHost, role_host
+
+pytestmark = [
+    pytest.mark.managed_node,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the off-site push is root's"),
+    pytest.mark.skipif(shutil.which("restic") is None, reason="restic is not installed (apt-get install restic)"),
+]
+
+USER = "hermes-ops-i40"
+LIB = Path("/usr/local/lib/hermes-ops") / USER
+ETC = Path("/etc/hermes-ops") / USER
+WRAPPER = LIB / "bin" / "hermes-session-maintenance"
+PUSH = LIB / "bin" / "hermes-ops-offsite"
+CRON_FILE = Path("/etc/cron.d") / ("hermes-ops-offsite-" + USER)
+
+SPECS = [
+    {"id": "old", "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3},
+    {"id": "new", "source": "cli", "started_days_ago": 1, "ended_days_ago": 0.5, "messages": 2},
+]
+
+
+def _remove_everything():
+    for path in (LIB, ETC):
+        shutil.rmtree(str(path), ignore_errors=True)
+    for path in (CRON_FILE,):
+        if path.exists():
+            path.unlink()
+    subprocess.run(["crontab", "-r", "-u", USER], capture_output=True, check=False)
+
+
+@pytest.fixture
+def host():
+    with role_host(RoleHost, USER, SPECS, _remove_everything) as h:
+        yield h
+
+
+def test_offsite_push_is_roots(ansible_playbook, host, tmp_path):
+    h = host
+    password = h.base / "restic-password"
+    password.write_text("integration secret\n")
+    password.chmod(0o644)
+    repo = h.base / "repo"
+    metrics = h.base / "metrics"
+    extra = h.vars(
+        hermes_maintenance_scheduler="cron",
+        hermes_maintenance_metrics_dir=str(metrics),
+        hermes_maintenance_offsite_repository=str(repo),
+        hermes_maintenance_offsite_password_file=str(password),
+        hermes_maintenance_offsite_keep={"daily": 3},
+        hermes_maintenance_offsite_host="node1",
+    )
+
+    rc, out = ansible_playbook("playbooks/schedule.yml", extra_vars=extra)
+    text = getattr(out, "text", str(out))
+    assert rc != 0
+    assert "hermes_maintenance_offsite_password_file" in text and "mode 0644" in text, text
+    assert not repo.exists()
+
+    password.chmod(0o600)
+    rc, out = ansible_playbook("playbooks/schedule.yml", extra_vars=extra)
+    assert rc == 0, getattr(out, "text", out)
+
+    assert (repo / "config").is_file()  # the role created the repository
+    cron = CRON_FILE.read_text()
+    assert f"#Ansible: hermes_agent.ops off-site push ({USER})" in cron
+    assert f"30 5 * * * root {PUSH} | logger -t hermes-ops-offsite" in cron
+    config = ETC / "offsite.json"
+    st = config.stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600)
+    settings = json.loads(config.read_text())
+    assert settings["keep"] == {"daily": 3, "weekly": 4, "monthly": 6}
+    assert settings["uid"] == h.uid and settings["host"] == "node1"
+
+    # The Hermes user reads neither the push's config nor (through it) the password, and
+    # cannot run the push.
+    for path in (config, password, PUSH):
+        probe = subprocess.run(
+            ["/usr/bin/python3", "-c", f"open({str(path)!r}).read()"], capture_output=True, cwd="/", **h.as_user()
+        )
+        assert probe.returncode != 0 and b"PermissionError" in probe.stderr, path
+
+    # The user's maintenance makes a backup; root's push sends it.
+    run = subprocess.run(
+        [str(WRAPPER)], capture_output=True, text=True, cwd="/", env={"PATH": "/usr/bin:/bin"}, **h.as_user()
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    backups = sorted((h.hermes / "backups").glob("hermes-ops_*.db*"))
+    assert backups, run.stdout
+    push = subprocess.run([str(PUSH), "--json"], capture_output=True, text=True, cwd="/", check=False)
+    assert push.returncode == 0, push.stdout + push.stderr
+    result = json.loads(push.stdout)
+    assert result["status"] == "ok" and [p["name"] for p in result["pushed"]] == [backups[-1].name]
+    assert result["snapshots"] == 1
+
+    env = {"PATH": "/usr/bin:/bin", "RESTIC_REPOSITORY": str(repo), "RESTIC_PASSWORD_FILE": str(password)}
+    env["RESTIC_CACHE_DIR"] = str(tmp_path / "cache")
+    listed = json.loads(
+        subprocess.run(["restic", "snapshots", "--json"], capture_output=True, text=True, env=env, check=True).stdout
+    )
+    [snap] = listed
+    assert snap["hostname"] == "node1" and {"hermes-ops", f"user={USER}", "profile=default"} <= set(snap["tags"])
+    dumped = subprocess.run(["restic", "dump", snap["id"], snap["paths"][0]], capture_output=True, env=env, check=True)
+    assert dumped.stdout == backups[-1].read_bytes()
+
+    prom = (metrics / f"hermes_ops_offsite_{USER}.prom").read_text()
+    assert f'hermes_ops_offsite_snapshots{{host="node1",user="{USER}"}} 1' in prom
+    assert f'hermes_ops_offsite_failures{{host="node1",user="{USER}"}} 0' in prom
+
+    # report.yml shows the host's off-site state from the push's metrics.
+    report = {
+        "hermes_maintenance_user": USER,
+        "hermes_maintenance_homes": [str(h.hermes)],
+        "hermes_maintenance_metrics_dir": str(metrics),
+        "hermes_report_markdown": "",
+        "hermes_report_csv": "",
+    }
+    rc, out = ansible_playbook("playbooks/report.yml", extra_vars=report)
+    assert rc == 0, getattr(out, "text", out)
+    lines = out.result("Print the off-site table")["msg"]
+    assert lines[0].startswith("| host | snapshots | newest copy |")
+    cells = [c.strip() for c in lines[2].split("|")[1:-1]]
+    assert cells[0] == "localhost" and cells[1] == "1" and cells[3] == "0.0 days ago", lines
+    assert cells[5:] == ["0", "ok"], lines
