@@ -253,3 +253,15 @@ def test_each_default_is_written_once_outside_the_generated_blocks(option):
             continue
         found += [(path, line.strip()) for line in hand_written_lines(text) if setting.search(line) or row.search(line)]
     assert [path for path, _line in found] == ["plugins/module_utils/_hermes_options.py"], found
+
+
+def test_role_declares_the_bare_engine_option_names_it_refuses():
+    """Declared in the argument specs (by hand, after the generated block) so that Ansible's
+    own check lets a role parameter written without its prefix reach the role's first task,
+    which fails naming the variable meant: exactly the names the role's check refuses."""
+    from ansible_collections.hermes_agent.ops.plugins.filter.variables import bare_option_names
+
+    bare = sorted(name for name in role_specs() if not name.startswith(PREFIX))
+    assert bare == bare_option_names(OPTIONS.BY_NAME), bare
+    for name in bare:
+        assert role_specs()[name]["description"].startswith("Not a role variable; use O(%s%s)" % (PREFIX, name))
