@@ -13,6 +13,7 @@ with a restic repository (a local path) for the test user ``hermes-ops-i40``, as
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -140,3 +141,29 @@ def test_offsite_push_is_roots(ansible_playbook, host, tmp_path):
     cells = [c.strip() for c in lines[2].split("|")[1:-1]]
     assert cells[0] == "localhost" and cells[1] == "1" and cells[3] == "0.0 days ago", lines
     assert cells[5:] == ["0", "ok"], lines
+
+    # The disk is lost: state.db, its sidecars and the backups go. restore.yml brings the
+    # profile back from the repository, with the checks of a local restore.
+    saved = tmp_path / "pushed-backup.db"
+    saved.write_bytes(backups[-1].read_bytes())
+    with sqlite3.connect(saved) as conn:
+        sessions = conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+    for suffix in ("", "-wal", "-shm"):
+        if (h.hermes / ("state.db" + suffix)).exists():
+            (h.hermes / ("state.db" + suffix)).unlink()
+    shutil.rmtree(h.hermes / "backups")
+    restore = {
+        "hermes_maintenance_user": USER,
+        "hermes_maintenance_homes": [str(h.hermes)],
+        "hermes_restore_hosts": "localhost",
+        "hermes_restore_from": "offsite",
+    }
+    rc, out = ansible_playbook("playbooks/restore.yml", extra_vars=restore)
+    assert rc == 0, getattr(out, "text", out)
+    assert f"Off-site snapshot {snap['short_id']}" in out.result("Which snapshot")["msg"]
+    restored_db = h.hermes / "state.db"
+    st = restored_db.stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (h.uid, 0o600)
+    with sqlite3.connect(restored_db) as conn:
+        assert conn.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+        assert conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == sessions > 0
