@@ -144,9 +144,7 @@ def main():
             change(db, rng, sessions)
         path = take_backup(db, backups, when)
         before = du(repo)
-        result = offsite.push(
-            str(repo), str(password), [str(backups)], OWNER, "hermes", "bench", cache_dir=str(cache)
-        )
+        result = offsite.push(str(repo), str(password), [str(backups)], OWNER, "hermes", "bench", cache_dir=str(cache))
         assert result["status"] == "ok", result
         [pushed] = result["pushed"]
         out["pushes"].append(
