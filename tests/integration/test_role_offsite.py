@@ -7,7 +7,10 @@ with a restic repository (a local path) for the test user ``hermes-ops-i40``, as
 * applied, the push is root's: an /etc/cron.d entry that runs as root, a 0600 config, the
   repository created; the Hermes user can read neither the config nor the password;
 * the maintenance (run as the user) makes a backup, and root's push sends it: one snapshot,
-  tagged with the user and the profile, whose content is the backup; the metrics file says so.
+  tagged with the user and the profile, whose content is the backup; the metrics file and
+  report.yml say so;
+* with state.db, its sidecars and the backups deleted, restore.yml -e hermes_restore_from=offsite
+  fetches the backup (root's, 0600) and restores it: the owner's file, every session.
 """
 
 import json
@@ -32,6 +35,7 @@ ETC = Path("/etc/hermes-ops") / USER
 WRAPPER = LIB / "bin" / "hermes-session-maintenance"
 PUSH = LIB / "bin" / "hermes-ops-offsite"
 CRON_FILE = Path("/etc/cron.d") / ("hermes-ops-offsite-" + USER)
+FETCHED = Path("/var/lib/hermes-ops/offsite-restore") / USER  # where restore.yml's fetch writes
 
 SPECS = [
     {"id": "old", "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3},
@@ -40,7 +44,7 @@ SPECS = [
 
 
 def _remove_everything():
-    for path in (LIB, ETC):
+    for path in (LIB, ETC, FETCHED):
         shutil.rmtree(str(path), ignore_errors=True)
     for path in (CRON_FILE,):
         if path.exists():
@@ -161,6 +165,11 @@ def test_offsite_push_is_roots(ansible_playbook, host, tmp_path):
     rc, out = ansible_playbook("playbooks/restore.yml", extra_vars=restore)
     assert rc == 0, getattr(out, "text", out)
     assert f"Off-site snapshot {snap['short_id']}" in out.result("Which snapshot")["msg"]
+    fetched = FETCHED / backups[-1].name
+    assert fetched.read_bytes() == saved.read_bytes() and (fetched.stat().st_uid, fetched.stat().st_mode & 0o777) == (
+        0,
+        0o600,
+    )
     restored_db = h.hermes / "state.db"
     st = restored_db.stat()
     assert (st.st_uid, st.st_mode & 0o777) == (h.uid, 0o600)
