@@ -66,6 +66,8 @@ PLAYBOOK_VARIABLES = (
     "hermes_restore_backup",
     "hermes_restore_backup_dir",
     "hermes_restore_force",
+    "hermes_restore_from",  # restore.yml: local (backup directory) or offsite (the restic repository)
+    "hermes_restore_snapshot",
     "hermes_restore_archive",
     "hermes_restore_sessions",
     "hermes_restore_active_after",  # restore_sessions.yml: the selection, and the listing

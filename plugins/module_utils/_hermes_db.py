@@ -433,8 +433,10 @@ def holders(db_path, exclude_pids=None):
         seen.add(pid)
         command = _comm(pid) if pid > 0 else "a process this host cannot name (another pid namespace?)"
         found.append({"pid": pid if pid > 0 else None, "command": command, "evidence": "lock"})
-    if not wal and not found:
-        found.extend(hidden)  # an idle rollback-journal connection holds no lock: cannot rule them out
+    if not wal and not found and os.path.lexists(db_path):
+        # An idle rollback-journal connection holds no lock: cannot rule them out. Where no file
+        # is at the path (a lost disk, before a restore) no connection can be to it.
+        found.extend(hidden)
     shared = shared_filesystem(db_path)
     if shared:
         found.append({"pid": None, "command": "processes on other hosts (%s)" % shared, "evidence": "filesystem"})

@@ -141,7 +141,8 @@ def main():
             plan["moved_aside"] = {"dir": aside, "files": plan["current"]["files"]} if aside else None
             if plan["holders"] and not module.params["force"]:
                 what += "; NOTE: now held open by %s, which must be stopped first" % ", ".join(
-                    "%s (pid %d)" % (h["command"], h["pid"]) for h in plan["holders"]
+                    "%s (pid %d)" % (h["command"], h["pid"]) if h["pid"] is not None else h["command"]
+                    for h in plan["holders"]
                 )
             module.exit_json(changed=True, msg="would restore " + what, **plan)
         plan = restore(plan, p["force"])

@@ -7,12 +7,16 @@ with a restic repository (a local path) for the test user ``hermes-ops-i40``, as
 * applied, the push is root's: an /etc/cron.d entry that runs as root, a 0600 config, the
   repository created; the Hermes user can read neither the config nor the password;
 * the maintenance (run as the user) makes a backup, and root's push sends it: one snapshot,
-  tagged with the user and the profile, whose content is the backup; the metrics file says so.
+  tagged with the user and the profile, whose content is the backup; the metrics file and
+  report.yml say so;
+* with state.db, its sidecars and the backups deleted, restore.yml -e hermes_restore_from=offsite
+  fetches the backup (root's, 0600) and restores it: the owner's file, every session.
 """
 
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -31,6 +35,7 @@ ETC = Path("/etc/hermes-ops") / USER
 WRAPPER = LIB / "bin" / "hermes-session-maintenance"
 PUSH = LIB / "bin" / "hermes-ops-offsite"
 CRON_FILE = Path("/etc/cron.d") / ("hermes-ops-offsite-" + USER)
+FETCHED = Path("/var/lib/hermes-ops/offsite-restore") / USER  # where restore.yml's fetch writes
 
 SPECS = [
     {"id": "old", "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3},
@@ -39,7 +44,7 @@ SPECS = [
 
 
 def _remove_everything():
-    for path in (LIB, ETC):
+    for path in (LIB, ETC, FETCHED):
         shutil.rmtree(str(path), ignore_errors=True)
     for path in (CRON_FILE,):
         if path.exists():
@@ -140,3 +145,34 @@ def test_offsite_push_is_roots(ansible_playbook, host, tmp_path):
     cells = [c.strip() for c in lines[2].split("|")[1:-1]]
     assert cells[0] == "localhost" and cells[1] == "1" and cells[3] == "0.0 days ago", lines
     assert cells[5:] == ["0", "ok"], lines
+
+    # The disk is lost: state.db, its sidecars and the backups go. restore.yml brings the
+    # profile back from the repository, with the checks of a local restore.
+    saved = tmp_path / "pushed-backup.db"
+    saved.write_bytes(backups[-1].read_bytes())
+    with sqlite3.connect(saved) as conn:
+        sessions = conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+    for suffix in ("", "-wal", "-shm"):
+        if (h.hermes / ("state.db" + suffix)).exists():
+            (h.hermes / ("state.db" + suffix)).unlink()
+    shutil.rmtree(h.hermes / "backups")
+    restore = {
+        "hermes_maintenance_user": USER,
+        "hermes_maintenance_homes": [str(h.hermes)],
+        "hermes_restore_hosts": "localhost",
+        "hermes_restore_from": "offsite",
+    }
+    rc, out = ansible_playbook("playbooks/restore.yml", extra_vars=restore)
+    assert rc == 0, getattr(out, "text", out)
+    assert f"Off-site snapshot {snap['short_id']}" in out.result("Which snapshot")["msg"]
+    fetched = FETCHED / backups[-1].name
+    assert fetched.read_bytes() == saved.read_bytes() and (fetched.stat().st_uid, fetched.stat().st_mode & 0o777) == (
+        0,
+        0o600,
+    )
+    restored_db = h.hermes / "state.db"
+    st = restored_db.stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (h.uid, 0o600)
+    with sqlite3.connect(restored_db) as conn:
+        assert conn.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+        assert conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == sessions > 0
