@@ -57,28 +57,21 @@ def wal_budget(conn, db_path, replica=None):
 
 
 def fts_merge(conn, fts, pause, stop=None):
-    """Merge each FTS5 index into one segment, a few pages per transaction (an incremental 'optimize').
-
-    The first step's negative page count starts a merge of every segment, the next ones continue it:
-    only a segment merged into the oldest one drops the delete markers the prune left, so a plain
-    'merge' left an index (the 0.22.2 trigram one) larger after the prune than before, and the
-    vacuum freed about half of what predict_free_pages expects. Each step still holds the write
-    lock for MERGE_PAGES pages only and waits for the gateway's turn after it.
-    """
+    """Merge FTS5 segments left sparse by the deletes, a few pages per transaction."""
     steps = 0
     wait = turn_after_commit(conn, pause)
     for table in fts:
         if table["error"] or (stop and stop()):
             continue
         name = '"%s"' % table["name"].replace('"', '""')
-        sql = "INSERT INTO %s(%s, rank) VALUES('merge', ?)" % (name, name)
+        sql = "INSERT INTO %s(%s, rank) VALUES('merge', %d)" % (name, name, MERGE_PAGES)
         for _step in range(MERGE_MAX_STEPS):
             if stop and stop():
                 break
             before = conn.total_changes
             began = time.monotonic()
             with write_transaction(conn):
-                conn.execute(sql, (-MERGE_PAGES if _step == 0 else MERGE_PAGES,))
+                conn.execute(sql)
             steps += 1
             wait(time.monotonic() - began)
             if conn.total_changes - before < 2:  # FTS5's documented "no more work" signal
@@ -204,11 +197,10 @@ def predict_free_pages(conn, messages_pruned, messages_total):
     to free that share of the pages in use. An estimate on figures known before any write, cheap and
     safe beside a live gateway (no scan of the pages, no trial delete): the exact figure would take the
     prune itself (its FTS segments depend on its transaction boundaries), and a trial run of it in a
-    transaction would block the gateway for its whole length. It holds because the run merges each FTS5
-    index into one segment (fts_merge), which drops the deleted rows' entries: the vacuum then frees
-    within 20% of this figure (on the releases' files: 4-13% less, pages the deletes only thin out
-    staying in use). Check mode and the run apply the vacuum rule to this same figure, so they take the
-    same decision.
+    transaction would block the gateway for its whole length. It runs high: FTS5 keeps a deleted row's
+    entries as tombstones until segments merge, and pages the deletes only thin out stay in use (half
+    of a 0.22.2 file's messages left 26% of its pages free, not 50%). Check mode and the run apply the
+    vacuum rule to this same figure, so they take the same decision.
     """
     free, pages = pragma(conn, "freelist_count"), pragma(conn, "page_count")
     share = float(messages_pruned) / messages_total if messages_total else 0.0

@@ -142,7 +142,6 @@ CASES = {
 def test_check_mode_says_word_for_word_what_the_run_does(base, tmp_path, case):
     release, incremental, held, options, reclaim_words, backup_words = CASES[case]
     check, run, predicted, done = dry_run_and_run(base(release, incremental), tmp_path, held=held, **options)
-    print("%s\n  check: %s\n  run:   %s" % (case, check, run))  # side by side, with -s
     assert reclaim_words in check and reclaim_words in run, (check, run)
     assert backup_words in check and backup_words in run, (check, run)
     assert done["sessions_pruned"] == 100 and done["messages_pruned"] == 2000
@@ -152,11 +151,6 @@ def test_check_mode_says_word_for_word_what_the_run_does(base, tmp_path, case):
         freed = before["db_bytes"] + before["wal_bytes"] - after["db_bytes"] - after["wal_bytes"]
         assert "freed=%s " % human_size(freed) in run
         assert re.search(r"freed=~[0-9.]+[KM]B ", check), check
-        # The estimate is close and never short: the run merges each FTS5 index into one segment,
-        # dropping the deleted rows' entries, so the vacuum frees nearly the predicted pages.
-        estimate = predicted["reclaim"]["bytes_freed"]
-        print("%s: estimate %d, freed %d, estimate/freed %.3f" % (case, estimate, freed, float(estimate) / freed))
-        assert freed <= estimate <= 1.2 * freed, (case, estimate, freed)
     else:
         assert re.search(r"freed=~0B ", check), check
 
