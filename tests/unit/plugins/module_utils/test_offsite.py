@@ -25,6 +25,8 @@ OWNER = 65534  # nobody: the profile's user, not root
 HOST = "host1"
 
 pytestmark = [
+    # restic's side does not change with the managed node's Python: the matrix legs leave it to units
+    pytest.mark.slow,
     pytest.mark.skipif(RESTIC is None, reason="restic is not installed (apt-get install restic)"),
     pytest.mark.skipif(os.geteuid() != 0, reason="the push runs as root (it reads another user's backups)"),
 ]
