@@ -142,6 +142,7 @@ CASES = {
 def test_check_mode_says_word_for_word_what_the_run_does(base, tmp_path, case):
     release, incremental, held, options, reclaim_words, backup_words = CASES[case]
     check, run, predicted, done = dry_run_and_run(base(release, incremental), tmp_path, held=held, **options)
+    print("%s\n  check: %s\n  run:   %s" % (case, check, run))  # side by side, with -s
     assert reclaim_words in check and reclaim_words in run, (check, run)
     assert backup_words in check and backup_words in run, (check, run)
     assert done["sessions_pruned"] == 100 and done["messages_pruned"] == 2000
