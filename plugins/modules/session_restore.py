@@ -111,7 +111,7 @@ options:
     description:
       - Put back the tool output that O(hermes_agent.ops.session_maintenance#module:tool_payload_days) replaced with
         tombstones, byte for byte, from the payload archives (C(hermes-ops-payloads_<profile>_<time>.db)) in
-        O(backup_dir): the one O(archive) names, else every one of the profile.
+        O(backup_dir), the one O(archive) names or else every one of the profile.
       - Only the messages of the O(sessions) given (all when omitted) that still hold the tombstone written in their
         place; a message changed since is left alone. Restoring twice changes nothing.
       - Check mode gives the exact count and bytes (RV(tool_payloads)). The other selection options and O(backup)
