@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lib"))
-import collection_paths  # noqa: E402, F401
+import collection_paths  # noqa: E402, F401  # pylint: disable=unused-import  (sets the paths)
 from hermes_writer import WriterProcess, latency_stats  # noqa: E402
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import (  # noqa: E402
@@ -44,7 +44,7 @@ def body(sid, i, size):
     rng = random.Random("%s-%d" % (sid, i))
     parts, length = [], 0
     while length < size:
-        line = "%s %d %s\n" % (sid, i, " ".join("%x" % rng.getrandbits(40) for _ in range(8)))
+        line = "%s %d %s\n" % (sid, i, " ".join("%x" % rng.getrandbits(40) for _word in range(8)))
         parts.append(line)
         length += len(line)
     return "".join(parts)[:size]

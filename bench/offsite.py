@@ -64,11 +64,11 @@ def build(db, target_mb, rng):
     msg = 0
     while os.path.getsize(db) + (os.path.getsize(db + "-wal") if os.path.exists(db + "-wal") else 0) < target_mb * MB:
         rows = []
-        for _ in range(50):
+        for _round in range(50):
             session += 1
             sid = "s%08d" % session
             conn.execute("INSERT INTO sessions VALUES (?, ?)", (sid, session * 60.0))
-            for _ in range(100):
+            for _session in range(100):
                 msg += 1
                 start = rng.randrange(len(pool) - 4000)
                 length = rng.choice((200, 600, 1500, 3500))
@@ -91,7 +91,7 @@ def change(db, rng, sessions):
     for n in range(int(sessions * 0.01)):
         sid = "n%08d" % n
         conn.execute("INSERT INTO sessions VALUES (?, ?)", (sid, 1e9 + n))
-        for _ in range(100):
+        for _session in range(100):
             start = rng.randrange(len(pool) - 4000)
             rows.append((sid, "assistant", pool[start : start + rng.choice((200, 600, 1500, 3500))], 1e9 + n))
     conn.executemany("INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, ?, ?, ?)", rows)

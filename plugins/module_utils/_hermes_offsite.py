@@ -563,12 +563,12 @@ def main(argv=None):
     parser.add_argument("--into", default="/var/lib/hermes-ops/offsite-restore", help="with --fetch: where to")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
-        print("hermes-ops-offsite: runs as root alone (the Hermes user must not read the password)", file=sys.stderr)
+        sys.stderr.write("hermes-ops-offsite: runs as root alone (the Hermes user must not read the password)\n")
         return 2
     try:
         config = load_config(args.config)
     except (OSError, ValueError, OffsiteError) as exc:
-        print("hermes-ops-offsite: %s" % exc, file=sys.stderr)
+        sys.stderr.write("hermes-ops-offsite: %s" % exc + "\n")
         return 2
     if args.init:
         try:
@@ -576,9 +576,9 @@ def main(argv=None):
             tool = Restic(config["repository"], config["password_file"], cache_dir=config.get("cache_dir"))
             created = init_repository(tool)
         except OffsiteError as exc:
-            print(json.dumps({"changed": False, "failed": True, "msg": str(exc)}))
+            sys.stdout.write(json.dumps({"changed": False, "failed": True, "msg": str(exc)}) + "\n")
             return 1
-        print(json.dumps({"changed": created, "repository": config["repository"]}))
+        sys.stdout.write(json.dumps({"changed": created, "repository": config["repository"]}) + "\n")
         return 0
     if args.fetch:
         try:
@@ -593,9 +593,9 @@ def main(argv=None):
                 cache_dir=config.get("cache_dir"),
             )
         except (OffsiteError, OSError) as exc:
-            print(json.dumps({"failed": True, "msg": str(exc)}))
+            sys.stdout.write(json.dumps({"failed": True, "msg": str(exc)}) + "\n")
             return 1
-        print(json.dumps(got))
+        sys.stdout.write(json.dumps(got) + "\n")
         return 0
     metrics_dir = config.get("metrics_dir") or ""
     check = args.check or check_due(metrics_dir, config["user"], int(config.get("check_days", DEFAULT_CHECK_DAYS)))
@@ -615,6 +615,6 @@ def main(argv=None):
         try:
             record(metrics_dir, result)
         except OSError as exc:
-            print("hermes-ops-offsite: metrics not written to %s: %s" % (metrics_dir, exc), file=sys.stderr)
-    print(json.dumps(result, indent=2, sort_keys=True) if args.json else summary_line(result))
+            sys.stderr.write("hermes-ops-offsite: metrics not written to %s: %s" % (metrics_dir, exc) + "\n")
+    sys.stdout.write((json.dumps(result, indent=2, sort_keys=True) if args.json else summary_line(result)) + "\n")
     return 0 if result["status"] == "ok" else 1

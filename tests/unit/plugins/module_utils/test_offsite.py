@@ -64,7 +64,7 @@ def make_backup(backups, profile, when, rows=200, owner=OWNER):
     path = backups / backup.backup_name(profile, when)
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, content TEXT)")
-    conn.executemany("INSERT INTO messages (content) VALUES (?)", [(os.urandom(200).hex(),) for _ in range(rows)])
+    conn.executemany("INSERT INTO messages (content) VALUES (?)", [(os.urandom(200).hex(),) for _row in range(rows)])
     conn.commit()
     conn.close()
     os.chown(path, owner, owner)

@@ -71,7 +71,7 @@ def _terminal_dump(sid, i, size):
     rng = random.Random("%s-%d" % (sid, i))
     parts, length = [], 0
     while length < size:
-        line = "%s step %d: quokka %s\n" % (sid, i, " ".join("%x" % rng.getrandbits(40) for _ in range(8)))
+        line = "%s step %d: quokka %s\n" % (sid, i, " ".join("%x" % rng.getrandbits(40) for _word in range(8)))
         parts.append(line)
         length += len(line)
     return "".join(parts)[:size]
