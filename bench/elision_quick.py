@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lib"))
-import collection_paths  # noqa: E402, F401  # pylint: disable=unused-import  (sets the paths)
+# collection_paths puts the collection on sys.path when imported
+import collection_paths  # noqa: E402, F401  # pylint: disable=unused-import
 from hermes_writer import WriterProcess, latency_stats  # noqa: E402
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import (  # noqa: E402
