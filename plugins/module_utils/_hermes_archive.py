@@ -22,11 +22,10 @@ transaction, through Hermes's own triggers (FTS rows are rebuilt by them).
 from __future__ import annotations
 
 import os
-import re
 import sqlite3
 import time
 
-from ._hermes_backup import BACKUP_STEP_BYTES, list_stamped, remove_partials, stamped_name
+from ._hermes_backup import BACKUP_STEP_BYTES, StampedFiles, remove_partials
 from ._hermes_db import (
     BATCH_PAUSE,
     BUSY_TIMEOUT,
@@ -41,21 +40,12 @@ ARCHIVE_PREFIX = "hermes-ops-archive_"
 # Messages read per read transaction: a few ms of SHARED lock, which a gateway commit waits for.
 ARCHIVE_CHUNK = 500
 RESTORE_CHUNK = 500  # messages inserted per write transaction when restoring
-_NAME = re.compile(r"^hermes-ops-archive_(?P<profile>.+)_(?P<stamp>\d{8}T\d{6}Z)(?:-(?P<seq>\d+))?\.db$")
 
 
-def archive_name(profile, when, seq=0):
-    return stamped_name(ARCHIVE_PREFIX, profile, when, seq)
-
-
-def is_archive_name(name):
-    """Whether ``name`` is a finished archive's file name (never a hidden ``.partial``)."""
-    return _NAME.match(name) is not None
-
-
-def list_archives(backup_dir, profile):
-    """This profile's finished archives, newest first, as (path, unix time)."""
-    return list_stamped(backup_dir, profile, _NAME)
+ARCHIVES = StampedFiles(ARCHIVE_PREFIX)
+archive_name = ARCHIVES.name
+is_archive_name = ARCHIVES.is_name
+list_archives = ARCHIVES.list
 
 
 def _quote(name):

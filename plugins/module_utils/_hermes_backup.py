@@ -41,13 +41,36 @@ BACKUP_STEP_BYTES = 16 * 1024 * 1024  # copied per step, then flushed (see _copy
 # The -wal is copied while we hold the write lock (the gateway waits about 1 ms per MB):
 # past this size the slower backup API copies instead, without blocking writers.
 RAW_WAL_LIMIT = 32 * 1024 * 1024
-_NAME = re.compile(r"^hermes-ops_(?P<profile>.+)_(?P<stamp>\d{8}T\d{6}Z)(?:-(?P<seq>\d+))?\.db(?P<gz>\.gz)?$")
 
 
 def stamped_name(prefix, profile, when, seq=0):
     """``<prefix><profile>_<UTC stamp>[-<seq>].db``: the name backups and archives share."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
     return "%s%s_%s%s.db" % (prefix, profile, stamp, "-%d" % seq if seq else "")
+
+
+def stamped_pattern(prefix, suffix=r"\.db"):
+    """The names stamped_name gives with ``prefix`` (and ``suffix``): groups ``profile``, ``stamp``, ``seq``."""
+    return re.compile(r"^%s(?P<profile>.+)_(?P<stamp>\d{8}T\d{6}Z)(?:-(?P<seq>\d+))?%s$" % (re.escape(prefix), suffix))
+
+
+class StampedFiles:
+    """The finished files of one kind in a backup directory, named ``<prefix><profile>_<UTC stamp>[-<seq>].db``."""
+
+    def __init__(self, prefix):
+        self.prefix = prefix
+        self.pattern = stamped_pattern(prefix)
+
+    def name(self, profile, when, seq=0):
+        return stamped_name(self.prefix, profile, when, seq)
+
+    def is_name(self, name):
+        """Whether ``name`` is a finished file's name (never a hidden ``.partial``)."""
+        return self.pattern.match(name) is not None
+
+    def list(self, backup_dir, profile):
+        """This profile's finished files, newest first, as (path, unix time)."""
+        return list_stamped(backup_dir, profile, self.pattern)
 
 
 def list_stamped(backup_dir, profile, pattern):
@@ -65,6 +88,9 @@ def list_stamped(backup_dir, profile, pattern):
             found.append((os.path.join(backup_dir, name), stamp, int(match.group("seq") or 0)))
     found.sort(key=lambda item: (item[1], item[2]), reverse=True)
     return [(path, stamp) for path, stamp, _seq in found]
+
+
+_NAME = stamped_pattern(PREFIX, r"\.db(?P<gz>\.gz)?")
 
 
 def backup_name(profile, when, seq=0):

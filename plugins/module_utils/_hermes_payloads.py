@@ -34,7 +34,7 @@ import sqlite3
 import stat
 import time
 
-from ._hermes_backup import list_stamped, remove_partials, stamped_name
+from ._hermes_backup import StampedFiles, remove_partials
 from ._hermes_db import MaintenanceError, fsync_path, read_snapshot, write_transaction
 from ._hermes_plan import DAY, ROUTED, SANE_MIN, leased_conversation, live_leases
 
@@ -42,7 +42,6 @@ PAYLOAD_PREFIX = "hermes-ops-payloads_"
 PAYLOAD_KIND = "tool payloads"
 # Upstream's tombstone starts so; a body that does is never elided again (a second run is a no-op).
 TOMBSTONE_HEAD = "[elided: tool output"
-_NAME = re.compile(r"^hermes-ops-payloads_(?P<profile>.+)_(?P<stamp>\d{8}T\d{6}Z)(?:-(?P<seq>\d+))?\.db$")
 ID_WINDOW = 5000  # message ids per read statement of the selection: each its own short read
 READ_CHUNK = 200  # bodies per read transaction of the archive
 READ_BYTES = 4 * 1024 * 1024  # ... and at most about this many bytes
@@ -50,17 +49,10 @@ FIRST_GROUP = 8  # bodies in the first write transaction, before a rate is measu
 GROUP_BYTES = 8 * 1024 * 1024  # most original bytes compared in one write transaction
 
 
-def payload_archive_name(profile, when, seq=0):
-    return stamped_name(PAYLOAD_PREFIX, profile, when, seq)
-
-
-def is_payload_archive_name(name):
-    return _NAME.match(name) is not None
-
-
-def list_payload_archives(backup_dir, profile):
-    """This profile's finished payload archives, newest first, as (path, unix time)."""
-    return list_stamped(backup_dir, profile, _NAME)
+PAYLOAD_ARCHIVES = StampedFiles(PAYLOAD_PREFIX)
+payload_archive_name = PAYLOAD_ARCHIVES.name
+is_payload_archive_name = PAYLOAD_ARCHIVES.is_name
+list_payload_archives = PAYLOAD_ARCHIVES.list
 
 
 def _days(days):
