@@ -8,7 +8,6 @@ wait and ``storage`` (state_db_info) before and after, as JSON.
 """
 
 import json
-import random
 import shutil
 import sqlite3
 import sys
@@ -24,31 +23,17 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine im
     gather_info,
     run_maintenance,
 )
-from hermes_fixtures import build_home, copy_db, hermes_python, run_release_code  # noqa: E402
+from hermes_fixtures import (  # noqa: E402
+    APPEND_MESSAGES,
+    build_home,
+    copy_db,
+    hermes_python,
+    run_release_code,
+    terminal_dump,
+)
 
 RELEASE = "hermes-0.22.2.post1"
 DAY = 86400.0
-APPEND = r"""
-import json, sys
-from pathlib import Path
-import hermes_state
-db = hermes_state.SessionDB(db_path=Path(sys.argv[1]))
-try:
-    for sid, role, content, tool, ts in json.load(open(sys.argv[2])):
-        db.append_message(sid, role, content, tool_name=tool, timestamp=ts)
-finally:
-    db.close()
-"""
-
-
-def body(sid, i, size):
-    rng = random.Random("%s-%d" % (sid, i))
-    parts, length = [], 0
-    while length < size:
-        line = "%s %d %s\n" % (sid, i, " ".join("%x" % rng.getrandbits(40) for _word in range(8)))
-        parts.append(line)
-        length += len(line)
-    return "".join(parts)[:size]
 
 
 def storage_summary(home):
@@ -97,10 +82,10 @@ def main():
     if not (base / "state.db").exists():
         specs = [dict(id="s%d" % i, started_days_ago=200, ended_days_ago=100, messages=4) for i in range(sessions)]
         db = build_home(base, RELEASE, specs, now=now)
-        rows = [["s%d" % i, "tool", body("s%d" % i, j, size), "web_extract", now - (150 - j / 100.0) * DAY]
+        rows = [["s%d" % i, "tool", terminal_dump("s%d" % i, j, size), "web_extract", now - (150 - j / 100.0) * DAY]
                 for i in range(sessions) for j in range(bodies)]  # fmt: skip
         (work / "rows.json").write_text(json.dumps(rows))
-        proc = run_release_code(hermes_python(RELEASE), APPEND, db, str(work / "rows.json"), timeout=3000)
+        proc = run_release_code(hermes_python(RELEASE), APPEND_MESSAGES, db, str(work / "rows.json"), timeout=3000)
         assert proc.returncode == 0, proc.stderr[-2000:]
         conn = sqlite3.connect(str(db))
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

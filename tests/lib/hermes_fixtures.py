@@ -1212,3 +1212,31 @@ def older_release_delete(db_path, session_id):
             raise
     finally:
         conn.close()
+
+
+# Runs under a release (run_release_code): argv = db path, a JSON file of
+# [[session, role, content, tool_name, timestamp], ...], each appended through the release's own
+# SessionDB.append_message (its triggers index them as it would).
+APPEND_MESSAGES = r"""
+import json, sys
+from pathlib import Path
+import hermes_state
+db = hermes_state.SessionDB(db_path=Path(sys.argv[1]))
+try:
+    for sid, role, content, tool, ts in json.load(open(sys.argv[2])):
+        db.append_message(sid, role, content, tool_name=tool, timestamp=ts)
+finally:
+    db.close()
+"""
+
+
+def terminal_dump(sid, i, size):
+    """Tool output as varied as a real one (its own tokens, so both FTS indexes carry their weight),
+    the same for the same (sid, i, size); every line holds the word ``quokka``."""
+    rng = random.Random("%s-%d" % (sid, i))
+    parts, length = [], 0
+    while length < size:
+        line = "%s step %d: quokka %s\n" % (sid, i, " ".join("%x" % rng.getrandbits(40) for _word in range(8)))
+        parts.append(line)
+        length += len(line)
+    return "".join(parts)[:size]

@@ -11,7 +11,6 @@ the bodies back byte for byte (check mode predicting it).
 
 import json
 import os
-import random
 import shutil
 import sqlite3
 import stat
@@ -23,26 +22,13 @@ from hermes_writer import MARK, WriterProcess, latency_stats
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_tool_payloads
-from hermes_fixtures import build_home, copy_db, hermes_python, run_release_code
+from hermes_fixtures import APPEND_MESSAGES, build_home, copy_db, hermes_python, run_release_code, terminal_dump
 
 RELEASE = "hermes-0.22.2.post1"
 pytestmark = release_module_marks(RELEASE)
 DAY = 86400.0
 UPSTREAM_TOMBSTONE = "[elided: tool output older than 30d - retention policy]"
 OLD_SESSIONS = ["old-%d" % i for i in range(8)]
-
-# Runs under the release: argv = db path, JSON [[session, role, content, tool_name, timestamp], ...].
-APPEND = r"""
-import json, sys
-from pathlib import Path
-import hermes_state
-db = hermes_state.SessionDB(db_path=Path(sys.argv[1]))
-try:
-    for sid, role, content, tool, ts in json.load(open(sys.argv[2])):
-        db.append_message(sid, role, content, tool_name=tool, timestamp=ts)
-finally:
-    db.close()
-"""
 
 # Runs under the release: resume, search, append to a session; argv = db path, session id.
 RESUME = r"""
@@ -66,17 +52,6 @@ print(json.dumps({"conversation": len(conv), "tool_bodies": [m.get("content") fo
 """
 
 
-def _terminal_dump(sid, i, size):
-    """Tool output as varied as a real one (its own tokens, so both FTS indexes carry their weight)."""
-    rng = random.Random("%s-%d" % (sid, i))
-    parts, length = [], 0
-    while length < size:
-        line = "%s step %d: quokka %s\n" % (sid, i, " ".join("%x" % rng.getrandbits(40) for _word in range(8)))
-        parts.append(line)
-        length += len(line)
-    return "".join(parts)[:size]
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """A 0.22.2 home whose bytes are mostly old tool output, built once (copied per test)."""
@@ -92,14 +67,14 @@ def built(tmp_path_factory):
     rows = []
     for sid in OLD_SESSIONS + ["pinned", "leased"]:
         for i in range(12 if sid in OLD_SESSIONS else 2):
-            rows.append([sid, "tool", _terminal_dump(sid, i, 24000 + 97 * i), "terminal", now - (150 - i) * DAY])
+            rows.append([sid, "tool", terminal_dump(sid, i, 24000 + 97 * i), "terminal", now - (150 - i) * DAY])
         rows.append([sid, "tool", "ok", "terminal", now - 140 * DAY])  # smaller than its tombstone: kept
         rows.append([sid, "tool", UPSTREAM_TOMBSTONE, "web_extract", now - 140 * DAY])  # elided upstream
     for i in range(3):
-        rows.append(["recent", "tool", _terminal_dump("recent", i, 20000), "browser", now - 5 * DAY])
+        rows.append(["recent", "tool", terminal_dump("recent", i, 20000), "browser", now - 5 * DAY])
     plan = base / "append.json"
     plan.write_text(json.dumps(rows))
-    proc = run_release_code(hermes_python(RELEASE), APPEND, db, str(plan))
+    proc = run_release_code(hermes_python(RELEASE), APPEND_MESSAGES, db, str(plan))
     assert proc.returncode == 0, proc.stderr[-3000:]
     conn = sqlite3.connect(str(db))
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -272,12 +247,12 @@ def test_elision_beside_a_live_writer_loses_no_append(tmp_path):
     home = tmp_path / "home"
     db = build_home(home, RELEASE, specs, now=now)
     rows = [
-        [sid, "tool", _terminal_dump(sid, i, LIVE_BYTES), "web_extract", now - (120 - i / 10.0) * DAY]
+        [sid, "tool", terminal_dump(sid, i, LIVE_BYTES), "web_extract", now - (120 - i / 10.0) * DAY]
         for sid in sids
         for i in range(LIVE_BODIES)
     ]
     (tmp_path / "append.json").write_text(json.dumps(rows))
-    proc = run_release_code(hermes_python(RELEASE), APPEND, db, str(tmp_path / "append.json"))
+    proc = run_release_code(hermes_python(RELEASE), APPEND_MESSAGES, db, str(tmp_path / "append.json"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     writer = WriterProcess(hermes_python(RELEASE), db, str(tmp_path / "writer.jsonl"), prefix="payload-live")
     try:
