@@ -16,7 +16,7 @@ import sqlite3
 import time
 
 from ._hermes_catalogue import LEDGER_GUARD, retire_ledger
-from ._hermes_db import commits_durable, fsync_path, write_transaction, writer_probe
+from ._hermes_db import commits_durable, fsync_path, fsync_tree, write_transaction, writer_probe
 from ._hermes_fence import FenceRefused, local_conversations
 from ._hermes_fence import check as fence_check
 from ._hermes_fence import retire as fence_retire
@@ -571,8 +571,7 @@ def _write_pending(path, files):
 
 def pending_durable(path):
     """The transcript list's data and its name, before the transaction whose commit relies on it."""
-    fsync_path(path)
-    fsync_path(os.path.dirname(os.path.abspath(path)))
+    fsync_tree(path)
 
 
 def removals_durable(paths):
