@@ -41,7 +41,7 @@ ANSIBLE_ENV := ANSIBLE_COLLECTIONS_PATH=$(COLLECTIONS_ROOT) \
 	PATH=$(BIN):$$PATH
 
 .PHONY: fmt help setup setup-test hermes-venvs controllers collection-link lint ruff-check ruff-format ansible-lint changelog-lint \
-	prepare prepare-venvs prepare-hermes prepare-matrix prepare-sqlite-trixie prepare-sqlite-sid prepare-images unit unit-timing units integration integration-timing matrix-controller-timing matrix-python-timing matrix-sqlite-timing matrix matrix-python matrix-controller sanity docs-lint changelog-check \
+	prepare prepare-venvs prepare-hermes prepare-matrix prepare-sqlite-trixie prepare-sqlite-sid prepare-images unit unit-timing units integration integration-timing matrix-controller-timing matrix-python-timing matrix-sqlite-timing matrix matrix-python matrix-controller debian-pythons sanity docs-lint changelog-check \
 	release-check test demo changelog changelog-release build requirements-lock clean distclean
 
 help: ## list targets
@@ -140,7 +140,7 @@ units: $(STAMP) $(HERMES_VENVS_STAMP) ## ansible-test units --venv on the contro
 # 3.9 to 3.13: the managed-node Pythons of the maintained ansible-core releases (2.20 to 2.22 run
 # modules on 3.9+; 3.8 is supported by none of them).
 # BEGIN GENERATED: matrix-pythons (scripts/generate.py, from tests/matrix.yml)
-MATRIX_PYTHONS ?= 3.9 3.10 3.11 3.12 3.13
+MATRIX_PYTHONS ?= 3.9 3.10 3.11 3.12 3.13 3.14
 # END GENERATED
 MATRIX_MARKERS ?= not matrix and not slow and not release_line
 # 1: a leg on the controller venv's own Python and SQLite is not run again (units + unit-timing
@@ -155,10 +155,22 @@ MATRIX_TIMING_PYTHONS ?= none
 # and the newest Python (and the controller's, units); the legs between them run the rest of the
 # suite (every engine path on the schema-built layouts). MATRIX_RELEASE_PYTHONS="$(MATRIX_PYTHONS)"
 # runs them on all.
-# BEGIN GENERATED: matrix-release-pythons (scripts/generate.py, from tests/matrix.yml)
-MATRIX_RELEASE_PYTHONS ?= 3.9 3.13
+# The Pythons pyenv does not offer here, from Debian's packages (cached in .cache/python; a failed
+# unpack is a missing leg: skipped and listed, an error with CI=true).
+# BEGIN GENERATED: debian-pythons (scripts/generate.py, from tests/matrix.yml)
+DEBIAN_PYTHONS ?= 3.14 3.15
 # END GENERATED
-matrix-python: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## engine unit tests on Python 3.9-3.13 (pyenv), each with the SQLite it links
+debian-pythons: ## unpack Debian's Python 3.14 and 3.15 into .cache/python (scripts/build_debian_python.sh)
+	@for ver in $(DEBIAN_PYTHONS); do \
+		bash scripts/build_debian_python.sh $$ver >/dev/null \
+			|| bash scripts/missing_leg.sh prepare "Python $$ver" "scripts/build_debian_python.sh $$ver failed (above)" \
+			|| exit 1; \
+	done
+
+# BEGIN GENERATED: matrix-release-pythons (scripts/generate.py, from tests/matrix.yml)
+MATRIX_RELEASE_PYTHONS ?= 3.9 3.14
+# END GENERATED
+matrix-python: $(STAMP) $(HERMES_VENVS_STAMP) collection-link debian-pythons ## engine unit tests on each managed-node Python (MATRIX_PYTHONS), each with the SQLite it links
 	@MATRIX_SAME_AS=$(if $(filter 1,$(MATRIX_DEDUP)),$(BIN)/python) MATRIX_TIMING_PYTHONS="$(MATRIX_TIMING_PYTHONS)" \
 		MATRIX_SQLITE_PYTHONS="$(foreach e,$(MATRIX_SQLITES),$(if $(findstring @,$(e)),$(lastword $(subst @, ,$(e)))))" \
 		MATRIX_RELEASE_PYTHONS="$(MATRIX_RELEASE_PYTHONS)" \
@@ -176,19 +188,19 @@ matrix-python: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## engine unit tes
 # branching), and the timing tests (SQLite's locking and the engine's pacing: integration-timing).
 # That is about a third of the integration step per core, so three cores cost what two did.
 # BEGIN GENERATED: controller-cores (scripts/generate.py, from tests/matrix.yml)
-CONTROLLER_CORES ?= 2.20@3.13 2.22@3.13
+CONTROLLER_CORES ?= 2.20@3.13 2.22@3.14 2.22@3.15
 # END GENERATED
 CONTROLLERS_DIR ?= .cache/controllers
 CONTROLLER_TESTS ?= tests/integration/test_docs.py tests/integration/test_modules.py \
 	tests/integration/test_operator_mistakes.py tests/integration/test_playbooks.py tests/integration/test_no_warnings.py
 CONTROLLER_DESELECT ?= tests/integration/test_playbooks.py::test_schedule_with_hermes_cron_then_none_then_absent
 
-matrix-controller: $(STAMP) $(HERMES_VENVS_STAMP) collection-link ## integration + docs tests on each other maintained ansible-core (CONTROLLER_CORES)
+matrix-controller: $(STAMP) $(HERMES_VENVS_STAMP) collection-link debian-pythons ## integration + docs tests on each other maintained ansible-core (CONTROLLER_CORES)
 	@CONTROLLERS_DIR=$(CONTROLLERS_DIR) COLLECTIONS_ROOT=$(COLLECTIONS_ROOT) CONTROLLER_TESTS="$(CONTROLLER_TESTS)" \
 		bash scripts/matrix_controller.sh "$(CONTROLLER_CORES)" "($(PYTEST_MARKERS)) and not managed_node" \
 		$(addprefix --deselect ,$(CONTROLLER_DESELECT)) $(PYTEST_ARGS)
 
-controllers: ## make the venvs of the controller matrix (CONTROLLER_CORES) under .cache/controllers
+controllers: debian-pythons ## make the venvs of the controller matrix (CONTROLLER_CORES) under .cache/controllers
 	@CONTROLLERS_DIR=$(CONTROLLERS_DIR) bash scripts/matrix_controller.sh --setup-only "$(CONTROLLER_CORES)"
 
 # ----------------------------------------------------------------- docs and release
@@ -231,7 +243,7 @@ prepare-venvs: $(STAMP) collection-link ## lane: controller venv, the controller
 
 prepare-hermes: $(HERMES_VENVS_STAMP) ## lane: the Hermes release venvs (tests/setup_hermes_venvs.sh)
 
-prepare-matrix: ## lane: the managed-node matrix venvs, the metrics, execution-environment and docs-site tool venvs
+prepare-matrix: debian-pythons ## lane: the managed-node matrix venvs, the metrics, execution-environment and docs-site tool venvs
 	@bash scripts/matrix_python.sh --setup-only "$(MATRIX_PYTHONS)"
 	@$(MAKE) metrics-setup $(EE_VENV)/.stamp docs-site-setup
 

@@ -15,8 +15,8 @@
 # diagonal of the Python x SQLite cross: 3.11 and 3.12 run the engine suite here, not again on
 # the system's SQLite in matrix-python (3.9 and 3.10 run there, 3.13 is the controller's).
 # BEGIN GENERATED: matrix-sqlites (scripts/generate.py, from tests/matrix.yml)
-MATRIX_SQLITES ?= trixie@3.11 sid@3.12
-MATRIX_SQLITES_TIMING ?= sid@3.12
+MATRIX_SQLITES ?= trixie@3.11 sid@3.14
+MATRIX_SQLITES_TIMING ?= sid@3.14
 # END GENERATED
 # The release line (marker release_line) runs here too: on sid's SQLite 0.21.3+ run WAL inside
 # their identity guards, which no other leg shows.

@@ -19,8 +19,7 @@
 #
 # The result is cached in .cache/sqlite/<suite>/ (lib/libsqlite3.so.0, VERSION, FLAGS): a
 # second call with the same suite (and version, if given) neither downloads nor builds.
-# The source index is fetched with a private apt state (-o Dir::...): the host's apt
-# configuration is left as it is. Needs: apt-get, dpkg-source (dpkg-dev), gcc, make, tclsh
+# The source index is fetched with a private apt state (scripts/debian_apt.sh). Needs: apt-get, dpkg-source (dpkg-dev), gcc, make, tclsh
 # (tcl; SQLite < 3.48 generates its amalgamation with it), zlib1g-dev is optional.
 set -euo pipefail
 suite=${1:?usage: build_sqlite.sh SUITE [SOURCE_VERSION]}
@@ -49,18 +48,11 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/build-sqlite.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-# The Debian mirror apt already uses (deb822 "URIs:" or one-line "deb URL suite").
-mirror=$({ cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null || true; } \
-    | sed -nE 's#^URIs:[[:space:]]*(https?://[^[:space:]]*/debian)/?[[:space:]]*$#\1#p; s#^deb[[:space:]]+(\[[^]]*\][[:space:]]+)?(https?://[^[:space:]]*/debian)/?[[:space:]].*#\2#p' \
-    | head -n 1)
-[ -n "$mirror" ] || { log "error: no Debian mirror in /etc/apt/sources.list*"; exit 1; }
-
-mkdir -p "$work/apt/lists/partial" "$work/apt/cache/archives/partial" "$work/src"
-echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $suite main" >"$work/apt/sources.list"
-apt_opts=(-o Dir::Etc::SourceList="$work/apt/sources.list" -o Dir::Etc::SourceParts=/nonexistent
-    -o Dir::State::Lists="$work/apt/lists" -o Dir::Cache="$work/apt/cache" -o APT::Sandbox::User=root)
-log "apt-get update (deb-src $mirror $suite, private state)"
-apt-get "${apt_opts[@]}" -qq update >&2
+mkdir -p "$work/src"
+# shellcheck source=scripts/debian_apt.sh
+. "$repo/scripts/debian_apt.sh"
+apt_opts=()  # set by debian_apt_state
+debian_apt_state "$work" "$suite" deb-src
 version=${want:-$(apt-cache "${apt_opts[@]}" showsrc sqlite3 | sed -n 's/^Version: //p' | sort -V | tail -n 1)}
 [ -n "$version" ] || { log "error: no sqlite3 source package in $suite"; exit 1; }
 log "apt-get source sqlite3=$version"

@@ -3,7 +3,8 @@
 #
 #   scripts/find_python.sh X.Y          a working pythonX.Y: pyenv's newest X.Y.* first
 #                                       ($PYENV_ROOT, else `pyenv root`, else ~/.pyenv), then
-#                                       pythonX.Y on PATH
+#                                       pythonX.Y on PATH, then the one `make prepare` unpacked
+#                                       from Debian's packages (scripts/build_debian_python.sh)
 #   scripts/find_python.sh controller   a Python that can run the controller (ansible-core 2.21:
 #                                       3.12 to 3.14): python3.13, python3.14, python3.12 on PATH
 #                                       in that order (3.13 is CI's), then python3, then pyenv's
@@ -26,7 +27,8 @@ find_version() {
     local ver=$1 candidate
     # newest patch release first
     for candidate in $(printf '%s\n' "$(pyenv_root)"/versions/"$ver".*/bin/python"$ver" | sort -rV) \
-        "$(command -v "python$ver" 2>/dev/null)"; do
+        "$(command -v "python$ver" 2>/dev/null)" \
+        "$(cd "$(dirname "$0")/.." && pwd -P)/.cache/python/$ver/root/usr/bin/python$ver"; do
         if works "$candidate"; then echo "$candidate"; return 0; fi
     done
     return 1

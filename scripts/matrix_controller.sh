@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Controller matrix: the maintained ansible-core releases other than the controller venv's own
 # (.venv runs the whole of make test on its core), each in a small venv
-# $CONTROLLERS_DIR/core-<X.Y> (requirements/controller-<X.Y>.txt: ansible-core and pytest,
-# pinned) made from the Python the core runs its controller on, running the integration tests
+# $CONTROLLERS_DIR/core-<X.Y>-py<A.B> (requirements/controller-<X.Y>.txt: ansible-core and
+# pytest, pinned) made from a Python the core runs its controller on (one core may have a leg on
+# each of several Pythons), running the integration tests
 # ansible-core's own code touches (CONTROLLER_TESTS: see the Makefile) with real
 # ansible-playbook runs on localhost.
 #
-# Usage: scripts/matrix_controller.sh "2.20@3.13 2.22@3.13" "MARKERS" [pytest args...]
+# Usage: scripts/matrix_controller.sh "2.20@3.13 2.22@3.14" "MARKERS" [pytest args...]
 #        scripts/matrix_controller.sh --setup-only "2.20@3.13 ..."   only make the venvs (make prepare)
 # Env: CONTROLLERS_DIR (default .cache/controllers), CONTROLLER_TESTS (the test files/ids),
 #      COLLECTIONS_ROOT (build/collections).
@@ -33,20 +34,20 @@ for leg in $legs; do
     [ -f "$reqs" ] || { echo "error: $reqs is missing (the pins of the ansible-core $core controller)" >&2; exit 2; }
     if ! py=$(bash scripts/find_python.sh "$ver"); then
         bash scripts/missing_leg.sh matrix-controller "ansible-core $core on Python $ver" \
-            "no python$ver here (pyenv versions/$ver.* or python$ver on PATH)" || failed=$((failed + 1))
+            "no python$ver here (pyenv versions/$ver.*, python$ver on PATH, or make prepare's from Debian)" || failed=$((failed + 1))
         rows+=("$(printf '%-6s %-8s %-8s %5ss' "$core" "$ver" MISSING 0)")
         continue
     fi
-    venv=$dir/core-$core
+    venv=$dir/core-$core-py$ver
     want="$(sha256sum "$reqs" | cut -c1-16) $py"
     if [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$want" ]; then
-        echo "+ $py -m venv $venv; pip install -r $reqs (log: build/logs/controller-$core-setup.log)"
+        echo "+ $py -m venv $venv; pip install -r $reqs (log: build/logs/controller-$core-py$ver-setup.log)"
         rm -rf "$venv"
         if ! { "$py" -m venv "$venv" \
             && "$venv/bin/python" -m pip install --no-input --disable-pip-version-check --progress-bar off -r "$reqs" \
-                >"build/logs/controller-$core-setup.log" 2>&1 \
-            && "$venv/bin/python" -m pip check >>"build/logs/controller-$core-setup.log" 2>&1; }; then
-            tail -n 25 "build/logs/controller-$core-setup.log" | pip_filter >&2
+                >"build/logs/controller-$core-py$ver-setup.log" 2>&1 \
+            && "$venv/bin/python" -m pip check >>"build/logs/controller-$core-py$ver-setup.log" 2>&1; }; then
+            tail -n 25 "build/logs/controller-$core-py$ver-setup.log" | pip_filter >&2
             echo "error: could not set up $venv from $reqs" >&2
             rows+=("$(printf '%-6s %-8s %-8s %5ss' "$core" "$ver" SETUP $(($(date +%s) - start)))")
             failed=$((failed + 1))
@@ -60,7 +61,7 @@ for leg in $legs; do
         *) echo "error: $venv runs '$version', not ansible-core $core" >&2; failed=$((failed + 1)); continue ;;
     esac
     if [ "$setup_only" = 1 ]; then
-        echo "ansible-core $core: $venv ready ($version, $("$venv/bin/python" --version))"
+        echo "ansible-core $core on Python $ver: $venv ready ($version, $("$venv/bin/python" --version))"
         continue
     fi
     if [ "${PYTEST_PASS:-both}" = timing ]; then
@@ -69,14 +70,14 @@ for leg in $legs; do
     fi
     echo "+ controller: $version, $("$venv/bin/python" --version)"
     # shellcheck disable=SC2086  # CONTROLLER_TESTS is a list of test paths
-    ANSIBLE_COLLECTIONS_PATH=${COLLECTIONS_ROOT:-$repo/build/collections} ANSIBLE_LOCAL_TEMP=$repo/build/ansible-tmp-$core \
+    ANSIBLE_COLLECTIONS_PATH=${COLLECTIONS_ROOT:-$repo/build/collections} ANSIBLE_LOCAL_TEMP=$repo/build/ansible-tmp-$core-py$ver \
         ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0 PATH=$repo/$venv/bin:$PATH \
-        bash scripts/pytest_split.sh "build/logs/matrix-controller-$core" "$markers" "$venv/bin/pytest" -- \
+        bash scripts/pytest_split.sh "build/logs/matrix-controller-$core-py$ver" "$markers" "$venv/bin/pytest" -- \
         ${CONTROLLER_TESTS:-tests/integration} -p no:cacheprovider "$@"
     rc=$?
     status=ok
     [ "$rc" -eq 0 ] || { status=FAILED; failed=$((failed + 1)); }
-    counts=$(tail -n 1 "build/logs/matrix-controller-$core.parallel.log" 2>/dev/null | sed -E 's/^=+ //; s/ in [0-9.]+s.*//')
+    counts=$(tail -n 1 "build/logs/matrix-controller-$core-py$ver.parallel.log" 2>/dev/null | sed -E 's/^=+ //; s/ in [0-9.]+s.*//')
     rows+=("$(printf '%-6s %-8s %-8s %5ss  %s' "$core" "$ver" "$status" $(($(date +%s) - start)) "$counts")")
 done
 [ "$setup_only" = 1 ] && exit "$failed"

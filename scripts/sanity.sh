@@ -60,7 +60,7 @@ echo "+ ansible-test sanity --venv --python $controller $* (in $dest)"
 #    Python. SANITY_PYTHONS="3.9 3.10 3.11 3.12 3.13" runs each.
 #    ansible-test finds pythonX.Y on PATH; scripts/find_python.sh finds the interpreters.
 # BEGIN GENERATED: sanity-pythons (scripts/generate.py, from tests/matrix.yml)
-default_pythons="3.9 3.13"
+default_pythons="3.9 3.14"
 # END GENERATED
 for ver in ${SANITY_PYTHONS-$default_pythons}; do
     [ "$ver" = "$controller" ] && continue

