@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The fleet's off-site repository and its disk-loss drill, run on the controller through
 ``podman exec`` (each step one exec: the drill adds as little time as it can to the fleet run).
 
