@@ -175,6 +175,39 @@ def _decompress(path, profile):
     return workdir, plain
 
 
+def _stage(fd, name, backup_dir, profile):
+    """A copy, in a private directory of ``backup_dir`` (0700, its file 0600), of the backup root
+    opened as ``fd``: a backup root fetched into its own directory (the off-site copy) is not
+    readable by the file owner's process, which restores it. The directory carries the name of a
+    decompressed copy, so a killed restore's is removed by the next run of the profile."""
+    os.makedirs(backup_dir, mode=0o700, exist_ok=True)
+    try:
+        size = os.fstat(fd).st_size
+        if free_bytes(backup_dir) < size + MB:
+            raise MaintenanceError(
+                "not enough space in %s for a copy of %s (%d MB): nothing was restored" % (backup_dir, name, size // MB)
+            )
+        workdir = tempfile.mkdtemp(prefix=WORK_PREFIX + profile + ".", dir=backup_dir)
+        copy = os.path.join(workdir, name)
+        try:
+            out = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(out, "wb") as handle:
+                os.lseek(fd, 0, os.SEEK_SET)
+                while True:
+                    chunk = os.read(fd, MB)
+                    if not chunk:
+                        break
+                    handle.write(chunk)
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+    except OSError as exc:
+        raise MaintenanceError(
+            "cannot copy backup %s into %s: %s; nothing was restored" % (name, backup_dir, exc)
+        ) from None
+    return workdir, copy
+
+
 def _remove_leftovers(backup_dir, profile):
     """Decompressed copies a killed restore of this profile left (we hold its lock)."""
     pattern = re.compile(r"^%s%s\.[A-Za-z0-9_]{8}$" % (re.escape(WORK_PREFIX), re.escape(profile)))
@@ -598,11 +631,17 @@ def _work(db_path, source, select, check_mode, busy_timeout, pause):
     ``source``: {"kind" (archive or file), "path", "profile", "backup_dir"}.
     """
     lock = None
+    staged = None
     try:
         lock = _locked(db_path, check_mode)
         if not check_mode:
             _remove_leftovers(source["backup_dir"], source["profile"])
-        with opened_source(source["kind"], source["path"], source["profile"]) as (plain, info):
+        readable = source["path"]
+        if source.get("fd") is not None:
+            staged = _stage(source["fd"], os.path.basename(source["path"]), source["backup_dir"], source["profile"])
+            readable = staged[1]
+        with opened_source(source["kind"], readable, source["profile"]) as (plain, info):
+            info["path"] = source["path"]  # the backup as named: the pending list and the result name it
             backup = source["kind"] == "file"
             pending_path = _pending_path(source["backup_dir"], source["profile"])
             pending = _read_pending(pending_path, source["path"]) if backup else set()
@@ -641,8 +680,32 @@ def _work(db_path, source, select, check_mode, busy_timeout, pause):
     except MaintenanceError as exc:
         return {"error": str(exc)}
     finally:
+        if staged is not None:
+            shutil.rmtree(staged[0], ignore_errors=True)
         if lock is not None:
             lock.release()
+
+
+def _open_roots(path, owner):
+    """A descriptor on ``path`` when it is root's and the work is done as ``owner`` (else None):
+    opened here, as root, and read by the owner's process, which cannot open it itself."""
+    if os.geteuid() != 0 or owner == 0:
+        return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None  # resolve_backup named it; opened_source says what is wrong
+    if st.st_uid != 0:
+        return None
+    _check_private(path, "backup")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise MaintenanceError("cannot open backup %s: %s" % (path, exc)) from None
+    if not os.path.samestat(os.fstat(fd), st):
+        os.close(fd)
+        raise MaintenanceError("backup %s changed while it was opened: refused" % path)
+    return fd
 
 
 def _in_owner(db_path, fn, *args):
@@ -696,7 +759,13 @@ def restore_selected(
     else:
         source = {"kind": "file", "path": resolve_backup(backup, backup_dir, profile)}
     source.update(profile=profile, backup_dir=backup_dir)
-    result = _in_owner(db_path, _work, db_path, source, select, check_mode, busy_timeout, pause)
+    fd = _open_roots(source["path"], os.lstat(db_path).st_uid) if source["kind"] == "file" else None
+    source["fd"] = fd
+    try:
+        result = _in_owner(db_path, _work, db_path, source, select, check_mode, busy_timeout, pause)
+    finally:
+        if fd is not None:
+            os.close(fd)
     result["db"] = db_path
     return result
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the base image of the fleet test: Debian bookworm minbase with python3, cron,
-# sudo, sqlite3, procps, prometheus-node-exporter (no image registry is reachable:
-# debootstrap + podman import).
+# sudo, sqlite3, procps, restic, openssh (client and server), prometheus-node-exporter
+# (no image registry is reachable: debootstrap + podman import).
 #
 #   tests/fleet/build-image.sh [--force]
 #
@@ -15,7 +15,9 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 image="${FLEET_IMAGE:-localhost/hermes-ops-fleet:bookworm}"
 suite="${FLEET_SUITE:-bookworm}"
-packages="python3,cron,sudo,sqlite3,procps,acl,ca-certificates,adduser,init-system-helpers"
+# restic + openssh-client: a host's off-site push to the SFTP repository; openssh-server: the
+# fourth container that serves it (the disk-loss drill). One image for all four keeps one build.
+packages="python3,cron,sudo,sqlite3,procps,acl,ca-certificates,adduser,init-system-helpers,restic,openssh-client,openssh-server"
 # Installed after debootstrap with daemons held back (policy-rc.d): its postinst would
 # start node_exporter in the chroot, on the host's network.
 late_packages="prometheus-node-exporter"

@@ -9,6 +9,8 @@ with a restic repository (a local path) for the test user ``hermes-ops-i40``, as
 * the maintenance (run as the user) makes a backup, and root's push sends it: one snapshot,
   tagged with the user and the profile, whose content is the backup; the metrics file and
   report.yml say so;
+* restore_sessions.yml -e hermes_restore_from=offsite puts the sessions the prune deleted back
+  from the repository's copy (check mode's prediction, then the run);
 * with state.db, its sidecars and the backups deleted, restore.yml -e hermes_restore_from=offsite
   fetches the backup (root's, 0600) and restores it: the owner's file, every session.
 """
@@ -155,6 +157,45 @@ def test_offsite_push_is_roots(ansible_playbook, host, tmp_path):
     cells = [c.strip() for c in lines[2].split("|")[1:-1]]
     assert cells[0] == "localhost" and cells[1] == "1" and cells[3] == "0.0 days ago", lines
     assert cells[5:] == ["0", "ok"], lines
+
+    # The prune deleted sessions the pushed backup holds: restore_sessions.yml takes them back
+    # from the repository's copy (root fetches it; the owner's process reads it through root's
+    # descriptor), first as a prediction, then for real, into the live file in place.
+    with sqlite3.connect(f"file:{backups[-1]}?mode=ro", uri=True) as conn:
+        held = {r[0] for r in conn.execute("SELECT id FROM sessions")}
+    with sqlite3.connect(f"file:{h.hermes / 'state.db'}?mode=ro", uri=True) as conn:
+        live_before = {r[0] for r in conn.execute("SELECT id FROM sessions")}
+    gone = sorted(held - live_before)
+    assert gone, (held, live_before)
+    shutil.rmtree(FETCHED, ignore_errors=True)
+    back = {
+        "hermes_maintenance_user": USER,
+        "hermes_maintenance_homes": [str(h.hermes)],
+        "hermes_restore_hosts": "localhost",
+        "hermes_restore_from": "offsite",
+        "hermes_restore_sessions": gone,
+    }
+    rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=dict(back, hermes_restore_backup="newest"))
+    text = getattr(out, "text", str(out))
+    assert rc != 0 and "leave hermes_restore_backup out" in text, text
+    rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=back, check=True)
+    assert rc == 0, getattr(out, "text", out)
+    predicted = out.result("Restore the sessions")
+    assert predicted["sessions_restored"] == len(gone)
+    assert predicted["backup"]["path"] == str(FETCHED / backups[-1].name)
+    rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=back)
+    assert rc == 0, getattr(out, "text", out)
+    assert f"Off-site snapshot {snap['short_id']}" in out.result("Which snapshot")["msg"]
+    done = out.result("Restore the sessions")
+    assert (done["sessions_restored"], done["messages_restored"]) == (
+        predicted["sessions_restored"],
+        predicted["messages_restored"],
+    )
+    with sqlite3.connect(f"file:{h.hermes / 'state.db'}?mode=ro", uri=True) as conn:
+        assert {r[0] for r in conn.execute("SELECT id FROM sessions")} == held
+    fetched = FETCHED / backups[-1].name
+    assert (fetched.stat().st_uid, fetched.stat().st_mode & 0o777, FETCHED.stat().st_mode & 0o777) == (0, 0o600, 0o700)
+    assert not [p.name for p in (h.hermes / "backups").iterdir() if p.name.startswith(".hermes-ops-restore_")]
 
     # The disk is lost: state.db, its sidecars and the backups go. restore.yml brings the
     # profile back from the repository, with the checks of a local restore.
