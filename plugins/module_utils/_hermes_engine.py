@@ -440,7 +440,8 @@ def _elide_payloads(result, conn, plan, schema, opts, *, db_path, backup_dir, na
     try:
         elide(
             conn, schema, report["archive"], batch_size=int(opts["batch_size"]), batch_time=float(opts["batch_time"]),
-            wait=wait, stop=stop, result=done,
+            pause=float(opts["batch_pause"]), wait=wait, live_rollback=result["preflight"]["live_rollback"],
+            stop=stop, result=done,
         )  # fmt: skip
     finally:  # also when a later transaction failed: report what was committed
         report.update(

@@ -34,6 +34,7 @@ import sqlite3
 import stat
 import time
 
+from ._hermes_apply import FIRST_GROUP_SHARE, ROLLBACK_COMMIT_TIME, IdlePacing, persistent_journal
 from ._hermes_backup import StampedFiles, remove_partials
 from ._hermes_db import MaintenanceError, fsync_path, read_snapshot, write_transaction
 from ._hermes_plan import DAY, ROUTED, SANE_MIN, leased_conversation, live_leases
@@ -46,6 +47,7 @@ ID_WINDOW = 5000  # message ids per read statement of the selection: each its ow
 READ_CHUNK = 200  # bodies per read transaction of the archive
 READ_BYTES = 4 * 1024 * 1024  # ... and at most about this many bytes
 FIRST_GROUP = 8  # bodies in the first write transaction, before a rate is measured
+MIN_ROOM = 0.5  # share of a transaction's bound its bodies get however long the last COMMIT took
 GROUP_BYTES = 8 * 1024 * 1024  # most original bytes compared in one write transaction
 
 
@@ -275,10 +277,19 @@ def _protected_now(conn, sid, leased, has_pinned):
     return row is None or bool(row[0]) or leased_conversation(conn, sid, leased)
 
 
-def elide(conn, schema, archive, *, batch_size, batch_time, wait, stop=None, result=None):
+def elide(conn, schema, archive, *, batch_size, batch_time, pause, wait, live_rollback=False, stop=None, result=None):
     """Replace the archived bodies with their tombstones, in write transactions of at most
-    ``batch_size`` bodies and about ``batch_time`` seconds (measured rate; the first one small), the
-    gateway's turn (``wait(held)``, _hermes_apply.turn_after_commit) after each commit.
+    ``batch_size`` bodies, each holding the lock about as long as one of the prune's: ``batch_time``,
+    plus ROLLBACK_COMMIT_TIME for the COMMIT with ``live_rollback`` (rollback-journal mode beside a
+    live gateway), grown while no other connection commits (IdlePacing). After each commit the
+    gateway's turn (``wait(held, pause)``, _hermes_apply.turn_after_commit), its pause IdlePacing's.
+
+    A transaction takes as many bodies as fit in the bound at the rate measured in the last one,
+    less the last COMMIT's time (the first transaction FIRST_GROUP bodies). The COMMIT's cost is
+    fixed per transaction (10-25 ms in rollback-journal mode, several times that while the disk
+    is busy): when it alone eats the bound, the bodies still get MIN_ROOM of it, or the
+    transactions shrink to one body each and the elision crawls (7-10 bodies/s) while the
+    gateway waits no less.
 
     A transaction's bodies are changed by one UPDATE (FTS5 writes a segment per statement that
     changed it, so one per body would fragment both indexes); only those whose live bytes still
@@ -287,6 +298,8 @@ def elide(conn, schema, archive, *, batch_size, batch_time, wait, stop=None, res
     result = result or ElideResult()
     src = sqlite3.connect("file:%s?mode=ro" % os.path.abspath(archive), uri=True)
     has_pinned = "pinned" in schema["session_columns"]
+    bound = float(batch_time) + (ROLLBACK_COMMIT_TIME if live_rollback and batch_time else 0.0)
+    pacing = IdlePacing(conn, bound, pause)
     conn.execute(
         "CREATE TEMP TABLE IF NOT EXISTS hermes_ops_elide "
         "(id INTEGER PRIMARY KEY, kind TEXT, body BLOB, bytes INTEGER, tombstone TEXT)"
@@ -295,63 +308,78 @@ def elide(conn, schema, archive, *, batch_size, batch_time, wait, stop=None, res
         ids = [r[0] for r in src.execute("SELECT id FROM payloads ORDER BY id")]
         sizes = dict(src.execute("SELECT id, bytes FROM payloads"))
         index, per_body, commit = 0, None, 0.0
-        while index < len(ids):
-            result.stopped = stop() if stop else None
-            if result.stopped:
-                break
-            # the COMMIT's cost is fixed per transaction (10-25 ms in rollback-journal mode): only the
-            # time the bodies took scales with their number
-            room = max(0.0, batch_time - commit) * 0.8
-            take = FIRST_GROUP if per_body is None else max(1, int(room / per_body))
-            take = min(take, int(batch_size))
-            group, weight = [], 0
-            while index < len(ids) and len(group) < take and (not group or weight + sizes[ids[index]] <= GROUP_BYTES):
-                group.append(ids[index])
-                weight += sizes[ids[index]]
-                index += 1
-            marks = ",".join("?" * len(group))
-            rows = src.execute(
-                "SELECT id, session_id, kind, body, bytes, tombstone FROM payloads WHERE id IN (%s)" % marks, group
-            ).fetchall()
-            began = time.monotonic()
-            with write_transaction(conn):
-                leased = live_leases(conn, schema, time.time())
-                blocked = {sid for sid in {r[1] for r in rows} if _protected_now(conn, sid, leased, has_pinned)}
-                keep = [r for r in rows if r[1] not in blocked]
-                conn.execute("DELETE FROM temp.hermes_ops_elide")
-                conn.executemany(
-                    "INSERT INTO temp.hermes_ops_elide (id, kind, body, bytes, tombstone) VALUES (?, ?, ?, ?, ?)",
-                    [(r[0], r[2], r[3], r[4], r[5]) for r in keep],
-                )
-                # a body that changed since it was archived is not ours to replace
-                conn.execute(
-                    "DELETE FROM temp.hermes_ops_elide WHERE id NOT IN (SELECT t.id FROM temp.hermes_ops_elide t "
-                    "JOIN main.messages m ON m.id = t.id WHERE m.role = 'tool' AND typeof(m.content) = t.kind "
-                    "AND CAST(m.content AS BLOB) = t.body)"
-                )
-                done = conn.execute(
-                    "SELECT t.id, m.session_id, t.bytes, t.tombstone FROM temp.hermes_ops_elide t "
-                    "JOIN main.messages m ON m.id = t.id"
-                ).fetchall()
-                conn.execute(
-                    "UPDATE main.messages SET content = "
-                    "(SELECT t.tombstone FROM temp.hermes_ops_elide t WHERE t.id = messages.id) "
-                    "WHERE id IN (SELECT id FROM temp.hermes_ops_elide)"
-                )
-                conn.execute("DELETE FROM temp.hermes_ops_elide")
-                committing = time.monotonic()
-            held = time.monotonic() - began
-            commit = time.monotonic() - committing
-            per_body = max(committing - began, 1e-6) / len(group)
-            result.elided += len(done)
-            result.bytes += sum(r[2] for r in done)
-            result.bytes_after += sum(len(r[3].encode()) for r in done)
-            result.sessions.update(r[1] for r in done)
-            result.left_alone += len(rows) - len(done)
-            wait(held)
+        with persistent_journal(conn):
+            while index < len(ids):
+                result.stopped = stop() if stop else None
+                if result.stopped:
+                    break
+                held_for = pacing.bound()
+                if not held_for:
+                    take = len(ids)
+                elif per_body is None:
+                    take = FIRST_GROUP
+                else:
+                    room = max(held_for - commit, held_for * MIN_ROOM) * FIRST_GROUP_SHARE
+                    take = max(1, int(room / per_body))
+                take = min(take, int(batch_size))
+                group, weight = [], 0
+                while (
+                    index < len(ids) and len(group) < take and (not group or weight + sizes[ids[index]] <= GROUP_BYTES)
+                ):
+                    group.append(ids[index])
+                    weight += sizes[ids[index]]
+                    index += 1
+                began, committing = _elide_group(conn, schema, src, group, has_pinned, result)
+                held = time.monotonic() - began
+                commit = time.monotonic() - committing
+                per_body = max(committing - began, 1e-6) / len(group)
+                wait(held, pacing.pause(held))
+                pacing.observe()  # did the gateway commit during that transaction's turn?
     finally:
         src.close()
     return result
+
+
+def _elide_group(conn, schema, src, group, has_pinned, result):
+    """One write transaction: the bodies of ``group`` (archived message ids) still as archived become
+    their tombstones. Returns (when it began, when its COMMIT began), monotonic."""
+    marks = ",".join("?" * len(group))
+    rows = src.execute(
+        "SELECT id, session_id, kind, body, bytes, tombstone FROM payloads WHERE id IN (%s)" % marks, group
+    ).fetchall()
+    began = time.monotonic()
+    with write_transaction(conn):
+        leased = live_leases(conn, schema, time.time())
+        blocked = {sid for sid in {r[1] for r in rows} if _protected_now(conn, sid, leased, has_pinned)}
+        keep = [r for r in rows if r[1] not in blocked]
+        conn.execute("DELETE FROM temp.hermes_ops_elide")
+        conn.executemany(
+            "INSERT INTO temp.hermes_ops_elide (id, kind, body, bytes, tombstone) VALUES (?, ?, ?, ?, ?)",
+            [(r[0], r[2], r[3], r[4], r[5]) for r in keep],
+        )
+        # a body that changed since it was archived is not ours to replace
+        conn.execute(
+            "DELETE FROM temp.hermes_ops_elide WHERE id NOT IN (SELECT t.id FROM temp.hermes_ops_elide t "
+            "JOIN main.messages m ON m.id = t.id WHERE m.role = 'tool' AND typeof(m.content) = t.kind "
+            "AND CAST(m.content AS BLOB) = t.body)"
+        )
+        done = conn.execute(
+            "SELECT t.id, m.session_id, t.bytes, t.tombstone FROM temp.hermes_ops_elide t "
+            "JOIN main.messages m ON m.id = t.id"
+        ).fetchall()
+        conn.execute(
+            "UPDATE main.messages SET content = "
+            "(SELECT t.tombstone FROM temp.hermes_ops_elide t WHERE t.id = messages.id) "
+            "WHERE id IN (SELECT id FROM temp.hermes_ops_elide)"
+        )
+        conn.execute("DELETE FROM temp.hermes_ops_elide")
+        committing = time.monotonic()
+    result.elided += len(done)
+    result.bytes += sum(r[2] for r in done)
+    result.bytes_after += sum(len(r[3].encode()) for r in done)
+    result.sessions.update(r[1] for r in done)
+    result.left_alone += len(rows) - len(done)
+    return began, committing
 
 
 OPTIMIZE_PAGES = 256  # FTS5 pages one step of the incremental optimize writes (as the reclaim's merge step)
