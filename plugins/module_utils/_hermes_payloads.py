@@ -357,15 +357,19 @@ def _elide_group(conn, schema, src, group, has_pinned, result):
             "INSERT INTO temp.hermes_ops_elide (id, kind, body, bytes, tombstone) VALUES (?, ?, ?, ?, ?)",
             [(r[0], r[2], r[3], r[4], r[5]) for r in keep],
         )
-        # a body that changed since it was archived is not ours to replace
+        # A body that changed since it was archived is not ours to replace. CROSS JOIN keeps the
+        # group's few rows as the outer loop: with a plain JOIN the planner (no statistics on the
+        # temp table) scanned every row of messages once per transaction, and beside a live
+        # rollback-journal writer, whose commits empty our page cache, that re-read the whole
+        # table each time (30,000 page reads a transaction on a 585 MB file, strace).
         conn.execute(
             "DELETE FROM temp.hermes_ops_elide WHERE id NOT IN (SELECT t.id FROM temp.hermes_ops_elide t "
-            "JOIN main.messages m ON m.id = t.id WHERE m.role = 'tool' AND typeof(m.content) = t.kind "
+            "CROSS JOIN main.messages m ON m.id = t.id WHERE m.role = 'tool' AND typeof(m.content) = t.kind "
             "AND CAST(m.content AS BLOB) = t.body)"
         )
         done = conn.execute(
             "SELECT t.id, m.session_id, t.bytes, t.tombstone FROM temp.hermes_ops_elide t "
-            "JOIN main.messages m ON m.id = t.id"
+            "CROSS JOIN main.messages m ON m.id = t.id"
         ).fetchall()
         conn.execute(
             "UPDATE main.messages SET content = "
