@@ -113,7 +113,7 @@ def storage_summary(gather_info, home):
     }
 
 
-def child(code, home, live, out):
+def child(code, home, live, out, limit=None):
     """One run of ``code``'s engine on ``home`` (a fresh copy), its phases timed; JSON to ``out``."""
     sys.path.insert(0, str(Path(code) / "build" / "collections"))
     from hermes_writer import WriterProcess, latency_stats
@@ -134,6 +134,20 @@ def child(code, home, live, out):
         return run
 
     engine.elide = timed("elide", engine.elide)
+    if limit:
+        # the engine's own stop callback, ended after ``limit`` seconds of elision: what it did till then counts
+        real_elide = engine.elide
+
+        def limited(*args, **kwargs):
+            given, deadline = kwargs.get("stop"), time.time() + limit
+
+            def stop():
+                return "bench time limit" if time.time() > deadline else (given() if given else None)
+
+            kwargs["stop"] = stop
+            return real_elide(*args, **kwargs)
+
+        engine.elide = limited
     engine.take_payload_archive = timed("archive", engine.take_payload_archive)
     home = Path(home)
     opts = {"hermes_home": [str(home)], "prune_days": 3650, "tool_payload_days": 30}
@@ -167,7 +181,7 @@ def child(code, home, live, out):
     Path(out).write_text(json.dumps(result))
 
 
-def one_run(code, base, home, live):
+def one_run(code, base, home, live, limit=None):
     from hermes_fixtures import copy_db
 
     shutil.rmtree(str(home), ignore_errors=True)
@@ -177,7 +191,9 @@ def one_run(code, base, home, live):
     out = home.parent / (home.name + ".json")
     load = "%.2f %.2f %.2f" % os.getloadavg()
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", str(code), str(home), "live" if live else "idle", str(out)], check=False
+        [sys.executable, __file__, "--child", str(code), str(home), "live" if live else "idle", str(out)]
+        + (["--time-limit", str(limit)] if limit else []),
+        check=False,
     )
     if proc.returncode != 0:
         sys.exit("the run of %s on %s failed (exit %d)" % (code, home, proc.returncode))
@@ -200,13 +216,14 @@ def table(rows, made):
         tp, w = r["tool_payloads"], r.get("writer") or {}
         rate = tp["elided"] / r["elide_s"] if r["elide_s"] else float("nan")
         worst = w.get("worst")
+        label = r["label"] + (" (stopped: %s)" % tp["stopped_early"] if tp.get("stopped_early") else "")
         verdict = ""
         if worst is not None:
             verdict = ": met" if worst <= STALL else ": missed by %.0f ms" % (1000 * (worst - STALL))
         lines.append(
             "| %.0f MB | %s | %s | %d (%.0f) | %.1f | %.1f | %.0f | %s | %s%s | %s | %s | %s | %s |"
             % (made["bytes"] / MB, "beside a 20 ms writer" if r["live"] else "no holder, vacuum full",
-               r["label"], tp["elided"], tp["bytes"] / MB, r["archive_s"], r["elide_s"],
+               label, tp["elided"], tp["bytes"] / MB, r["archive_s"], r["elide_s"],
                rate if not math.isnan(rate) else 0, w.get("appends", "-"), ms(worst), verdict, ms(w.get("p99")),
                ms(w.get("worst_run")),
                w.get("failed", "-"), r["load"])
@@ -230,11 +247,14 @@ def main(argv=None):
     parser.add_argument("--compare", type=Path, default=None, help="another checkout whose engine also runs")
     parser.add_argument("--no-idle", action="store_true", help="skip the run without a holder (vacuum_mode: full)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument(
+        "--time-limit", type=float, default=None, help="end each live elision after this many seconds (a slow engine)"
+    )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         code, home, mode, out = args.child
-        child(code, home, mode == "live", out)
+        child(code, home, mode == "live", out, args.time_limit)
         return 0
     args.workdir.mkdir(parents=True, exist_ok=True)
     print("load average %s; making/using the base file ..." % ("%.2f %.2f %.2f" % os.getloadavg()), flush=True)
@@ -244,7 +264,7 @@ def main(argv=None):
     rows = []
     for rnd in range(args.runs):
         for label, code in codes:
-            row = one_run(code, base, args.workdir / ("elision-%s" % label), live=True)
+            row = one_run(code, base, args.workdir / ("elision-%s" % label), live=True, limit=args.time_limit)
             row["label"], row["round"] = label, rnd
             rows.append(row)
             print("  %s round %d: %d bodies in %.1f s, worst %s" % (label, rnd, row["tool_payloads"]["elided"],
