@@ -34,7 +34,14 @@ import sqlite3
 import stat
 import time
 
-from ._hermes_apply import FIRST_GROUP_SHARE, ROLLBACK_COMMIT_TIME, IdlePacing, persistent_journal
+from ._hermes_apply import (
+    FIRST_GROUP_SHARE,
+    PROGRESS_STEPS,
+    ROLLBACK_COMMIT_TIME,
+    IdlePacing,
+    hard_bound,
+    persistent_journal,
+)
 from ._hermes_backup import StampedFiles, remove_partials
 from ._hermes_db import MaintenanceError, fsync_path, read_snapshot, write_transaction
 from ._hermes_plan import DAY, ROUTED, SANE_MIN, leased_conversation, live_leases
@@ -47,6 +54,8 @@ ID_WINDOW = 5000  # message ids per read statement of the selection: each its ow
 READ_CHUNK = 200  # bodies per read transaction of the archive
 READ_BYTES = 4 * 1024 * 1024  # ... and at most about this many bytes
 FIRST_GROUP = 8  # bodies in the first write transaction, before a rate is measured
+# What one body costs beyond its bytes (its row's lookups, the triggers' statements), in bytes.
+ROW_UNITS = 2048
 MIN_ROOM = 0.5  # share of a transaction's bound its bodies get however long the last COMMIT took
 GROUP_BYTES = 8 * 1024 * 1024  # most original bytes compared in one write transaction
 
@@ -285,7 +294,9 @@ def elide(conn, schema, archive, *, batch_size, batch_time, pause, wait, live_ro
     gateway's turn (``wait(held, pause)``, _hermes_apply.turn_after_commit), its pause IdlePacing's.
 
     A transaction takes as many bodies as fit in the bound at the rate measured in the last one,
-    less the last COMMIT's time (the first transaction FIRST_GROUP bodies). The COMMIT's cost is
+    less the last COMMIT's time (the first transaction FIRST_GROUP bodies); the rate is per byte
+    (each body's bytes and ROW_UNITS for its row): tool output runs from a few hundred bytes to
+    megabytes, and a count sized on small bodies held the lock for twice the bound on large ones. The COMMIT's cost is
     fixed per transaction (10-25 ms in rollback-journal mode, several times that while the disk
     is busy): when it alone eats the bound, the bodies still get MIN_ROOM of it, or the
     transactions shrink to one body each and the elision crawls (7-10 bodies/s) while the
@@ -307,47 +318,81 @@ def elide(conn, schema, archive, *, batch_size, batch_time, pause, wait, live_ro
     try:
         ids = [r[0] for r in src.execute("SELECT id FROM payloads ORDER BY id")]
         sizes = dict(src.execute("SELECT id, bytes FROM payloads"))
-        index, per_body, commit = 0, None, 0.0
+        index, per_unit, commit, cap = 0, None, 0.0, int(batch_size)
+        deadline = _Deadline()
+        conn.set_progress_handler(deadline, PROGRESS_STEPS)
         with persistent_journal(conn):
             while index < len(ids):
                 result.stopped = stop() if stop else None
                 if result.stopped:
                     break
                 held_for = pacing.bound()
-                if not held_for:
-                    take = len(ids)
-                elif per_body is None:
-                    take = FIRST_GROUP
-                else:
-                    room = max(held_for - commit, held_for * MIN_ROOM) * FIRST_GROUP_SHARE
-                    take = max(1, int(room / per_body))
-                take = min(take, int(batch_size))
-                group, weight = [], 0
-                while (
-                    index < len(ids) and len(group) < take and (not group or weight + sizes[ids[index]] <= GROUP_BYTES)
-                ):
+                room = max(held_for - commit, held_for * MIN_ROOM) * FIRST_GROUP_SHARE
+                group, weight, units = [], 0, 0
+                while index < len(ids) and len(group) < cap:
+                    nbytes = sizes[ids[index]]
+                    if group and weight + nbytes > GROUP_BYTES:
+                        break
+                    if group and held_for and (per_unit is None and len(group) >= FIRST_GROUP):
+                        break
+                    if group and held_for and per_unit is not None and (units + nbytes + ROW_UNITS) * per_unit > room:
+                        break
                     group.append(ids[index])
-                    weight += sizes[ids[index]]
+                    weight += nbytes
+                    units += nbytes + ROW_UNITS
                     index += 1
-                began, committing = _elide_group(conn, schema, src, group, has_pinned, result)
+                deadline.hard = hard_bound(held_for) if held_for and len(group) > 1 else None
+                try:
+                    began, committing = _elide_group(conn, schema, src, group, has_pinned, result, deadline)
+                except sqlite3.OperationalError:
+                    if not deadline.tripped:
+                        raise
+                    # Held past the hard bound (an FTS5 merge inside the UPDATE, a preempted process):
+                    # SQLite rolled the transaction back, none of it happened. Its bodies again, in halves.
+                    index -= len(group)
+                    cap = max(1, len(group) // 2)
+                    per_unit = None if per_unit is None else per_unit * 2
+                    held = time.monotonic() - deadline.began
+                    wait(held, pacing.pause(held))
+                    pacing.observe()
+                    continue
+                cap = int(batch_size)
                 held = time.monotonic() - began
                 commit = time.monotonic() - committing
-                per_body = max(committing - began, 1e-6) / len(group)
+                rate = max(committing - began, 1e-6) / units
+                # a cheap transaction (no FTS5 segment flushed in it) lets the next one grow only halfway
+                per_unit = rate if per_unit is None else max(rate, (per_unit + rate) / 2)
                 wait(held, pacing.pause(held))
                 pacing.observe()  # did the gateway commit during that transaction's turn?
     finally:
+        conn.set_progress_handler(None, 0)
         src.close()
     return result
 
 
-def _elide_group(conn, schema, src, group, has_pinned, result):
+class _Deadline:
+    """SQLite's progress handler for the elision: stops the running statement once ``hard`` seconds
+    have passed since ``began`` (None: never), and says so (``tripped``); never during the COMMIT."""
+
+    def __init__(self):
+        self.hard, self.began, self.tripped, self.armed = None, 0.0, False, False
+
+    def __call__(self):
+        if self.armed and time.monotonic() - self.began > self.hard:
+            self.tripped, self.armed = True, False
+            return 1
+        return 0
+
+
+def _elide_group(conn, schema, src, group, has_pinned, result, deadline):
     """One write transaction: the bodies of ``group`` (archived message ids) still as archived become
     their tombstones. Returns (when it began, when its COMMIT began), monotonic."""
     marks = ",".join("?" * len(group))
     rows = src.execute(
         "SELECT id, session_id, kind, body, bytes, tombstone FROM payloads WHERE id IN (%s)" % marks, group
     ).fetchall()
-    began = time.monotonic()
+    began = deadline.began = time.monotonic()
+    deadline.tripped, deadline.armed = False, deadline.hard is not None
     with write_transaction(conn):
         leased = live_leases(conn, schema, time.time())
         blocked = {sid for sid in {r[1] for r in rows} if _protected_now(conn, sid, leased, has_pinned)}
@@ -377,6 +422,7 @@ def _elide_group(conn, schema, src, group, has_pinned, result):
             "WHERE id IN (SELECT id FROM temp.hermes_ops_elide)"
         )
         conn.execute("DELETE FROM temp.hermes_ops_elide")
+        deadline.armed = False  # the COMMIT runs whole
         committing = time.monotonic()
     result.elided += len(done)
     result.bytes += sum(r[2] for r in done)
