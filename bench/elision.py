@@ -134,6 +134,17 @@ def child(code, home, live, out, limit=None):
         return run
 
     engine.elide = timed("elide", engine.elide)
+    holds = []  # how long each elision transaction held the write lock (engines that have _elide_group)
+    payloads = sys.modules.get(engine.__name__.rsplit(".", 1)[0] + "._hermes_payloads")
+    if payloads is not None and hasattr(payloads, "_elide_group"):
+        real_group = payloads._elide_group
+
+        def group(*args, **kwargs):
+            began, committing = real_group(*args, **kwargs)
+            holds.append((time.monotonic() - began, committing - began, len(args[3])))
+            return began, committing
+
+        payloads._elide_group = group
     if limit:
         # the engine's own stop callback, ended after ``limit`` seconds of elision: what it did till then counts
         real_elide = engine.elide
@@ -166,7 +177,10 @@ def child(code, home, live, out, limit=None):
         result = {"status": profile["status"], "error": profile["error"], "seconds": t1 - t0,
                   "tool_payloads": profile["tool_payloads"], "storage_before": before,
                   "archive_s": phases.get("archive_end", 0) - phases.get("archive_start", 0),
-                  "elide_s": phases.get("elide_end", 0) - phases.get("elide_start", 0)}  # fmt: skip
+                  "elide_s": phases.get("elide_end", 0) - phases.get("elide_start", 0),
+                  "transactions": len(holds), "longest_hold": max(holds)[0] if holds else None,
+                  "holds_over_150ms": sum(1 for h in holds if h[0] > 0.15),
+                  "longest_holds": sorted(holds, reverse=True)[:5]}  # fmt: skip
         if writer:
             summary = writer.stop()
             records = writer.records()
@@ -267,8 +281,10 @@ def main(argv=None):
             row = one_run(code, base, args.workdir / ("elision-%s" % label), live=True, limit=args.time_limit)
             row["label"], row["round"] = label, rnd
             rows.append(row)
-            print("  %s round %d: %d bodies in %.1f s, worst %s" % (label, rnd, row["tool_payloads"]["elided"],
-                  row["elide_s"], ms((row.get("writer") or {}).get("worst"))), flush=True)  # fmt: skip
+            print("  %s round %d: %d bodies in %.1f s, worst %s; %d transactions, the longest held %s, %s over 150 ms"
+                  % (label, rnd, row["tool_payloads"]["elided"], row["elide_s"],
+                     ms((row.get("writer") or {}).get("worst")), row.get("transactions", 0),
+                     ms(row.get("longest_hold")), row.get("holds_over_150ms", "-")), flush=True)  # fmt: skip
     if not args.no_idle:
         row = one_run(REPO, base, args.workdir / "elision-idle", live=False)
         row["label"], row["round"] = "this", 0
