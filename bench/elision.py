@@ -135,12 +135,17 @@ def child(code, home, live, out, limit=None):
 
     engine.elide = timed("elide", engine.elide)
     holds = []  # how long each elision transaction held the write lock (engines that have _elide_group)
+    interrupted = []  # the size of each group interrupted at the hard bound
     payloads = sys.modules.get(engine.__name__.rsplit(".", 1)[0] + "._hermes_payloads")
     if payloads is not None and hasattr(payloads, "_elide_group"):
         real_group = payloads._elide_group
 
         def group(*args, **kwargs):
-            began, committing = real_group(*args, **kwargs)
+            try:
+                began, committing = real_group(*args, **kwargs)
+            except sqlite3.OperationalError:
+                interrupted.append(len(args[3]))  # past the hard bound: rolled back, retried in halves
+                raise
             holds.append((time.monotonic() - began, committing - began, len(args[3])))
             return began, committing
 
@@ -179,7 +184,7 @@ def child(code, home, live, out, limit=None):
                   "archive_s": phases.get("archive_end", 0) - phases.get("archive_start", 0),
                   "elide_s": phases.get("elide_end", 0) - phases.get("elide_start", 0),
                   "transactions": len(holds), "longest_hold": max(holds)[0] if holds else None,
-                  "holds_over_150ms": sum(1 for h in holds if h[0] > 0.15),
+                  "holds_over_150ms": sum(1 for h in holds if h[0] > 0.15), "interrupted": interrupted,
                   "longest_holds": sorted(holds, reverse=True)[:5]}  # fmt: skip
         if writer:
             summary = writer.stop()
@@ -281,10 +286,12 @@ def main(argv=None):
             row = one_run(code, base, args.workdir / ("elision-%s" % label), live=True, limit=args.time_limit)
             row["label"], row["round"] = label, rnd
             rows.append(row)
-            print("  %s round %d: %d bodies in %.1f s, worst %s; %d transactions, the longest held %s, %s over 150 ms"
+            print("  %s round %d: %d bodies in %.1f s, worst %s; %d transactions, the longest held %s, %s over 150 ms, "
+                  "%d interrupted"
                   % (label, rnd, row["tool_payloads"]["elided"], row["elide_s"],
                      ms((row.get("writer") or {}).get("worst")), row.get("transactions", 0),
-                     ms(row.get("longest_hold")), row.get("holds_over_150ms", "-")), flush=True)  # fmt: skip
+                     ms(row.get("longest_hold")), row.get("holds_over_150ms", "-"), len(row.get("interrupted", ()))),
+                  flush=True)  # fmt: skip
     if not args.no_idle:
         row = one_run(REPO, base, args.workdir / "elision-idle", live=False)
         row["label"], row["round"] = "this", 0
