@@ -11,6 +11,11 @@
 #   make bench-durability  bench/durability.py: what the power-loss fsyncs cost beside the 20 ms writer
 #                     (WAL commit with and without commits_durable, rollback journal EXTRA vs FULL);
 #                     prints its table (about 3 minutes; the controller venv, no plots)
+#   make bench-elision  bench/elision.py: tool-payload elision (tool_payload_days: 30) on a 585 MB 0.22.2
+#                     file whose bytes are mostly tool output (made once into build/bench/), beside a
+#                     0.22.2 writer appending every 20 ms and once with no holder: bodies/s, the writer's
+#                     worst stall, and `storage` before and after; prints its table (ELISION_BENCH_ARGS:
+#                     e.g. --compare <another checkout> --runs 2)
 #
 # The bench targets run in their own venv (.cache/bench-venv, requirements/bench.txt: matplotlib
 # for the plots), made on first use; `make test` and CI never make it.
@@ -19,10 +24,11 @@
 # test_scenarios.py); `make matrix` (Makefile) runs whatever is marked `matrix`.
 
 BENCH_ARGS ?=
+ELISION_BENCH_ARGS ?=
 BENCH_VENV ?= $(CURDIR)/.cache/bench-venv
 BENCH_PY := $(BENCH_VENV)/bin/python
 
-.PHONY: bench bench-sweep bench-setup bench-report live-full bench-durability
+.PHONY: bench bench-sweep bench-setup bench-report live-full bench-durability bench-elision
 
 $(BENCH_VENV)/.stamp: requirements/bench.txt
 	test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)
@@ -46,3 +52,6 @@ live-full: $(STAMP) collection-link ## live-writer test at full size (prune of 1
 
 bench-durability: $(STAMP) collection-link ## what the power-loss fsyncs cost beside a live 20 ms writer (prints a table; ~3 min)
 	$(BIN)/python bench/durability.py $(BENCH_ARGS)
+
+bench-elision: $(STAMP) collection-link ## tool-payload elision beside a live 20 ms writer on a 585 MB tool-heavy file (prints a table)
+	$(BIN)/python bench/elision.py $(ELISION_BENCH_ARGS)

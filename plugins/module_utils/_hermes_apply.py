@@ -10,6 +10,7 @@ busy handler in, and re-checks inside the transaction that its rows still qualif
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import sqlite3
@@ -232,13 +233,31 @@ def turn_after_commit(conn, pause):
     writing = writer_probe(db_path, wal=wal) if db_path else None
     turn = WriterTurn(writing, pause) if writing else None
 
-    def wait(held):
+    def wait(held, paused=None):
+        """``paused``: this turn's pause instead of ``pause`` (IdlePacing shortens it while the gateway is idle)."""
+        paused = pause if paused is None else paused
         if turn:
+            turn.pause = paused
             turn.wait(held)
         else:
-            time.sleep(max(pause, poll_gap(held) + 0.005))
+            time.sleep(max(paused, poll_gap(held) + 0.005))
 
     return wait
+
+
+@contextlib.contextmanager
+def persistent_journal(conn):
+    """A rollback-journal file's many short commits keep one journal file (its header zeroed at each
+    commit: no other connection takes it for a hot one) instead of creating and deleting one each
+    time: 13% less time per COMMIT here. Back to DELETE at the end, which removes the file."""
+    journal = conn.execute("PRAGMA journal_mode").fetchone()[0].lower()
+    if journal == "delete":
+        conn.execute("PRAGMA journal_mode=PERSIST").fetchone()
+    try:
+        yield
+    finally:
+        if journal == "delete" and not conn.in_transaction:
+            conn.execute("PRAGMA journal_mode=DELETE").fetchone()
 
 
 class IdlePacing:
@@ -327,62 +346,55 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     pacing = IdlePacing(conn, bound, pause)
     if budget.hard:
         conn.set_progress_handler(budget.interrupt, PROGRESS_STEPS)
-    # A rollback-journal file's commits, a few hundred here, keep one journal file (its header zeroed
-    # at each commit: no other connection takes it for a hot one) instead of creating and deleting one
-    # each time: 13% less time per COMMIT here. Back to DELETE at the end, which removes the file.
-    journal = conn.execute("PRAGMA journal_mode").fetchone()[0].lower()
-    if journal == "delete":
-        conn.execute("PRAGMA journal_mode=PERSIST").fetchone()
-    try:
-        while queue:
-            result.stopped = stop() if stop else None
-            if result.stopped:
-                break
-            budget.seconds = pacing.bound()
-            if budget.hard:  # while the gateway is idle the bound grows, and the hard bound with it
-                budget.hard = hard_bound(budget.seconds)
-            batch = queue.popleft()
-            # Listed before BEGIN, durably (file and directory), out of the write lock's hold: a
-            # COMMIT that reaches the disk finds the list there, or its transcripts stay for good.
-            # The whole batch: the next run removes only the files of the sessions that are gone.
-            listed = {sid: list(plan.transcripts[sid]) for sid, _chunk in batch if plan.transcripts.get(sid)}
-            if listed:
-                _write_pending(pending, listed)
-                pending_durable(pending)
-            began = time.monotonic()
-            try:
-                done, counts = _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts)
-            except sqlite3.OperationalError:
-                if not budget.tripped:
-                    raise
-                # Held past the hard bound: SQLite rolled the transaction back, nothing of it
-                # happened. The sessions done before that one are retried on their own.
-                queue.extendleft([batch[budget.unit :], batch[: budget.unit]])
-                done, counts = [], PruneResult()
-                budget.per_row = None  # slower than measured: the next transaction measures again
-            counts.sessions = len(done)
-            result.add(counts)
-            files = [path for sid in done for path in listed.get(sid, ())]
-            if files:  # a transcript goes only once its session's deletion is durable
-                commits_durable(db_path)
-            result.transcripts += remove_files(files)
-            if files:
-                removals_durable(files)  # before the list goes: else they may come back, unlisted
-            if listed:
-                remove_files([pending])
-            held = time.monotonic() - began
-            paused = pacing.pause(held)
-            if turn:
-                turn.pause = paused
-                turn.wait(held)
-            else:
-                time.sleep(max(paused, poll_gap(held) + 0.005) if pause_after_commit else paused)
-            pacing.observe()  # did the gateway commit during that transaction's turn?
-    finally:
-        if budget.hard:
-            conn.set_progress_handler(None, 0)
-        if journal == "delete" and not conn.in_transaction:
-            conn.execute("PRAGMA journal_mode=DELETE").fetchone()
+    with persistent_journal(conn):
+        try:
+            while queue:
+                result.stopped = stop() if stop else None
+                if result.stopped:
+                    break
+                budget.seconds = pacing.bound()
+                if budget.hard:  # while the gateway is idle the bound grows, and the hard bound with it
+                    budget.hard = hard_bound(budget.seconds)
+                batch = queue.popleft()
+                # Listed before BEGIN, durably (file and directory), out of the write lock's hold: a
+                # COMMIT that reaches the disk finds the list there, or its transcripts stay for good.
+                # The whole batch: the next run removes only the files of the sessions that are gone.
+                listed = {sid: list(plan.transcripts[sid]) for sid, _chunk in batch if plan.transcripts.get(sid)}
+                if listed:
+                    _write_pending(pending, listed)
+                    pending_durable(pending)
+                began = time.monotonic()
+                try:
+                    done, counts = _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts)
+                except sqlite3.OperationalError:
+                    if not budget.tripped:
+                        raise
+                    # Held past the hard bound: SQLite rolled the transaction back, nothing of it
+                    # happened. The sessions done before that one are retried on their own.
+                    queue.extendleft([batch[budget.unit :], batch[: budget.unit]])
+                    done, counts = [], PruneResult()
+                    budget.per_row = None  # slower than measured: the next transaction measures again
+                counts.sessions = len(done)
+                result.add(counts)
+                files = [path for sid in done for path in listed.get(sid, ())]
+                if files:  # a transcript goes only once its session's deletion is durable
+                    commits_durable(db_path)
+                result.transcripts += remove_files(files)
+                if files:
+                    removals_durable(files)  # before the list goes: else they may come back, unlisted
+                if listed:
+                    remove_files([pending])
+                held = time.monotonic() - began
+                paused = pacing.pause(held)
+                if turn:
+                    turn.pause = paused
+                    turn.wait(held)
+                else:
+                    time.sleep(max(paused, poll_gap(held) + 0.005) if pause_after_commit else paused)
+                pacing.observe()  # did the gateway commit during that transaction's turn?
+        finally:
+            if budget.hard:
+                conn.set_progress_handler(None, 0)
     return result
 
 

@@ -34,6 +34,14 @@ import sqlite3
 import stat
 import time
 
+from ._hermes_apply import (
+    FIRST_GROUP_SHARE,
+    PROGRESS_STEPS,
+    ROLLBACK_COMMIT_TIME,
+    IdlePacing,
+    hard_bound,
+    persistent_journal,
+)
 from ._hermes_backup import StampedFiles, remove_partials
 from ._hermes_db import MaintenanceError, fsync_path, read_snapshot, write_transaction
 from ._hermes_plan import DAY, ROUTED, SANE_MIN, leased_conversation, live_leases
@@ -46,6 +54,9 @@ ID_WINDOW = 5000  # message ids per read statement of the selection: each its ow
 READ_CHUNK = 200  # bodies per read transaction of the archive
 READ_BYTES = 4 * 1024 * 1024  # ... and at most about this many bytes
 FIRST_GROUP = 8  # bodies in the first write transaction, before a rate is measured
+# What one body costs beyond its bytes (its row's lookups, the triggers' statements), in bytes.
+ROW_UNITS = 2048
+MIN_ROOM = 0.5  # share of a transaction's bound its bodies get however long the last COMMIT took
 GROUP_BYTES = 8 * 1024 * 1024  # most original bytes compared in one write transaction
 
 
@@ -275,10 +286,21 @@ def _protected_now(conn, sid, leased, has_pinned):
     return row is None or bool(row[0]) or leased_conversation(conn, sid, leased)
 
 
-def elide(conn, schema, archive, *, batch_size, batch_time, wait, stop=None, result=None):
+def elide(conn, schema, archive, *, batch_size, batch_time, pause, wait, live_rollback=False, stop=None, result=None):
     """Replace the archived bodies with their tombstones, in write transactions of at most
-    ``batch_size`` bodies and about ``batch_time`` seconds (measured rate; the first one small), the
-    gateway's turn (``wait(held)``, _hermes_apply.turn_after_commit) after each commit.
+    ``batch_size`` bodies, each holding the lock about as long as one of the prune's: ``batch_time``,
+    plus ROLLBACK_COMMIT_TIME for the COMMIT with ``live_rollback`` (rollback-journal mode beside a
+    live gateway), grown while no other connection commits (IdlePacing). After each commit the
+    gateway's turn (``wait(held, pause)``, _hermes_apply.turn_after_commit), its pause IdlePacing's.
+
+    A transaction takes as many bodies as fit in the bound at the rate measured in the last one,
+    less the last COMMIT's time (the first transaction FIRST_GROUP bodies); the rate is per byte
+    (each body's bytes and ROW_UNITS for its row): tool output runs from a few hundred bytes to
+    megabytes, and a count sized on small bodies held the lock for twice the bound on large ones. The COMMIT's cost is
+    fixed per transaction (10-25 ms in rollback-journal mode, several times that while the disk
+    is busy): when it alone eats the bound, the bodies still get MIN_ROOM of it, or the
+    transactions shrink to one body each and the elision crawls (7-10 bodies/s) while the
+    gateway waits no less.
 
     A transaction's bodies are changed by one UPDATE (FTS5 writes a segment per statement that
     changed it, so one per body would fragment both indexes); only those whose live bytes still
@@ -287,6 +309,8 @@ def elide(conn, schema, archive, *, batch_size, batch_time, wait, stop=None, res
     result = result or ElideResult()
     src = sqlite3.connect("file:%s?mode=ro" % os.path.abspath(archive), uri=True)
     has_pinned = "pinned" in schema["session_columns"]
+    bound = float(batch_time) + (ROLLBACK_COMMIT_TIME if live_rollback and batch_time else 0.0)
+    pacing = IdlePacing(conn, bound, pause)
     conn.execute(
         "CREATE TEMP TABLE IF NOT EXISTS hermes_ops_elide "
         "(id INTEGER PRIMARY KEY, kind TEXT, body BLOB, bytes INTEGER, tombstone TEXT)"
@@ -294,64 +318,118 @@ def elide(conn, schema, archive, *, batch_size, batch_time, wait, stop=None, res
     try:
         ids = [r[0] for r in src.execute("SELECT id FROM payloads ORDER BY id")]
         sizes = dict(src.execute("SELECT id, bytes FROM payloads"))
-        index, per_body, commit = 0, None, 0.0
-        while index < len(ids):
-            result.stopped = stop() if stop else None
-            if result.stopped:
-                break
-            # the COMMIT's cost is fixed per transaction (10-25 ms in rollback-journal mode): only the
-            # time the bodies took scales with their number
-            room = max(0.0, batch_time - commit) * 0.8
-            take = FIRST_GROUP if per_body is None else max(1, int(room / per_body))
-            take = min(take, int(batch_size))
-            group, weight = [], 0
-            while index < len(ids) and len(group) < take and (not group or weight + sizes[ids[index]] <= GROUP_BYTES):
-                group.append(ids[index])
-                weight += sizes[ids[index]]
-                index += 1
-            marks = ",".join("?" * len(group))
-            rows = src.execute(
-                "SELECT id, session_id, kind, body, bytes, tombstone FROM payloads WHERE id IN (%s)" % marks, group
-            ).fetchall()
-            began = time.monotonic()
-            with write_transaction(conn):
-                leased = live_leases(conn, schema, time.time())
-                blocked = {sid for sid in {r[1] for r in rows} if _protected_now(conn, sid, leased, has_pinned)}
-                keep = [r for r in rows if r[1] not in blocked]
-                conn.execute("DELETE FROM temp.hermes_ops_elide")
-                conn.executemany(
-                    "INSERT INTO temp.hermes_ops_elide (id, kind, body, bytes, tombstone) VALUES (?, ?, ?, ?, ?)",
-                    [(r[0], r[2], r[3], r[4], r[5]) for r in keep],
-                )
-                # a body that changed since it was archived is not ours to replace
-                conn.execute(
-                    "DELETE FROM temp.hermes_ops_elide WHERE id NOT IN (SELECT t.id FROM temp.hermes_ops_elide t "
-                    "JOIN main.messages m ON m.id = t.id WHERE m.role = 'tool' AND typeof(m.content) = t.kind "
-                    "AND CAST(m.content AS BLOB) = t.body)"
-                )
-                done = conn.execute(
-                    "SELECT t.id, m.session_id, t.bytes, t.tombstone FROM temp.hermes_ops_elide t "
-                    "JOIN main.messages m ON m.id = t.id"
-                ).fetchall()
-                conn.execute(
-                    "UPDATE main.messages SET content = "
-                    "(SELECT t.tombstone FROM temp.hermes_ops_elide t WHERE t.id = messages.id) "
-                    "WHERE id IN (SELECT id FROM temp.hermes_ops_elide)"
-                )
-                conn.execute("DELETE FROM temp.hermes_ops_elide")
-                committing = time.monotonic()
-            held = time.monotonic() - began
-            commit = time.monotonic() - committing
-            per_body = max(committing - began, 1e-6) / len(group)
-            result.elided += len(done)
-            result.bytes += sum(r[2] for r in done)
-            result.bytes_after += sum(len(r[3].encode()) for r in done)
-            result.sessions.update(r[1] for r in done)
-            result.left_alone += len(rows) - len(done)
-            wait(held)
+        index, per_unit, commit, cap = 0, None, 0.0, int(batch_size)
+        deadline = _Deadline()
+        conn.set_progress_handler(deadline, PROGRESS_STEPS)
+        with persistent_journal(conn):
+            while index < len(ids):
+                result.stopped = stop() if stop else None
+                if result.stopped:
+                    break
+                held_for = pacing.bound()
+                room = max(held_for - commit, held_for * MIN_ROOM) * FIRST_GROUP_SHARE
+                group, weight, units = [], 0, 0
+                while index < len(ids) and len(group) < cap:
+                    nbytes = sizes[ids[index]]
+                    if group and weight + nbytes > GROUP_BYTES:
+                        break
+                    if group and held_for and (per_unit is None and len(group) >= FIRST_GROUP):
+                        break
+                    if group and held_for and per_unit is not None and (units + nbytes + ROW_UNITS) * per_unit > room:
+                        break
+                    group.append(ids[index])
+                    weight += nbytes
+                    units += nbytes + ROW_UNITS
+                    index += 1
+                deadline.hard = hard_bound(held_for) if held_for and len(group) > 1 else None
+                try:
+                    began, committing = _elide_group(conn, schema, src, group, has_pinned, result, deadline)
+                except sqlite3.OperationalError:
+                    if not deadline.tripped:
+                        raise
+                    # Held past the hard bound (an FTS5 merge inside the UPDATE, a preempted process):
+                    # SQLite rolled the transaction back, none of it happened. Its bodies again, in halves.
+                    index -= len(group)
+                    cap = max(1, len(group) // 2)
+                    per_unit = None if per_unit is None else per_unit * 2
+                    held = time.monotonic() - deadline.began
+                    wait(held, pacing.pause(held))
+                    pacing.observe()
+                    continue
+                cap = int(batch_size)
+                held = time.monotonic() - began
+                commit = time.monotonic() - committing
+                rate = max(committing - began, 1e-6) / units
+                # a cheap transaction (no FTS5 segment flushed in it) lets the next one grow only halfway
+                per_unit = rate if per_unit is None else max(rate, (per_unit + rate) / 2)
+                wait(held, pacing.pause(held))
+                pacing.observe()  # did the gateway commit during that transaction's turn?
     finally:
+        conn.set_progress_handler(None, 0)
         src.close()
     return result
+
+
+class _Deadline:
+    """SQLite's progress handler for the elision: stops the running statement once ``hard`` seconds
+    have passed since ``began`` (None: never), and says so (``tripped``); never during the COMMIT."""
+
+    def __init__(self):
+        self.hard, self.began, self.tripped, self.armed = None, 0.0, False, False
+
+    def __call__(self):
+        if self.armed and time.monotonic() - self.began > self.hard:
+            self.tripped, self.armed = True, False
+            return 1
+        return 0
+
+
+def _elide_group(conn, schema, src, group, has_pinned, result, deadline):
+    """One write transaction: the bodies of ``group`` (archived message ids) still as archived become
+    their tombstones. Returns (when it began, when its COMMIT began), monotonic."""
+    marks = ",".join("?" * len(group))
+    rows = src.execute(
+        "SELECT id, session_id, kind, body, bytes, tombstone FROM payloads WHERE id IN (%s)" % marks, group
+    ).fetchall()
+    began = deadline.began = time.monotonic()
+    deadline.tripped, deadline.armed = False, deadline.hard is not None
+    with write_transaction(conn):
+        leased = live_leases(conn, schema, time.time())
+        blocked = {sid for sid in {r[1] for r in rows} if _protected_now(conn, sid, leased, has_pinned)}
+        keep = [r for r in rows if r[1] not in blocked]
+        conn.execute("DELETE FROM temp.hermes_ops_elide")
+        conn.executemany(
+            "INSERT INTO temp.hermes_ops_elide (id, kind, body, bytes, tombstone) VALUES (?, ?, ?, ?, ?)",
+            [(r[0], r[2], r[3], r[4], r[5]) for r in keep],
+        )
+        # A body that changed since it was archived is not ours to replace. CROSS JOIN keeps the
+        # group's few rows as the outer loop: with a plain JOIN the planner (no statistics on the
+        # temp table) scanned every row of messages once per transaction, and beside a live
+        # rollback-journal writer, whose commits empty our page cache, that re-read the whole
+        # table each time (30,000 page reads a transaction on a 585 MB file, strace).
+        conn.execute(
+            "DELETE FROM temp.hermes_ops_elide WHERE id NOT IN (SELECT t.id FROM temp.hermes_ops_elide t "
+            "CROSS JOIN main.messages m ON m.id = t.id WHERE m.role = 'tool' AND typeof(m.content) = t.kind "
+            "AND CAST(m.content AS BLOB) = t.body)"
+        )
+        done = conn.execute(
+            "SELECT t.id, m.session_id, t.bytes, t.tombstone FROM temp.hermes_ops_elide t "
+            "CROSS JOIN main.messages m ON m.id = t.id"
+        ).fetchall()
+        conn.execute(
+            "UPDATE main.messages SET content = "
+            "(SELECT t.tombstone FROM temp.hermes_ops_elide t WHERE t.id = messages.id) "
+            "WHERE id IN (SELECT id FROM temp.hermes_ops_elide)"
+        )
+        conn.execute("DELETE FROM temp.hermes_ops_elide")
+        deadline.armed = False  # the COMMIT runs whole
+        committing = time.monotonic()
+    result.elided += len(done)
+    result.bytes += sum(r[2] for r in done)
+    result.bytes_after += sum(len(r[3].encode()) for r in done)
+    result.sessions.update(r[1] for r in done)
+    result.left_alone += len(rows) - len(done)
+    return began, committing
 
 
 OPTIMIZE_PAGES = 256  # FTS5 pages one step of the incremental optimize writes (as the reclaim's merge step)
@@ -365,8 +443,15 @@ def fts_optimize(conn, fts, wait, stop=None):
     grew by half after an elision of most of its bytes). ``merge`` with a negative page count is
     FTS5's incremental ``optimize``: every segment is merged into one, that many pages per step,
     each step its own short write transaction with the gateway's turn after it; it ends when a step
-    changes nothing. Returns (steps taken, [what stopped a table's optimize])."""
+    changes nothing. Returns (steps taken, [what stopped a table's optimize]).
+
+    It stops as soon as another connection has committed since its last step (``PRAGMA
+    data_version``): each such commit adds an FTS5 segment, and the next negative ``merge`` then
+    starts a new optimize one level higher. Beside a 0.22.2 writer appending every 20 ms a run of
+    1,001 steps took ``messages_fts`` to 2,002 levels, past FTS5's limit of 2,000: from then on
+    every connection, Hermes's too, failed to open the index ("vtable constructor failed")."""
     steps, problems = 0, []
+    version = conn.execute("PRAGMA data_version").fetchone()[0]
     for table in fts:
         if table["error"] or (stop and stop()):
             continue
@@ -376,15 +461,21 @@ def fts_optimize(conn, fts, wait, stop=None):
         for _step in range(OPTIMIZE_MAX_STEPS):
             if stop and stop():
                 break
+            now = conn.execute("PRAGMA data_version").fetchone()[0]
+            if now != version:
+                problems.append(
+                    "%s: another connection wrote during the optimize; left for a run without one" % table["name"]
+                )
+                return steps, problems
             before = conn.total_changes
             began = time.monotonic()
             try:
                 with write_transaction(conn):
                     conn.execute(sql)
             except sqlite3.DatabaseError as exc:
-                # Beside a live 0.22.2 writer a step can fail to open the index ("vtable constructor
-                # failed"); the step rolled back whole and the index is as before. Retried once, then
-                # left for the next run: the elision itself has committed.
+                # A step that fails (the file busy past the timeout, an index this connection cannot
+                # open) rolled back whole; retried once, then left for the next run: the elision
+                # itself has committed.
                 failures += 1
                 wait(time.monotonic() - began)
                 if failures > 1:

@@ -1,0 +1,315 @@
+"""Bench rows for tool-payload elision (``tool_payload_days``): bodies/s and the worst stall of a
+Hermes 0.22.2 writer appending every 20 ms, and ``storage`` before and after.
+
+    python bench/elision.py                       # make bench-elision: 585 MB file, one live round
+    python bench/elision.py --sessions 400        # quicker (~70 MB)
+    python bench/elision.py --compare ../main     # also another checkout's engine, alternating
+
+The bench's own 0.7/5 GB files (bench/datasets.py) hold short messages, a fifth of them tool
+ones of a few words: nothing like the tool output a long-lived state.db is mostly made of. So
+this bench makes its own (cached in the workdir like theirs): an empty state.db created by the
+release's own ``SessionDB`` (its schema, both FTS indexes and their triggers), then per session
+ten user, ten assistant and ten tool messages bulk-inserted through those triggers, the tool ones
+varied output (``terminal_dump``) of log-normal size (median ~5 kB, at most 64 kB), the sessions
+ended 1 to 365 days ago: ``tool_payload_days: 30`` elides about 92% of the tool bodies,
+``prune_days: 3650`` keeps every session.
+
+Each round copies the file into a fresh home and runs the maintenance in its own process
+(``--child``) beside a 0.22.2 ``SessionDB`` appending every 20 ms (rollback-journal mode, as
+0.22.2 picks on this SQLite); the phases are timed by wrapping the engine's own ``elide`` and
+``take_payload_archive`` (they run unchanged). ``--idle`` also runs once with no holder and
+``vacuum_mode: full`` (the service window: the FTS optimize and the VACUUM give the bytes back).
+Rows: bodies elided / seconds of the elision phase; the writer's worst and p99 append wait during
+that phase and during the whole run.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "lib"))
+
+RELEASE = "0.22.2.post1"
+DAY = 86400.0
+MB = 1024 * 1024
+TOOLS = ("terminal", "web_extract", "browser_snapshot", "read_file")
+WORDS = "the a to of and in deploy error build test config retry log user file check run fix".split()
+CHUNK = 200  # sessions per insert transaction while the file is made
+STALL = 0.250  # the prune's bound (docs/benchmarks.md's targets)
+
+
+def tool_size(rng):
+    return min(64 * 1024, max(200, int(rng.lognormvariate(8.5, 0.9))))
+
+
+def build_base(workdir, sessions, seed=41):
+    """workdir/elision-base-<sessions>/state.db (made once, then cached): the release's schema, tool-heavy."""
+    from hermes_rollback import init_schema
+
+    from hermes_fixtures import terminal_dump
+
+    home = workdir / ("elision-base-%d" % sessions)
+    db = home / "state.db"
+    if (home / ".done").exists():
+        return db, json.loads((home / ".done").read_text())
+    shutil.rmtree(home, ignore_errors=True)
+    (home / "sessions").mkdir(parents=True)
+    t0 = time.time()
+    init_schema(RELEASE, home, db)
+    rng, now = random.Random(seed), time.time()
+    conn = sqlite3.connect(str(db), timeout=30)
+    conn.execute("PRAGMA synchronous=OFF")
+    try:
+        for first in range(0, sessions, CHUNK):
+            srows, mrows = [], []
+            for i in range(first, min(sessions, first + CHUNK)):
+                sid = "eb-%06d" % i
+                end = now - rng.uniform(1, 365) * DAY
+                start = end - rng.uniform(0.05, 1.0) * DAY
+                srows.append((sid, "cli", start, end, "user_exit", 30))
+                for j in range(30):
+                    stamp = start + (end - start) * (j + 1) / 31.0
+                    if j % 3 == 2:
+                        tool = TOOLS[rng.randrange(len(TOOLS))]
+                        mrows.append((sid, "tool", terminal_dump(sid, j, tool_size(rng)), tool, stamp))
+                    else:
+                        role = "user" if j % 3 == 0 else "assistant"
+                        text = " ".join(rng.choice(WORDS) for _w in range(rng.randint(8, 60)))
+                        mrows.append((sid, role, text, None, stamp))
+            with conn:
+                conn.executemany(
+                    "INSERT INTO sessions (id, source, started_at, ended_at, end_reason, message_count) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    srows,
+                )
+                conn.executemany(
+                    "INSERT INTO messages (session_id, role, content, tool_name, timestamp) VALUES (?, ?, ?, ?, ?)",
+                    mrows,
+                )
+    finally:
+        conn.close()
+    os.chmod(str(db), 0o600)
+    made = {"seconds": round(time.time() - t0, 1), "bytes": os.path.getsize(str(db)), "sessions": sessions}
+    (home / ".done").write_text(json.dumps(made))
+    return db, made
+
+
+def storage_summary(gather_info, home):
+    st = gather_info({"hermes_home": [str(home)]})["profiles"][0]["storage"]
+    return {
+        "file_bytes": st["page_count"] * st["page_size"],
+        "free_bytes": st["free_bytes"],
+        "by_object": {k: v["bytes"] for k, v in st["by_object"].items() if v["bytes"] >= MB},
+        "by_role": st["by_role"],
+    }
+
+
+def child(code, home, live, out, limit=None):
+    """One run of ``code``'s engine on ``home`` (a fresh copy), its phases timed; JSON to ``out``."""
+    sys.path.insert(0, str(Path(code) / "build" / "collections"))
+    from hermes_writer import WriterProcess, latency_stats
+
+    from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
+    from hermes_fixtures import hermes_python
+
+    phases = {}
+
+    def timed(name, func):
+        def run(*args, **kwargs):
+            phases[name + "_start"] = time.time()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                phases[name + "_end"] = time.time()
+
+        return run
+
+    engine.elide = timed("elide", engine.elide)
+    holds = []  # how long each elision transaction held the write lock (engines that have _elide_group)
+    interrupted = []  # the size of each group interrupted at the hard bound
+    payloads = sys.modules.get(engine.__name__.rsplit(".", 1)[0] + "._hermes_payloads")
+    if payloads is not None and hasattr(payloads, "_elide_group"):
+        real_group = payloads._elide_group
+
+        def group(*args, **kwargs):
+            try:
+                began, committing = real_group(*args, **kwargs)
+            except sqlite3.OperationalError:
+                interrupted.append(len(args[3]))  # past the hard bound: rolled back, retried in halves
+                raise
+            holds.append((time.monotonic() - began, committing - began, len(args[3])))
+            return began, committing
+
+        payloads._elide_group = group
+    if limit:
+        # the engine's own stop callback, ended after ``limit`` seconds of elision: what it did till then counts
+        real_elide = engine.elide
+
+        def limited(*args, **kwargs):
+            given, deadline = kwargs.get("stop"), time.time() + limit
+
+            def stop():
+                return "bench time limit" if time.time() > deadline else (given() if given else None)
+
+            kwargs["stop"] = stop
+            return real_elide(*args, **kwargs)
+
+        engine.elide = limited
+    engine.take_payload_archive = timed("archive", engine.take_payload_archive)
+    home = Path(home)
+    opts = {"hermes_home": [str(home)], "prune_days": 3650, "tool_payload_days": 30}
+    opts["vacuum_mode"] = "auto" if live else "full"
+    before = storage_summary(engine.gather_info, home)
+    writer = None
+    if live:
+        python = hermes_python("hermes-" + RELEASE)
+        writer = WriterProcess(python, home / "state.db", str(home / "w.jsonl"), prefix="eb")
+        writer.start()
+        time.sleep(0.5)
+    try:
+        t0 = time.time()
+        profile = engine.run_maintenance(opts)["profiles"][0]
+        t1 = time.time()
+        result = {"status": profile["status"], "error": profile["error"], "seconds": t1 - t0,
+                  "tool_payloads": profile["tool_payloads"], "storage_before": before,
+                  "archive_s": phases.get("archive_end", 0) - phases.get("archive_start", 0),
+                  "elide_s": phases.get("elide_end", 0) - phases.get("elide_start", 0),
+                  "transactions": len(holds), "longest_hold": max(holds)[0] if holds else None,
+                  "holds_over_150ms": sum(1 for h in holds if h[0] > 0.15), "interrupted": interrupted,
+                  "longest_holds": sorted(holds, reverse=True)[:5]}  # fmt: skip
+        if writer:
+            summary = writer.stop()
+            records = writer.records()
+            during = latency_stats(records, phases.get("elide_start"), phases.get("elide_end"))
+            whole = latency_stats(records, t0, t1)
+            result["writer"] = {"appends": during["n"], "worst": during["max"], "p99": during["p99"],
+                                "worst_run": whole["max"], "failed": summary["failed"]}  # fmt: skip
+        result["storage_after"] = storage_summary(engine.gather_info, home)
+    finally:
+        if writer:
+            writer.kill()
+    Path(out).write_text(json.dumps(result))
+
+
+def one_run(code, base, home, live, limit=None):
+    from hermes_fixtures import copy_db
+
+    shutil.rmtree(str(home), ignore_errors=True)
+    (home / "sessions").mkdir(parents=True)
+    copy_db(base, home / "state.db")
+    os.sync()  # the copy's write-back would otherwise land in the run's first seconds
+    out = home.parent / (home.name + ".json")
+    load = "%.2f %.2f %.2f" % os.getloadavg()
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", str(code), str(home), "live" if live else "idle", str(out)]
+        + (["--time-limit", str(limit)] if limit else []),
+        check=False,
+    )
+    if proc.returncode != 0:
+        sys.exit("the run of %s on %s failed (exit %d)" % (code, home, proc.returncode))
+    result = json.loads(out.read_text())
+    result.update(code=str(code), live=live, load=load)
+    return result
+
+
+def ms(value):
+    return "-" if value is None else "%.0f ms" % (1000 * value)
+
+
+def table(rows, made):
+    lines = [
+        "| file | run | engine | bodies elided (MB) | archive s | elision s | bodies/s | appends during it "
+        "| worst stall during the elision (<= 250 ms) | p99 | worst stall, whole run | failed writes | load before |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        tp, w = r["tool_payloads"], r.get("writer") or {}
+        rate = tp["elided"] / r["elide_s"] if r["elide_s"] else float("nan")
+        worst = w.get("worst")
+        label = r["label"] + (" (stopped: %s)" % tp["stopped_early"] if tp.get("stopped_early") else "")
+        verdict = ""
+        if worst is not None:
+            verdict = ": met" if worst <= STALL else ": missed by %.0f ms" % (1000 * (worst - STALL))
+        lines.append(
+            "| %.0f MB | %s | %s | %d (%.0f) | %.1f | %.1f | %.0f | %s | %s%s | %s | %s | %s | %s |"
+            % (made["bytes"] / MB, "beside a 20 ms writer" if r["live"] else "no holder, vacuum full",
+               label, tp["elided"], tp["bytes"] / MB, r["archive_s"], r["elide_s"],
+               rate if not math.isnan(rate) else 0, w.get("appends", "-"), ms(worst), verdict, ms(w.get("p99")),
+               ms(w.get("worst_run")),
+               w.get("failed", "-"), r["load"])
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
+def storage_lines(title, st):
+    lines = ["%s: file %.1f MB, free %.1f MB" % (title, st["file_bytes"] / MB, st["free_bytes"] / MB)]
+    for name, nbytes in sorted(st["by_object"].items(), key=lambda kv: -kv[1]):
+        lines.append("    %-40s %9.1f MB" % (name, nbytes / MB))
+    lines.append("    by role: %s" % json.dumps(st["by_role"], sort_keys=True))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+    parser.add_argument("--sessions", type=int, default=4000, help="30 messages each (4000: a 585 MB file)")
+    parser.add_argument("--workdir", type=Path, default=REPO / "build" / "bench")
+    parser.add_argument("--runs", type=int, default=1, help="live rounds per engine")
+    parser.add_argument("--compare", type=Path, default=None, help="another checkout whose engine also runs")
+    parser.add_argument("--no-idle", action="store_true", help="skip the run without a holder (vacuum_mode: full)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument(
+        "--time-limit", type=float, default=None, help="end each live elision after this many seconds (a slow engine)"
+    )
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        code, home, mode, out = args.child
+        child(code, home, mode == "live", out, args.time_limit)
+        return 0
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    print("load average %s; making/using the base file ..." % ("%.2f %.2f %.2f" % os.getloadavg()), flush=True)
+    base, made = build_base(args.workdir, args.sessions)
+    print("base %s: %.1f MB, made in %.0f s" % (base, made["bytes"] / MB, made["seconds"]), flush=True)
+    codes = [("this", REPO)] + ([("compare", args.compare.resolve())] if args.compare else [])
+    rows = []
+    for rnd in range(args.runs):
+        for label, code in codes:
+            row = one_run(code, base, args.workdir / ("elision-%s" % label), live=True, limit=args.time_limit)
+            row["label"], row["round"] = label, rnd
+            rows.append(row)
+            print("  %s round %d: %d bodies in %.1f s, worst %s; %d transactions, the longest held %s, %s over 150 ms, "
+                  "%d interrupted"
+                  % (label, rnd, row["tool_payloads"]["elided"], row["elide_s"],
+                     ms((row.get("writer") or {}).get("worst")), row.get("transactions", 0),
+                     ms(row.get("longest_hold")), row.get("holds_over_150ms", "-"), len(row.get("interrupted", ()))),
+                  flush=True)  # fmt: skip
+    if not args.no_idle:
+        row = one_run(REPO, base, args.workdir / "elision-idle", live=False)
+        row["label"], row["round"] = "this", 0
+        rows.append(row)
+    print()
+    print(table(rows, made))
+    print()
+    print(storage_lines("storage before (the base file)", rows[0]["storage_before"]))
+    for row in rows:
+        if row["label"] == "this" and row["round"] == 0:
+            where = "beside the writer, vacuum_mode auto" if row["live"] else "no holder, vacuum_mode full"
+            print(storage_lines("storage after a run with tool_payload_days 30 (%s)" % where, row["storage_after"]))
+    print("load average after %s" % ("%.2f %.2f %.2f" % os.getloadavg()))
+    if args.json:
+        args.json.write_text(json.dumps({"made": made, "rows": rows}, indent=1, default=str) + "\n")
+    bad = [r for r in rows if r["status"] != "ok" or (r.get("writer") or {}).get("failed")]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
