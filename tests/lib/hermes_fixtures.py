@@ -1112,6 +1112,38 @@ def query_one(db_path, sql):
         conn.close()
 
 
+def message_rows(db):
+    """Every message row of ``db`` (read-only): id -> (session, role, type, bytes, tool, time), what an
+    elision may change and a restore must give back byte for byte."""
+    conn = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
+    try:
+        return {
+            r[0]: r[1:]
+            for r in conn.execute(
+                "SELECT id, session_id, role, typeof(content), CAST(content AS BLOB), tool_name, timestamp "
+                "FROM messages"
+            )
+        }
+    finally:
+        conn.close()
+
+
+def check_integrity(db):
+    """PRAGMA integrity_check, then FTS5's integrity-check of every full-text index (both of Hermes's
+    message indexes must be there); raises when an index disagrees with its content. Returns the
+    names of the full-text tables."""
+    conn = sqlite3.connect(str(db))
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE sql LIKE 'CREATE VIRTUAL TABLE%'")]
+        assert {"messages_fts", "messages_fts_trigram"} <= set(names), names
+        for name in names:  # SQLITE_CORRUPT_VTAB when an index disagrees with its content
+            conn.execute("INSERT INTO %s(%s, rank) VALUES('integrity-check', 1)" % (name, name))
+        return names
+    finally:
+        conn.close()
+
+
 def copy_db(src, dst):
     """Copy a (checkpointed) state.db with sqlite's backup API."""
     s = sqlite3.connect(str(src))

@@ -31,7 +31,16 @@ from hermes_markers import release_module_marks
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_payloads import list_payload_archives
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_tool_payloads
-from hermes_fixtures import APPEND_MESSAGES, build_home, copy_db, hermes_python, run_release_code, terminal_dump
+from hermes_fixtures import (
+    APPEND_MESSAGES,
+    build_home,
+    check_integrity,
+    copy_db,
+    hermes_python,
+    message_rows,
+    run_release_code,
+    terminal_dump,
+)
 
 RELEASE = "hermes-0.22.2.post1"
 pytestmark = [*release_module_marks(RELEASE), pytest.mark.crash, pytest.mark.timing]
@@ -51,30 +60,6 @@ print(json.dumps({"status": profile["status"], "error": profile["error"]}))
 
 def _opts(home):
     return {"hermes_home": [str(home)], "prune_days": 365, "tool_payload_days": 30, "vacuum_mode": "never"}
-
-
-def _rows(db):
-    conn = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
-    try:
-        return {
-            r[0]: r[1:]
-            for r in conn.execute(
-                "SELECT id, session_id, role, typeof(content), CAST(content AS BLOB), tool_name, timestamp "
-                "FROM messages"
-            )
-        }
-    finally:
-        conn.close()
-
-
-def _checks(db):
-    conn = sqlite3.connect(str(db))
-    try:
-        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-        for name in ("messages_fts", "messages_fts_trigram"):  # raises when an index disagrees with its content
-            conn.execute("INSERT INTO %s(%s, rank) VALUES('integrity-check', 1)" % (name, name))
-    finally:
-        conn.close()
 
 
 def _archived(backups):
@@ -143,10 +128,10 @@ def _run_and_kill(home, after):
 
 
 def test_a_kill_in_the_middle_of_the_elision_loses_no_payload_and_a_rerun_converges(built, tmp_path):
-    original = _rows(built)
+    original = message_rows(built)
     clean = _fresh(built, tmp_path / "clean")
     took, _killed = _run_and_kill(clean, None)
-    expected = _rows(clean / "state.db")
+    expected = message_rows(clean / "state.db")
     elided = {mid for mid, row in expected.items() if row != original[mid]}
     assert len(elided) == SESSIONS * BODIES
     kills, seen = 0, []
@@ -155,8 +140,8 @@ def test_a_kill_in_the_middle_of_the_elision_loses_no_payload_and_a_rerun_conver
         _took, killed = _run_and_kill(home, share * took)
         kills += killed
         db = home / "state.db"
-        _checks(db)
-        now, archived = _rows(db), _archived(home / "backups")
+        check_integrity(db)
+        now, archived = message_rows(db), _archived(home / "backups")
         assert now.keys() == original.keys()
         seen.append((share, killed, sum(1 for mid, row in now.items() if row != original[mid])))
         for mid, row in now.items():
@@ -164,14 +149,14 @@ def test_a_kill_in_the_middle_of_the_elision_loses_no_payload_and_a_rerun_conver
                 assert mid in elided and row[3].startswith(b"[elided: tool output"), (share, mid)
                 assert archived.get(mid) == original[mid][3], (share, mid)
         _run_and_kill(home, None)  # the rerun, uninterrupted
-        _checks(db)
-        assert _rows(db) == expected, share
+        check_integrity(db)
+        assert message_rows(db) == expected, share
         again = run_maintenance(_opts(home), check_mode=True)["profiles"][0]["tool_payloads"]
         assert again["elided"] == 0, (share, again)
         restored = restore_tool_payloads(str(home), "default")
         assert restored["changed"], restored
-        _checks(db)
-        assert _rows(db) == original, share
+        check_integrity(db)
+        assert message_rows(db) == original, share
     print("\nelision of %d bodies (%.2f s uninterrupted) killed at (share, killed, bodies elided then): %s"
           % (len(elided), took, seen))  # fmt: skip
     assert kills >= len(KILL_AT) - 1, "most trials must kill the run before it ends (%d of %d)" % (kills, len(KILL_AT))

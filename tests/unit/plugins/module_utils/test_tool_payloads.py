@@ -23,7 +23,16 @@ from hermes_writer import MARK, WriterProcess, latency_stats
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_payloads import fts_optimize
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_tool_payloads
-from hermes_fixtures import APPEND_MESSAGES, build_home, copy_db, hermes_python, run_release_code, terminal_dump
+from hermes_fixtures import (
+    APPEND_MESSAGES,
+    build_home,
+    check_integrity,
+    copy_db,
+    hermes_python,
+    message_rows,
+    run_release_code,
+    terminal_dump,
+)
 
 RELEASE = "hermes-0.22.2.post1"
 pytestmark = release_module_marks(RELEASE)
@@ -91,32 +100,6 @@ def home(built, tmp_path):
     return target
 
 
-def _rows(db):
-    conn = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
-    try:
-        return {
-            r[0]: r[1:]
-            for r in conn.execute(
-                "SELECT id, session_id, role, typeof(content), CAST(content AS BLOB), tool_name, timestamp "
-                "FROM messages"
-            )
-        }
-    finally:
-        conn.close()
-
-
-def _fts_ok(db):
-    conn = sqlite3.connect(str(db))
-    try:
-        names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE sql LIKE 'CREATE VIRTUAL TABLE%'")]
-        assert {"messages_fts", "messages_fts_trigram"} <= set(names), names
-        for name in names:  # raises SQLITE_CORRUPT_VTAB when an index disagrees with its content
-            conn.execute("INSERT INTO %s(%s, rank) VALUES('integrity-check', 1)" % (name, name))
-        return names
-    finally:
-        conn.close()
-
-
 def _opts(home, **more):
     opts = {"hermes_home": [str(home)], "prune_days": 365, "tool_payload_days": 30, "vacuum_mode": "full"}
     opts.update(more)
@@ -125,12 +108,12 @@ def _opts(home, **more):
 
 def test_old_tool_payloads_are_elided_archived_and_restored_byte_for_byte(home):
     db = home / "state.db"
-    original = _rows(db)
+    original = message_rows(db)
     size_before = os.path.getsize(str(db))
     storage_before = gather_info({"hermes_home": [str(home)]})["profiles"][0]["storage"]
 
     predicted = run_maintenance(_opts(home), check_mode=True)["profiles"][0]
-    assert _rows(db) == original  # check mode wrote nothing
+    assert message_rows(db) == original  # check mode wrote nothing
     run = run_maintenance(_opts(home))
     profile = run["profiles"][0]
     assert profile["status"] == "ok", profile["error"]
@@ -141,7 +124,7 @@ def test_old_tool_payloads_are_elided_archived_and_restored_byte_for_byte(home):
     assert payloads["elided"] == 12 * len(OLD_SESSIONS) and payloads["sessions"] == len(OLD_SESSIONS)
     assert "tool payloads elided=%d (" % payloads["elided"] in run["summary"][0], run["summary"]
 
-    after = _rows(db)
+    after = message_rows(db)
     assert set(after) == set(original)
     elided = {mid for mid in original if after[mid] != original[mid]}
     assert len(elided) == payloads["elided"]
@@ -161,7 +144,7 @@ def test_old_tool_payloads_are_elided_archived_and_restored_byte_for_byte(home):
     untouched = {mid: row for mid, row in original.items() if mid not in elided}
     assert all(after[mid] == row for mid, row in untouched.items())
     assert any(row[0] == "recent" and row[1] == "tool" for row in untouched.values())
-    _fts_ok(db)
+    check_integrity(db)
 
     archive = payloads["archive"]
     assert stat.S_IMODE(os.stat(archive).st_mode) == 0o600
@@ -179,7 +162,7 @@ def test_old_tool_payloads_are_elided_archived_and_restored_byte_for_byte(home):
     assert run_maintenance(_opts(home), check_mode=True)["profiles"][0]["tool_payloads"]["elided"] == 0
     second = run_maintenance(_opts(home))["profiles"][0]
     assert second["tool_payloads"]["elided"] == 0 and second["tool_payloads"]["archive"] is None
-    assert _rows(db) == after
+    assert message_rows(db) == after
 
     # the release resumes the elided session, searches it, appends to it
     proc = run_release_code(hermes_python(RELEASE), RESUME, db, OLD_SESSIONS[0])
@@ -191,7 +174,7 @@ def test_old_tool_payloads_are_elided_archived_and_restored_byte_for_byte(home):
     assert not set(seen["quokka"]) & set(OLD_SESSIONS)  # the elided output is gone from the index too
     assert "recent" in seen["quokka"] and "pinned" in seen["quokka"]
     assert OLD_SESSIONS[0] in seen["resumetoken"]
-    _fts_ok(db)
+    check_integrity(db)
 
     # undo: check mode predicts it, the run puts every body back byte for byte
     plan = restore_tool_payloads(str(home), "default", check_mode=True)
@@ -201,18 +184,18 @@ def test_old_tool_payloads_are_elided_archived_and_restored_byte_for_byte(home):
     assert one["planned"] == 12 and one["sessions"] == [OLD_SESSIONS[1]]
     done = restore_tool_payloads(str(home), "default")
     assert done["done"]["restored"] == len(elided) and done["done"]["bytes"] == payloads["bytes"]
-    restored = _rows(db)
+    restored = message_rows(db)
     assert all(restored[mid] == row for mid, row in original.items())
     assert len(restored) == len(original) + 1  # the release's appended message stays
     assert restore_tool_payloads(str(home), "default", check_mode=True)["planned"] == 0
-    _fts_ok(db)
+    check_integrity(db)
 
 
 def test_nothing_is_elided_without_the_option_or_in_protected_sessions(home):
     db = home / "state.db"
-    original = _rows(db)
+    original = message_rows(db)
     profile = run_maintenance({"hermes_home": [str(home)], "prune_days": 365})["profiles"][0]
-    assert profile["tool_payloads"] is None and _rows(db) == original
+    assert profile["tool_payloads"] is None and message_rows(db) == original
     # a 200-day retention keeps nothing old: the old sessions go whole, nothing is elided in them
     pruned = run_maintenance(_opts(home, prune_days=90), check_mode=True)["profiles"][0]
     assert pruned["sessions_pruned"] == len(OLD_SESSIONS)
@@ -227,12 +210,12 @@ def test_an_object_the_collection_does_not_know_stops_every_elision(home):
         "UPDATE sessions SET title = title WHERE id = new.session_id; END"
     )
     conn.close()
-    original = _rows(db)
+    original = message_rows(db)
     predicted = run_maintenance(_opts(home), check_mode=True)["profiles"][0]["tool_payloads"]
     assert predicted["elided"] == 0 and "site_audit" in predicted["skipped_reason"], predicted
     done = run_maintenance(_opts(home))["profiles"][0]["tool_payloads"]
     assert done["elided"] == 0 and done["archive"] is None and done["skipped_reason"] == predicted["skipped_reason"]
-    assert _rows(db) == original
+    assert message_rows(db) == original
 
 
 LIVE_SESSIONS, LIVE_BODIES, LIVE_BYTES = 10, 30, 16000
@@ -286,7 +269,7 @@ def test_elision_beside_a_live_writer_loses_no_append(tmp_path):
     finally:
         conn.close()
     assert hits == len(summary["ids"])
-    _fts_ok(db)
+    check_integrity(db)
     print(
         "\nelision beside a live 0.22.2 writer (journal_mode=%s): %d bodies (%d MB) in %.2f s (whole run), "
         "%d appends during it, worst %.0f ms, p99 %.0f ms, %d FTS optimize steps"
@@ -319,4 +302,4 @@ def test_the_fts_optimize_stops_when_another_connection_writes_and_the_index_sta
         writer.kill()
     assert summary["failed"] == 0, summary
     assert steps < 20 and len(stopped) == 1 and "another connection wrote" in stopped[0], (steps, stopped)
-    _fts_ok(db)  # a fresh connection opens and checks both indexes
+    check_integrity(db)  # a fresh connection opens and checks both indexes
