@@ -394,20 +394,20 @@ def matrix_blocks(matrix):
         " the tests that go through ansible-core's code (the docs suite, the modules, the role's argument specs"
         " and operator mistakes, the playbooks, no warning from `maintain.yml`) |" % (other_legs, other_releases),
         "| managed node | Python %s (3.8: see below) | the engine unit tests (`tests/unit/plugins/module_utils`,"
-        " real SQLite files) on each: %s in `make matrix-python` (pyenv interpreters, and %s from Debian %s's"
-        " packages unpacked into `.cache/python/` by `make prepare`; one small venv each), %s"
+        " real SQLite files) on each: %s in `make matrix-python` (one small venv each), %s"
         " in `make matrix-sqlite` on Debian's SQLite, %s (the controller's) in `make units`; `make sanity`:"
         " `ansible-test` compile and import of the modules and module_utils on %s and %s (the ones between"
-        " bracketed) |"
+        " bracketed). Pythons from pyenv, except %s: Debian %s's packages, unpacked into `.cache/python/` by"
+        " `make prepare` (`scripts/build_debian_python.sh`) |"
         % (
             ", ".join(pythons),
             " and ".join(plain),
-            " and ".join(debian["versions"]),
-            debian["suite"],
             " and ".join(sorted(diagonal)),
             main["python"],
             oldest,
             newest,
+            " and ".join(debian["versions"]),
+            debian["suite"],
         ),
         "| managed node | SQLite of the host's Python (CI: 3.40.1, which every pyenv Python links; each run prints"
         " the version it links) | the same runs |",
