@@ -188,15 +188,19 @@ matrix-python: $(STAMP) $(HERMES_VENVS_STAMP) collection-link debian-pythons ## 
 # branching), and the timing tests (SQLite's locking and the engine's pacing: integration-timing).
 # That is about a third of the integration step per core, so three cores cost what two did.
 # BEGIN GENERATED: controller-cores (scripts/generate.py, from tests/matrix.yml)
-CONTROLLER_CORES ?= 2.20@3.13 2.22@3.14 2.22@3.15
+CONTROLLER_CORES ?= 2.20@3.13 2.22@3.14 2.22@3.15:py
 # END GENERATED
 CONTROLLERS_DIR ?= .cache/controllers
 CONTROLLER_TESTS ?= tests/integration/test_docs.py tests/integration/test_modules.py \
 	tests/integration/test_operator_mistakes.py tests/integration/test_playbooks.py tests/integration/test_no_warnings.py
+# A core's further Python (core@X.Y:py, generated for the second Python of a core) runs only what
+# that Python changes: the modules through AnsiballZ on it and the no-warning runs of maintain.yml.
+CONTROLLER_PYTHON_TESTS ?= tests/integration/test_modules.py tests/integration/test_no_warnings.py
 CONTROLLER_DESELECT ?= tests/integration/test_playbooks.py::test_schedule_with_hermes_cron_then_none_then_absent
 
 matrix-controller: $(STAMP) $(HERMES_VENVS_STAMP) collection-link debian-pythons ## integration + docs tests on each other maintained ansible-core (CONTROLLER_CORES)
 	@CONTROLLERS_DIR=$(CONTROLLERS_DIR) COLLECTIONS_ROOT=$(COLLECTIONS_ROOT) CONTROLLER_TESTS="$(CONTROLLER_TESTS)" \
+		CONTROLLER_PYTHON_TESTS="$(CONTROLLER_PYTHON_TESTS)" \
 		bash scripts/matrix_controller.sh "$(CONTROLLER_CORES)" "($(PYTEST_MARKERS)) and not managed_node" \
 		$(addprefix --deselect ,$(CONTROLLER_DESELECT)) $(PYTEST_ARGS)
 

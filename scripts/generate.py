@@ -362,6 +362,16 @@ def hermes_anchor_text(anchors):
     return ", ".join(out)
 
 
+def controller_legs(others):
+    """core@X.Y per leg; a core's later Pythons core@X.Y:py (scripts/matrix_controller.sh: its first
+    leg runs the whole set, the later ones what the Python changes)."""
+    seen, legs = set(), []
+    for o in others:
+        legs.append("%s@%s%s" % (o["core"], o["python"], ":py" if o["core"] in seen else ""))
+        seen.add(o["core"])
+    return legs
+
+
 def matrix_blocks(matrix):
     """(file, block name) -> lines, for every copy of the support matrix."""
     cores = matrix["cores"]
@@ -381,6 +391,7 @@ def matrix_blocks(matrix):
         "%s on Python %s" % (core, " and ".join(o["python"] for o in others if o["core"] == core))
         for core in sorted({o["core"] for o in others}, key=minor)
     )
+    further = [leg.split("@")[1][: -len(":py")] for leg in controller_legs(others) if leg.endswith(":py")]
     other_releases = " and ".join(sorted({o["release"] for o in others}, key=minor))
     table = [
         "| side | supported | tested by |",
@@ -392,7 +403,14 @@ def matrix_blocks(matrix):
         "| controller | ansible-core %s (CI: %s, `requirements/controller-2.X.txt`; a release"
         " candidate until its final is on PyPI) | `make matrix-controller`, a venv each under `.cache/controllers/`:"
         " the tests that go through ansible-core's code (the docs suite, the modules, the role's argument specs"
-        " and operator mistakes, the playbooks, no warning from `maintain.yml`) |" % (other_legs, other_releases),
+        " and operator mistakes, the playbooks, no warning from `maintain.yml`)%s |"
+        % (
+            other_legs,
+            other_releases,
+            "; on a core's further Python (%s) the modules and the no-warning runs only" % " and ".join(further)
+            if further
+            else "",
+        ),
         "| managed node | Python %s (3.8: see below) | the engine unit tests (`tests/unit/plugins/module_utils`,"
         " real SQLite files) on each: %s in `make matrix-python` (one small venv each), %s"
         " in `make matrix-sqlite` on Debian's SQLite, %s (the controller's) in `make units`; `make sanity`:"
@@ -437,9 +455,7 @@ def matrix_blocks(matrix):
         (".ci/run", "debian-pythons"): ['debian_pythons="%s"' % " ".join(debian["versions"])],
         ("tests/setup_hermes_venvs.sh", "hermes-releases"): ["releases=(%s)" % " ".join(h["pip"] for h in hermes)],
         ("Makefile", "matrix-release-pythons"): ["MATRIX_RELEASE_PYTHONS ?= %s %s" % (oldest, newest)],
-        ("Makefile", "controller-cores"): [
-            "CONTROLLER_CORES ?= " + " ".join("%s@%s" % (o["core"], o["python"]) for o in others)
-        ],
+        ("Makefile", "controller-cores"): ["CONTROLLER_CORES ?= " + " ".join(controller_legs(others))],
         ("mk/sqlite.mk", "matrix-sqlites"): [
             "MATRIX_SQLITES ?= " + " ".join("%s@%s" % (s["suite"], s["python"]) for s in sqlite),
             "MATRIX_SQLITES_TIMING ?= " + " ".join("%s@%s" % (s["suite"], s["python"]) for s in sqlite if s["timing"]),

@@ -10,6 +10,7 @@
 # Usage: scripts/matrix_controller.sh "2.20@3.13 2.22@3.14" "MARKERS" [pytest args...]
 #        scripts/matrix_controller.sh --setup-only "2.20@3.13 ..."   only make the venvs (make prepare)
 # Env: CONTROLLERS_DIR (default .cache/controllers), CONTROLLER_TESTS (the test files/ids),
+#      CONTROLLER_PYTHON_TESTS (those of a core@X.Y:py leg),
 #      COLLECTIONS_ROOT (build/collections).
 set -uo pipefail
 setup_only=0
@@ -26,6 +27,10 @@ pip_filter() { grep -v 'is ignored: it is neither a file nor a directory' || tru
 declare -a rows=()
 failed=0
 for leg in $legs; do
+    # core@X.Y:py is a core's further Python: its first leg ran the whole set, so this one runs
+    # only what the controller's and the module's Python change (CONTROLLER_PYTHON_TESTS).
+    tests=${CONTROLLER_TESTS:-tests/integration}
+    case $leg in *:py) leg=${leg%:py} tests=${CONTROLLER_PYTHON_TESTS:-$tests} ;; esac
     core=${leg%@*} ver=${leg#*@}
     start=$(date +%s)
     echo
@@ -69,11 +74,11 @@ for leg in $legs; do
         continue
     fi
     echo "+ controller: $version, $("$venv/bin/python" --version)"
-    # shellcheck disable=SC2086  # CONTROLLER_TESTS is a list of test paths
+    # shellcheck disable=SC2086  # $tests is a list of test paths
     ANSIBLE_COLLECTIONS_PATH=${COLLECTIONS_ROOT:-$repo/build/collections} ANSIBLE_LOCAL_TEMP=$repo/build/ansible-tmp-$core-py$ver \
         ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0 PATH=$repo/$venv/bin:$PATH \
         bash scripts/pytest_split.sh "build/logs/matrix-controller-$core-py$ver" "$markers" "$venv/bin/pytest" -- \
-        ${CONTROLLER_TESTS:-tests/integration} -p no:cacheprovider "$@"
+        $tests -p no:cacheprovider "$@"
     rc=$?
     status=ok
     [ "$rc" -eq 0 ] || { status=FAILED; failed=$((failed + 1)); }
