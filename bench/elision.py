@@ -191,13 +191,16 @@ def child(code, home, live, out, limit=None, trace=None):
             except sqlite3.OperationalError:
                 interrupted.append(len(args[3]))  # past the hard bound: rolled back, retried in halves
                 if trace:
-                    traced.append({"t": wall, "held": time.monotonic() - start, "bodies": len(args[3]),
-                                   "interrupted": True, "before": before})  # fmt: skip
+                    # from BEGIN where the engine's deadline starts there (its .began), else from the call
+                    locked = max(start, getattr(args[6], "began", start))
+                    traced.append({"t": wall, "held": time.monotonic() - locked, "waited": locked - start,
+                                   "bodies": len(args[3]), "interrupted": True, "before": before})  # fmt: skip
                 raise
             holds.append((time.monotonic() - began, committing - began, len(args[3])))
             if trace:
                 traced.append({"t": wall, "held": holds[-1][0], "statements": holds[-1][1], "bodies": len(args[3]),
-                               "interrupted": False, "before": before, "after": fts_structures(args[0])})  # fmt: skip
+                               "waited": began - start, "interrupted": False, "before": before,
+                               "after": fts_structures(args[0])})  # fmt: skip
             return began, committing
 
         payloads._elide_group = group
