@@ -93,7 +93,7 @@ ansible_podman_extra_args: "--remote --url unix:///run/podman.sock"
 '
 ENVVARS="ANSIBLE_COLLECTIONS_PATH: $repo/build/collections:$fleet_collections
 " pdd "$work/controller" 'ansible_connection: containers.podman.podman
-
+'
 for dir in "$work/ee" "$work/controller"; do cp -r "$repo/molecule/fleet/inventory" "$dir/inventory"; done
 mounts=(--container-volume-mount "$sock:/run/podman.sock" --container-volume-mount "$fleet_collections:/fleet-collections:ro")
 for playbook in maintain report; do
