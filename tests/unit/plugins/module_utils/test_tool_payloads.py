@@ -6,7 +6,8 @@ exactly; the run elides the old tool bodies of kept sessions only (pinned, lease
 and already-elided bodies stay byte for byte), keeps both FTS indexes consistent, archives the
 originals owner-only; the release resumes, searches and appends to an elided session; a second
 run elides nothing; the file shrinks by half after the reclaim; ``restore_tool_payloads`` puts
-the bodies back byte for byte (check mode predicting it).
+the bodies back byte for byte (check mode predicting it), and with the payload archive gone, from
+the whole-file backup the run took, refusing a backup row that is not what its tombstone records.
 """
 
 import json
@@ -20,6 +21,7 @@ import pytest
 from hermes_markers import release_module_marks
 from hermes_writer import MARK, WriterProcess, latency_stats
 
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_payloads import fts_optimize
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_tool_payloads
@@ -303,3 +305,112 @@ def test_the_fts_optimize_stops_when_another_connection_writes_and_the_index_sta
     assert summary["failed"] == 0, summary
     assert steps < 20 and len(stopped) == 1 and "another connection wrote" in stopped[0], (steps, stopped)
     check_integrity(db)  # a fresh connection opens and checks both indexes
+
+
+def _tampered_copy(backup, name, elided):
+    """A copy of ``backup`` named as a later backup (0600), two of whose ``elided`` rows differ from
+    what their tombstones record: one body a byte longer, one of another tool (the same size)."""
+    copy = os.path.join(os.path.dirname(backup), name)
+    shutil.copyfile(backup, copy)
+    os.chmod(copy, 0o600)
+    longer, other_tool = sorted(elided)[:2]
+    conn = sqlite3.connect(copy)
+    try:
+        conn.execute("UPDATE messages SET content = content || 'x' WHERE id = ?", (longer,))
+        conn.execute("UPDATE messages SET tool_name = 'browser' WHERE id = ?", (other_tool,))
+        conn.commit()
+    finally:
+        conn.close()
+    return copy, longer, other_tool
+
+
+def test_tool_payloads_come_back_from_the_whole_file_backup_when_the_payload_archive_is_gone(home):
+    db = home / "state.db"
+    original = message_rows(db)
+    profile = run_maintenance(_opts(home))["profiles"][0]
+    assert profile["status"] == "ok", profile["error"]
+    payloads, backup = profile["tool_payloads"], profile["backup"]["path"]
+    assert os.path.basename(backup).startswith("hermes-ops_default_") and backup.endswith(".db")
+    after = message_rows(db)
+    elided = {mid for mid in original if after[mid] != original[mid]}
+    assert len(elided) == payloads["elided"] == 12 * len(OLD_SESSIONS)
+    os.unlink(payloads["archive"])  # the payload archive is lost: only the run's whole-file backup is left
+
+    # the backup named: check mode exact (count, bytes, sessions), nothing written
+    plan = restore_tool_payloads(str(home), "default", backup=os.path.basename(backup), check_mode=True)
+    assert (plan["planned"], plan["bytes"]) == (len(elided), payloads["bytes"]), plan
+    assert plan["sessions"] == sorted(OLD_SESSIONS) and plan["unmatched"] == 0 and plan["archives"] == []
+    assert plan["backups"] == [backup]
+    assert message_rows(db) == after
+
+    # a later backup whose rows differ from what two tombstones record: those two are refused, named
+    tampered, longer, other_tool = _tampered_copy(backup, "hermes-ops_default_20991231T000000Z.db", elided)
+    plan = restore_tool_payloads(str(home), "default", backup="newest", check_mode=True)
+    assert plan["backups"] == [tampered] and plan["planned"] == len(elided) - 2, plan
+    assert plan["bytes"] == payloads["bytes"] - len(original[longer][3]) - len(original[other_tool][3])
+    assert plan["unmatched"] == 2 and [u["id"] for u in plan["unmatched_messages"]] == [longer, other_tool]
+    reasons = [u["reason"] for u in plan["unmatched_messages"]]
+    size = len(original[longer][3])
+    assert "the backup's body is %d bytes, the tombstone records %d" % (size + 1, size) in reasons[0], reasons
+    assert "another tool_name ('browser', state.db 'terminal')" in reasons[1], reasons
+    done = restore_tool_payloads(str(home), "default", backup="newest")
+    assert (done["done"]["restored"], done["done"]["bytes"]) == (plan["planned"], plan["bytes"])
+    now = message_rows(db)
+    assert now[longer] == after[longer] and now[other_tool] == after[other_tool]  # left alone
+    assert all(now[mid] == row for mid, row in original.items() if mid not in (longer, other_tool))
+    check_integrity(db)
+
+    # neither named: no payload archive, so the backups, newest first; the tampered one refuses the two
+    # rows again and the run's own backup gives them
+    plan = restore_tool_payloads(str(home), "default", check_mode=True)
+    assert plan["archives"] == [] and plan["backups"] == [tampered, backup], plan
+    assert (plan["planned"], plan["unmatched"]) == (2, 0)
+    assert plan["bytes"] == len(original[longer][3]) + len(original[other_tool][3])
+    done = restore_tool_payloads(str(home), "default")
+    assert (done["done"]["restored"], done["done"]["bytes"]) == (plan["planned"], plan["bytes"])
+    assert message_rows(db) == original  # every row byte for byte: type, bytes, tool, time
+    check_integrity(db)
+
+    # idempotent: nothing left to restore, from either source
+    for named in ({}, {"backup": backup}):
+        again = restore_tool_payloads(str(home), "default", **named)
+        assert again["planned"] == 0 and not again["changed"] and "done" not in again, again
+    assert message_rows(db) == original
+    # owner-only, and no decompressed or staged copy left in the backup directory
+    for name in os.listdir(str(home / "backups")):
+        assert not name.startswith("."), name
+        assert stat.S_IMODE(os.stat(str(home / "backups" / name)).st_mode) == 0o600, name
+    print(
+        "\ntool payloads restored from the whole-file backup: %d messages, %d bytes, %d sessions"
+        % (len(elided), payloads["bytes"], len(OLD_SESSIONS))
+    )
+
+
+def test_tool_payloads_come_back_from_a_compressed_backup_and_bad_sources_restore_nothing(home):
+    db = home / "state.db"
+    original = message_rows(db)
+    profile = run_maintenance(_opts(home, backup_compress=True))["profiles"][0]
+    assert profile["status"] == "ok", profile["error"]
+    backup = profile["backup"]["path"]
+    assert backup.endswith(".db.gz"), backup
+    os.unlink(profile["tool_payloads"]["archive"])
+    after = message_rows(db)
+    for bad, words in (
+        (dict(archive=os.path.basename(backup)), "is not a payload archive of this collection"),
+        (dict(backup="hermes-ops-payloads_default_20261201T040001Z.db"), "is not a whole-file backup"),
+        (dict(backup="hermes-ops_work_20261201T040001Z.db"), "is a backup of profile work, not of default"),
+        (dict(archive="x", backup="newest"), "at most one of archive and backup"),
+    ):
+        with pytest.raises(MaintenanceError) as refused:
+            restore_tool_payloads(str(home), "default", **bad)
+        assert words in str(refused.value), (bad, str(refused.value))
+    assert message_rows(db) == after
+
+    plan = restore_tool_payloads(str(home), "default", check_mode=True)
+    assert plan["backups"] == [backup] and plan["planned"] == profile["tool_payloads"]["elided"], plan
+    assert plan["bytes"] == profile["tool_payloads"]["bytes"] and plan["unmatched"] == 0
+    done = restore_tool_payloads(str(home), "default", session_ids=OLD_SESSIONS)
+    assert (done["done"]["restored"], done["done"]["bytes"]) == (plan["planned"], plan["bytes"])
+    assert message_rows(db) == original
+    check_integrity(db)
+    assert not [n for n in os.listdir(str(home / "backups")) if n.startswith(".")]  # the decompressed copy is gone
