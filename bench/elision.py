@@ -20,7 +20,8 @@ Each round copies the file into a fresh home and runs the maintenance in its own
 ``take_payload_archive`` (they run unchanged). ``--idle`` also runs once with no holder and
 ``vacuum_mode: full`` (the service window: the FTS optimize and the VACUUM give the bytes back).
 Rows: bodies elided / seconds of the elision phase; the writer's worst and p99 append wait during
-that phase and during the whole run.
+that phase and during the whole run. The figures measured are written up by hand in
+docs/benchmarks_elision.md (this bench keeps no results file).
 """
 
 import argparse
