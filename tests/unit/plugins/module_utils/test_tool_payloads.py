@@ -19,8 +19,10 @@ import time
 
 import pytest
 from hermes_markers import release_module_marks
+from hermes_reliability import chown_tree, files_not_owned_by, user_with_dir
 from hermes_writer import MARK, WriterProcess, latency_stats
 
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import backup_name
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_payloads import fts_optimize
@@ -414,3 +416,43 @@ def test_tool_payloads_come_back_from_a_compressed_backup_and_bad_sources_restor
     assert message_rows(db) == original
     check_integrity(db)
     assert not [n for n in os.listdir(str(home / "backups")) if n.startswith(".")]  # the decompressed copy is gone
+
+
+ROOT_USER = "hermes-ops-u41p"
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="root restores a user's file")
+def test_root_puts_tool_payloads_back_from_its_own_copy_of_a_users_backup(built):
+    """As root on a user's file, from a backup root keeps in its own 0700 directory (the off-site
+    fetch's): root opens it, the user's process reads that descriptor into a private copy, removed
+    afterwards; every file in the home stays the user's. The run cannot rule out the processes the
+    user's process cannot see as holders, so it takes no whole-file backup here: root's copy is the
+    file as it was before the run, taken with SQLite's backup API."""
+    with user_with_dir(ROOT_USER, ROOT_USER + "-") as (uid, gid, base):
+        home = base / "home" / ".hermes"
+        shutil.copytree(str(built), str(home), ignore=shutil.ignore_patterns("state.db*"))
+        db = copy_db(built / "state.db", home / "state.db")
+        chown_tree(base / "home", uid, gid)
+        os.chmod(str(base / "home"), 0o700)
+        original = message_rows(db)
+        fetched = base / "offsite-restore"
+        fetched.mkdir(mode=0o700)
+        backup = copy_db(db, fetched / backup_name("default", time.time() - 60))
+        backup.chmod(0o600)
+        profile = run_maintenance(_opts(home))["profiles"][0]
+        assert profile["status"] == "ok", profile["error"]
+        payloads = profile["tool_payloads"]
+        os.unlink(payloads["archive"])
+        assert payloads["elided"] == 12 * len(OLD_SESSIONS) and message_rows(db) != original
+        assert os.stat(str(backup)).st_uid == 0 and os.stat(str(db)).st_uid == uid
+
+        plan = restore_tool_payloads(str(home), "default", backup=str(backup), check_mode=True)
+        assert (plan["planned"], plan["bytes"], plan["unmatched"]) == (payloads["elided"], payloads["bytes"], 0)
+        done = restore_tool_payloads(str(home), "default", backup=str(backup))
+        assert (done["done"]["restored"], done["done"]["bytes"]) == (plan["planned"], plan["bytes"])
+        assert message_rows(db) == original
+        check_integrity(db)
+        assert not [n for n in os.listdir(str(home / "backups")) if n.startswith(".")]  # the private copy is gone
+        assert files_not_owned_by(base / "home", uid) == []
+        assert (os.stat(str(backup)).st_uid, stat.S_IMODE(os.stat(str(backup)).st_mode)) == (0, 0o600)
