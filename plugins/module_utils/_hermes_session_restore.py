@@ -929,7 +929,8 @@ def _payload_backups(stack, backups, fds, stones, profile, backup_dir, named):
 
 def _payload_work(db_path, sources, session_ids, check_mode, busy_timeout, pause):
     """``sources``: {"archives", "backups", "fds" (of root's backups), "named" (a backup was named),
-    "backup_dir", "profile"}."""
+    "archive_named", "backup_dir", "profile"}. Unless an archive was named, every tombstone of the
+    chosen sessions that no source gives back is reported (``unmatched``)."""
     archives, backups, fds = sources["archives"], sources["backups"], sources["fds"]
     backup_dir, profile = sources["backup_dir"], sources["profile"]
     lock = None
@@ -942,7 +943,7 @@ def _payload_work(db_path, sources, session_ids, check_mode, busy_timeout, pause
         live = ReadOnlyDB(db_path, busy_timeout)
         try:
             todo = plan_restore(live.conn, archives, session_ids)
-            if backups:
+            if not sources["archive_named"]:
                 stones = live_tombstones(live.conn, session_ids)
                 for entry in todo:
                     stones.pop(entry[1], None)
@@ -1003,7 +1004,7 @@ def restore_tool_payloads(
     and then, for the tombstones none of them holds, from its backups, newest first.
 
     Returns {"db", "archives", "backups", "planned", "bytes", "sessions", "unmatched" (tombstones
-    left alone: no backup row matches, or no source holds them; counted only when a backup is read),
+    left alone: no backup row matches, or no source holds them; not counted when ``archive`` is named),
     "unmatched_messages" (the first UNMATCHED_LISTED: {"id", "session_id", "reason"}), "notes",
     "changed"} and, after a real run, "done" ({"restored", "bytes", "sessions"}). Raises
     MaintenanceError."""
@@ -1021,6 +1022,7 @@ def restore_tool_payloads(
     ids = list(session_ids) if session_ids is not None else None
     owner = os.lstat(db_path).st_uid
     sources = {"archives": archives, "backups": backups, "fds": {}, "named": backup is not None}
+    sources["archive_named"] = archive is not None
     sources.update(backup_dir=backup_dir, profile=profile)
     try:
         for path in backups:

@@ -287,8 +287,8 @@ tool_payloads:
     - With O(tool_payloads=true), V(restored) (tool messages whose content was put back; in check mode, exactly
       those that will be), V(bytes) (their bytes), V(sessions) (the session ids they belong to), V(archives) (the
       payload archives read) and V(backups) (the whole-file backups read).
-    - When a whole-file backup is read, V(unmatched) (the tombstones of the chosen sessions left alone, because no
-      backup row matches or no archive or backup holds them) and V(unmatched_messages), the first 100 of them with
+    - Unless O(archive) names the source, V(unmatched) (the tombstones of the chosen sessions left alone, because
+      no backup row matches or no archive or backup holds them) and V(unmatched_messages), the first 100 of them with
       V(id), V(session_id) and V(reason) (such as the size the backup's body has and the one the tombstone
       records); V(notes), backups skipped because they fail the checks (only when none was named).
   returned: tool_payloads

@@ -407,6 +407,19 @@ def test_tool_payloads_come_back_from_a_compressed_backup_and_bad_sources_restor
             restore_tool_payloads(str(home), "default", **bad)
         assert words in str(refused.value), (bad, str(refused.value))
     assert message_rows(db) == after
+    # no payload archive and no backup: refused, naming both
+    hidden = os.path.join(os.path.dirname(backup), "kept-aside.gz")
+    os.rename(backup, hidden)
+    with pytest.raises(MaintenanceError, match="no payload archive .* and no whole-file backup"):
+        restore_tool_payloads(str(home), "default", check_mode=True)
+    os.rename(hidden, backup)
+    # a backup taken after the elision holds the tombstones, not the bodies: every row refused, saying so
+    later = copy_db(db, home / "backups" / "hermes-ops_default_20991231T000000Z.db")
+    later.chmod(0o600)
+    plan = restore_tool_payloads(str(home), "default", backup="newest", check_mode=True)
+    assert (plan["planned"], plan["unmatched"]) == (0, profile["tool_payloads"]["elided"]), plan
+    assert all("holds no original body (a tombstone)" in u["reason"] for u in plan["unmatched_messages"]), plan
+    os.unlink(str(later))
 
     plan = restore_tool_payloads(str(home), "default", check_mode=True)
     assert plan["backups"] == [backup] and plan["planned"] == profile["tool_payloads"]["elided"], plan
