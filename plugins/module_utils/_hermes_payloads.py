@@ -42,6 +42,7 @@ from ._hermes_apply import (
     IdlePacing,
     hard_bound,
     persistent_journal,
+    turn_after_commit,
 )
 from ._hermes_backup import StampedFiles, remove_partials
 from ._hermes_db import MaintenanceError, fsync_path, read_snapshot, sqlite_uri, write_transaction
@@ -658,42 +659,106 @@ def _backup_rows(src, group):
     ]
 
 
-def restore_payloads(conn, todo, *, pause, chunk_bytes=GROUP_BYTES, backups=()):
+# Seconds one restore transaction may hold the write lock (the prune's default batch_time), plus
+# ROLLBACK_COMMIT_TIME for the COMMIT in rollback-journal mode, as the elision's.
+RESTORE_BOUND = 0.06
+
+
+def restore_payloads(conn, todo, *, pause, chunk_bytes=GROUP_BYTES, backups=(), bound=RESTORE_BOUND, wait=None):
     """Put the bodies ``plan_restore`` or ``match_backup`` listed back, byte for byte (a text body as
-    text), where the tombstone still is; transactions of about ``chunk_bytes`` with ``pause`` between.
-    A path in ``backups`` is a whole-file backup (its ``messages``), any other a payload archive.
-    Returns {"restored", "bytes", "sessions"}."""
+    text), where the tombstone still is. A path in ``backups`` is a whole-file backup (its
+    ``messages``), any other a payload archive. Returns {"restored", "bytes", "sessions"}.
+
+    Paced as the elision is: a transaction takes as many bodies as fit in ``bound`` (plus
+    ROLLBACK_COMMIT_TIME in rollback-journal mode) at the rate per byte measured in the last one
+    (the first FIRST_GROUP bodies), at most ``chunk_bytes``; one still running past the hard bound
+    is rolled back and retried in halves; after each COMMIT the gateway's turn (``wait(held)``,
+    by default ``turn_after_commit`` with ``pause``). Re-indexing a body costs as much as elision
+    saved: in transactions of a fixed 8 MB a 0.22.2 writer appending every 20 ms waited 1.7 s."""
     done = {"restored": 0, "bytes": 0, "sessions": set()}
     by_source = {}
     for path, mid, sid, nbytes, stone in todo:
         by_source.setdefault(path, []).append((mid, sid, nbytes, stone))
-    for path, entries in by_source.items():
-        if path in backups:
-            src, fetch = sqlite3.connect(sqlite_uri(path, mode="ro", immutable="1"), uri=True), _backup_rows
-        else:
-            src, fetch = open_payload_archive(path)[0], _archive_rows
-        try:
-            index = 0
-            while index < len(entries):
-                group, weight = [], 0
-                while index < len(entries) and (not group or weight < chunk_bytes):
-                    group.append(entries[index])
-                    weight += entries[index][2]
-                    index += 1
-                rows = fetch(src, group)
-                with write_transaction(conn):
-                    for mid, sid, kind, body, nbytes, stone in rows:
-                        value = "CAST(? AS TEXT)" if kind == "text" else "?"
-                        changed = conn.execute(
-                            "UPDATE messages SET content = %s WHERE id = ? AND session_id = ? AND content IS ?" % value,
-                            (body, mid, sid, stone),
-                        ).rowcount
-                        if changed:
-                            done["restored"] += 1
-                            done["bytes"] += nbytes
-                            done["sessions"].add(sid)
-                time.sleep(pause)
-        finally:
-            src.close()
+    wait = wait or turn_after_commit(conn, pause)
+    rollback = conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal"
+    held_for = float(bound) + (ROLLBACK_COMMIT_TIME if rollback and bound else 0.0)
+    per_unit, commit = None, 0.0
+    deadline = _Deadline()
+    conn.set_progress_handler(deadline, PROGRESS_STEPS)
+    try:
+        with persistent_journal(conn):
+            for path, entries in by_source.items():
+                if path in backups:
+                    src, fetch = sqlite3.connect(sqlite_uri(path, mode="ro", immutable="1"), uri=True), _backup_rows
+                else:
+                    src, fetch = open_payload_archive(path)[0], _archive_rows
+                try:
+                    index, cap = 0, len(entries)
+                    while index < len(entries):
+                        room = max(held_for - commit, held_for * MIN_ROOM) * FIRST_GROUP_SHARE
+                        group, weight, units = [], 0, 0
+                        while index < len(entries) and len(group) < cap:
+                            nbytes = entries[index][2]
+                            if group and weight + nbytes > chunk_bytes:
+                                break
+                            if group and held_for and per_unit is None and len(group) >= FIRST_GROUP:
+                                break
+                            if (
+                                group
+                                and held_for
+                                and per_unit is not None
+                                and ((units + nbytes + ROW_UNITS) * per_unit > room)
+                            ):
+                                break
+                            group.append(entries[index])
+                            weight += nbytes
+                            units += nbytes + ROW_UNITS
+                            index += 1
+                        rows = fetch(src, group)
+                        deadline.hard = hard_bound(held_for) if held_for and len(group) > 1 else None
+                        try:
+                            began, committing = _restore_group(conn, rows, deadline, done)
+                        except sqlite3.OperationalError:
+                            if not deadline.tripped:
+                                raise
+                            # past the hard bound: rolled back whole, nothing of it counted; again, in halves
+                            index -= len(group)
+                            cap = max(1, len(group) // 2)
+                            per_unit = None if per_unit is None else per_unit * 2
+                            wait(time.monotonic() - deadline.began)
+                            continue
+                        cap = len(entries)
+                        held = time.monotonic() - began
+                        commit = time.monotonic() - committing
+                        rate = max(committing - began, 1e-6) / units
+                        per_unit = rate if per_unit is None else max(rate, (per_unit + rate) / 2)
+                        wait(held)
+                finally:
+                    src.close()
+    finally:
+        conn.set_progress_handler(None, 0)
     done["sessions"] = sorted(done["sessions"])
     return done
+
+
+def _restore_group(conn, rows, deadline, done):
+    """One write transaction: ``rows`` (as ``_archive_rows`` gives them) back where their tombstone
+    still is; ``done`` counts them once it has committed. Returns (when it began, when its COMMIT
+    began), monotonic."""
+    began = deadline.began = time.monotonic()
+    deadline.tripped, deadline.armed = False, deadline.hard is not None
+    changed = []
+    with write_transaction(conn):
+        for mid, sid, kind, body, nbytes, stone in rows:
+            value = "CAST(? AS TEXT)" if kind == "text" else "?"
+            if conn.execute(
+                "UPDATE messages SET content = %s WHERE id = ? AND session_id = ? AND content IS ?" % value,
+                (body, mid, sid, stone),
+            ).rowcount:
+                changed.append((sid, nbytes))
+        deadline.armed = False  # the COMMIT runs whole
+        committing = time.monotonic()
+    done["restored"] += len(changed)
+    done["bytes"] += sum(n for _sid, n in changed)
+    done["sessions"].update(sid for sid, _n in changed)
+    return began, committing
