@@ -743,19 +743,35 @@ def restore_payloads(conn, todo, *, pause, chunk_bytes=GROUP_BYTES, backups=(), 
 
 def _restore_group(conn, rows, deadline, done):
     """One write transaction: ``rows`` (as ``_archive_rows`` gives them) back where their tombstone
-    still is; ``done`` counts them once it has committed. Returns (when it began, when its COMMIT
-    began), monotonic."""
+    still is, by one UPDATE (FTS5 writes a segment per statement that changed it: one per body
+    fragmented both indexes, and their merges held the lock for up to 2 s); ``done`` counts them
+    once it has committed. Returns (when it began, when its COMMIT began), monotonic."""
+    conn.execute(
+        "CREATE TEMP TABLE IF NOT EXISTS hermes_ops_restore "
+        "(id INTEGER PRIMARY KEY, session_id TEXT, kind TEXT, body BLOB, bytes INTEGER, tombstone TEXT)"
+    )
     began = deadline.began = time.monotonic()
     deadline.tripped, deadline.armed = False, deadline.hard is not None
-    changed = []
     with write_transaction(conn):
-        for mid, sid, kind, body, nbytes, stone in rows:
-            value = "CAST(? AS TEXT)" if kind == "text" else "?"
-            if conn.execute(
-                "UPDATE messages SET content = %s WHERE id = ? AND session_id = ? AND content IS ?" % value,
-                (body, mid, sid, stone),
-            ).rowcount:
-                changed.append((sid, nbytes))
+        conn.execute("DELETE FROM temp.hermes_ops_restore")
+        conn.executemany(
+            "INSERT INTO temp.hermes_ops_restore (id, session_id, kind, body, bytes, tombstone) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        # Only where the tombstone still is; CROSS JOIN keeps the group's rows the outer loop (see _elide_group).
+        conn.execute(
+            "DELETE FROM temp.hermes_ops_restore WHERE id NOT IN (SELECT t.id FROM temp.hermes_ops_restore t "
+            "CROSS JOIN main.messages m ON m.id = t.id WHERE m.session_id = t.session_id AND m.content IS t.tombstone)"
+        )
+        changed = conn.execute("SELECT session_id, bytes FROM temp.hermes_ops_restore").fetchall()
+        # a text body as text: CAST of its bytes gives them back as they were (state.db is UTF-8)
+        conn.execute(
+            "UPDATE main.messages SET content = (SELECT CASE WHEN t.kind = 'text' THEN CAST(t.body AS TEXT) "
+            "ELSE t.body END FROM temp.hermes_ops_restore t WHERE t.id = messages.id) "
+            "WHERE id IN (SELECT id FROM temp.hermes_ops_restore)"
+        )
+        conn.execute("DELETE FROM temp.hermes_ops_restore")
         deadline.armed = False  # the COMMIT runs whole
         committing = time.monotonic()
     done["restored"] += len(changed)
