@@ -722,6 +722,8 @@ def restore_payloads(conn, todo, *, pause, chunk_bytes=GROUP_BYTES, backups=(), 
                             if not deadline.tripped:
                                 raise
                             # past the hard bound: rolled back whole, nothing of it counted; again, in halves
+                            if conn.in_transaction:  # a SELECT interrupted leaves it open
+                                conn.execute("ROLLBACK")
                             index -= len(group)
                             cap = max(1, len(group) // 2)
                             per_unit = None if per_unit is None else per_unit * 2
@@ -753,26 +755,31 @@ def _restore_group(conn, rows, deadline, done):
     began = deadline.began = time.monotonic()
     deadline.tripped, deadline.armed = False, deadline.hard is not None
     with write_transaction(conn):
-        conn.execute("DELETE FROM temp.hermes_ops_restore")
-        conn.executemany(
-            "INSERT INTO temp.hermes_ops_restore (id, session_id, kind, body, bytes, tombstone) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            rows,
-        )
-        # Only where the tombstone still is; CROSS JOIN keeps the group's rows the outer loop (see _elide_group).
-        conn.execute(
-            "DELETE FROM temp.hermes_ops_restore WHERE id NOT IN (SELECT t.id FROM temp.hermes_ops_restore t "
-            "CROSS JOIN main.messages m ON m.id = t.id WHERE m.session_id = t.session_id AND m.content IS t.tombstone)"
-        )
-        changed = conn.execute("SELECT session_id, bytes FROM temp.hermes_ops_restore").fetchall()
-        # a text body as text: CAST of its bytes gives them back as they were (state.db is UTF-8)
-        conn.execute(
-            "UPDATE main.messages SET content = (SELECT CASE WHEN t.kind = 'text' THEN CAST(t.body AS TEXT) "
-            "ELSE t.body END FROM temp.hermes_ops_restore t WHERE t.id = messages.id) "
-            "WHERE id IN (SELECT id FROM temp.hermes_ops_restore)"
-        )
-        conn.execute("DELETE FROM temp.hermes_ops_restore")
-        deadline.armed = False  # the COMMIT runs whole
+        try:
+            conn.execute("DELETE FROM temp.hermes_ops_restore")
+            conn.executemany(
+                "INSERT INTO temp.hermes_ops_restore (id, session_id, kind, body, bytes, tombstone) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            # Only where the tombstone still is; CROSS JOIN keeps the group's rows the outer loop (see _elide_group).
+            conn.execute(
+                "DELETE FROM temp.hermes_ops_restore WHERE id NOT IN (SELECT t.id FROM temp.hermes_ops_restore t "
+                "CROSS JOIN main.messages m ON m.id = t.id WHERE m.session_id = t.session_id "
+                "AND m.content IS t.tombstone)"
+            )
+            changed = conn.execute("SELECT session_id, bytes FROM temp.hermes_ops_restore").fetchall()
+            # a text body as text: CAST of its bytes gives them back as they were (state.db is UTF-8)
+            conn.execute(
+                "UPDATE main.messages SET content = (SELECT CASE WHEN t.kind = 'text' THEN CAST(t.body AS TEXT) "
+                "ELSE t.body END FROM temp.hermes_ops_restore t WHERE t.id = messages.id) "
+                "WHERE id IN (SELECT id FROM temp.hermes_ops_restore)"
+            )
+            conn.execute("DELETE FROM temp.hermes_ops_restore")
+        finally:
+            # the COMMIT runs whole, and so does the ROLLBACK after an error: interrupted, it left the
+            # transaction open and the next group's BEGIN failed ("within a transaction")
+            deadline.armed = False
         committing = time.monotonic()
     done["restored"] += len(changed)
     done["bytes"] += sum(n for _sid, n in changed)
