@@ -22,6 +22,7 @@ from hermes_markers import release_module_marks
 from hermes_reliability import chown_tree, files_not_owned_by, user_with_dir
 from hermes_writer import MARK, WriterProcess, latency_stats
 
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_payloads as payloads_engine
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import backup_name
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
@@ -469,3 +470,30 @@ def test_root_puts_tool_payloads_back_from_its_own_copy_of_a_users_backup(built)
         assert not [n for n in os.listdir(str(home / "backups")) if n.startswith(".")]  # the private copy is gone
         assert files_not_owned_by(base / "home", uid) == []
         assert (os.stat(str(backup)).st_uid, stat.S_IMODE(os.stat(str(backup)).st_mode)) == (0, 0o600)
+
+
+def test_a_restore_transaction_cut_at_the_hard_bound_is_retried_and_loses_nothing(home, monkeypatch):
+    """Every transaction of several bodies interrupted almost at once (a hard bound of 0.3 ms, as a
+    preempted process or an FTS5 merge would make it): each is rolled back whole and retried in
+    halves down to single bodies (never cut), and the undo still gives every row back."""
+    db = home / "state.db"
+    original = message_rows(db)
+    profile = run_maintenance(_opts(home))["profiles"][0]
+    os.unlink(profile["tool_payloads"]["archive"])
+    trips = []
+    real = payloads_engine._restore_group
+
+    def counted(conn, rows, deadline, done):
+        try:
+            return real(conn, rows, deadline, done)
+        except sqlite3.OperationalError:
+            trips.append((len(rows), deadline.tripped))
+            raise
+
+    monkeypatch.setattr(payloads_engine, "hard_bound", lambda bound: 0.0003)
+    monkeypatch.setattr(payloads_engine, "_restore_group", counted)
+    done = restore_tool_payloads(str(home), "default", backup="newest")
+    assert trips and all(tripped for _n, tripped in trips), trips
+    assert done["done"]["restored"] == profile["tool_payloads"]["elided"], done
+    assert message_rows(db) == original
+    check_integrity(db)
