@@ -10,6 +10,8 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"  # one JSON per mode: the raw data the page is made from
 NOTES = REPO / "bench" / "notes"  # hand-written notes the page includes
 PAGE = REPO / "docs" / "benchmarks.md"
+# The elision bench's hand-written page beside it (bench/elision.py prints its figures; no results file).
+ELISION = "benchmarks_elision.md"
 PLOTS = REPO / "docs" / "benchmarks"  # the page's PNGs
 
 MB = 1024 * 1024

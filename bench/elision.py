@@ -4,6 +4,7 @@ Hermes 0.22.2 writer appending every 20 ms, and ``storage`` before and after.
     python bench/elision.py                       # make bench-elision: 585 MB file, one live round
     python bench/elision.py --sessions 400        # quicker (~70 MB)
     python bench/elision.py --compare ../main     # also another checkout's engine, alternating
+    python bench/elision.py --runs 0 --restore    # the run with no holder, then the undo from its backup
 
 The bench's own 0.7/5 GB files (bench/datasets.py) hold short messages, a fifth of them tool
 ones of a few words: nothing like the tool output a long-lived state.db is mostly made of. So
@@ -20,7 +21,12 @@ Each round copies the file into a fresh home and runs the maintenance in its own
 ``take_payload_archive`` (they run unchanged). ``--idle`` also runs once with no holder and
 ``vacuum_mode: full`` (the service window: the FTS optimize and the VACUUM give the bytes back).
 Rows: bodies elided / seconds of the elision phase; the writer's worst and p99 append wait during
-that phase and during the whole run.
+that phase and during the whole run. ``--restore``: after the run with no holder, its payload
+archive is deleted and ``session_restore``'s ``tool_payloads`` puts the bodies back from the
+whole-file backup that run took, beside the 20 ms writer: check mode and the restore timed, every
+message row there before compared (a digest), ``integrity_check`` and both FTS indexes'
+``integrity-check``, and a second restore that must find nothing. The figures measured are written up by hand in
+docs/benchmarks_elision.md (this bench keeps no results file).
 """
 
 import argparse
@@ -113,6 +119,76 @@ def storage_summary(gather_info, home):
     }
 
 
+def rows_digest(db, top=None):
+    """(rows, sha256) of every message row up to id ``top`` (all when None): what a restore gives back."""
+    import hashlib
+
+    conn = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
+    try:
+        top = conn.execute("SELECT MAX(id) FROM messages").fetchone()[0] if top is None else top
+        digest, count = hashlib.sha256(), 0
+        for row in conn.execute(
+            "SELECT id, session_id, role, typeof(content), CAST(content AS BLOB), tool_name, timestamp "
+            "FROM messages WHERE id <= ? ORDER BY id",
+            (top,),
+        ):
+            digest.update(repr(row).encode())
+            count += 1
+    finally:
+        conn.close()
+    return top, count, digest.hexdigest()
+
+
+def integrity(db):
+    """PRAGMA integrity_check, then FTS5's integrity-check of both message indexes: "ok" or the failure."""
+    conn = sqlite3.connect(str(db), timeout=30)
+    try:
+        check = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+        if check != ["ok"]:
+            return "; ".join(check[:3])
+        for name in ("messages_fts", "messages_fts_trigram"):
+            conn.execute("INSERT INTO %s(%s, rank) VALUES('integrity-check', 1)" % (name, name))
+    except sqlite3.DatabaseError as exc:
+        return str(exc)
+    finally:
+        conn.close()
+    return "ok"
+
+
+def restore_phase(home, profile, before):
+    """The undo from the run's whole-file backup, its payload archive deleted, beside the 20 ms writer."""
+    from hermes_writer import WriterProcess, latency_stats
+
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import (
+        restore_tool_payloads,
+    )
+    from hermes_fixtures import hermes_python
+
+    os.unlink(profile["tool_payloads"]["archive"])
+    backup = os.path.basename(profile["backup"]["path"])
+    writer = WriterProcess(hermes_python("hermes-" + RELEASE), home / "state.db", str(home / "r.jsonl"), prefix="rb")
+    writer.start()
+    try:
+        time.sleep(0.5)
+        t0 = time.time()
+        plan = restore_tool_payloads(str(home), "default", backup=backup, check_mode=True)
+        t1 = time.time()
+        done = restore_tool_payloads(str(home), "default", backup=backup)
+        t2 = time.time()
+        again = restore_tool_payloads(str(home), "default", backup=backup)
+        time.sleep(0.5)
+        summary = writer.stop()
+        during = latency_stats(writer.records(), t1, t2)
+    finally:
+        writer.kill()
+    after = rows_digest(home / "state.db", before[0])
+    return {"planned": plan["planned"], "planned_bytes": plan["bytes"], "unmatched": plan["unmatched"],
+            "restored": done["done"]["restored"], "bytes": done["done"]["bytes"], "check_s": t1 - t0,
+            "restore_s": t2 - t1, "again": again["planned"], "rows": before[1], "identical": after == before,
+            "integrity": integrity(home / "state.db"), "writer": {"appends": during["n"], "worst": during["max"],
+            "p99": during["p99"], "failed": summary["failed"]}}  # fmt: skip
+
+
 def _varint(buf, i):
     """FTS5's varint (SQLite's: big-endian 7 bits a byte, the ninth byte whole)."""
     value = 0
@@ -155,7 +231,7 @@ def fts_structures(conn):
     return {name: fts_structure(conn, name) for name in names}
 
 
-def child(code, home, live, out, limit=None, trace=None):
+def child(code, home, live, out, limit=None, restore=False, trace=None):
     """One run of ``code``'s engine on ``home`` (a fresh copy), its phases timed; JSON to ``out``."""
     sys.path.insert(0, str(Path(code) / "build" / "collections"))
     from hermes_writer import WriterProcess, latency_stats
@@ -223,6 +299,7 @@ def child(code, home, live, out, limit=None, trace=None):
     opts = {"hermes_home": [str(home)], "prune_days": 3650, "tool_payload_days": 30}
     opts["vacuum_mode"] = "auto" if live else "full"
     before = storage_summary(engine.gather_info, home)
+    digest = rows_digest(home / "state.db") if restore else None
     writer = None
     if live:
         python = hermes_python("hermes-" + RELEASE)
@@ -248,6 +325,8 @@ def child(code, home, live, out, limit=None, trace=None):
             result["writer"] = {"appends": during["n"], "worst": during["max"], "p99": during["p99"],
                                 "worst_run": whole["max"], "failed": summary["failed"]}  # fmt: skip
         result["storage_after"] = storage_summary(engine.gather_info, home)
+        if restore:
+            result["restore"] = restore_phase(home, profile, digest)
         if trace:
             Path(trace).write_text(json.dumps({"transactions": traced, "appends": writer.records() if writer else []}))
     finally:
@@ -256,7 +335,7 @@ def child(code, home, live, out, limit=None, trace=None):
     Path(out).write_text(json.dumps(result))
 
 
-def one_run(code, base, home, live, limit=None, trace=None):
+def one_run(code, base, home, live, limit=None, restore=False, trace=None):
     from hermes_fixtures import copy_db
 
     shutil.rmtree(str(home), ignore_errors=True)
@@ -268,6 +347,7 @@ def one_run(code, base, home, live, limit=None, trace=None):
     proc = subprocess.run(
         [sys.executable, __file__, "--child", str(code), str(home), "live" if live else "idle", str(out)]
         + (["--time-limit", str(limit)] if limit else [])
+        + (["--restore"] if restore else [])
         + (["--trace", str(trace)] if trace else []),
         check=False,
     )
@@ -327,6 +407,9 @@ def main(argv=None):
         "--time-limit", type=float, default=None, help="end each live elision after this many seconds (a slow engine)"
     )
     parser.add_argument(
+        "--restore", action="store_true", help="after the run with no holder, the undo from its whole-file backup"
+    )
+    parser.add_argument(
         "--trace", type=Path, default=None,
         help="write each elision transaction (its hold, FTS5 structure before and after) and each append here "
         "(<trace>.<engine>.json; reading the structure adds a short read per transaction)",
@@ -335,7 +418,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.child:
         code, home, mode, out = args.child
-        child(code, home, mode == "live", out, args.time_limit, args.trace)
+        child(code, home, mode == "live", out, args.time_limit, args.restore, args.trace)
         return 0
     args.workdir.mkdir(parents=True, exist_ok=True)
     print("load average %s; making/using the base file ..." % ("%.2f %.2f %.2f" % os.getloadavg()), flush=True)
@@ -357,7 +440,7 @@ def main(argv=None):
                      ms(row.get("longest_hold")), row.get("holds_over_150ms", "-"), len(row.get("interrupted", ()))),
                   flush=True)  # fmt: skip
     if not args.no_idle:
-        row = one_run(REPO, base, args.workdir / "elision-idle", live=False)
+        row = one_run(REPO, base, args.workdir / "elision-idle", live=False, restore=args.restore)
         row["label"], row["round"] = "this", 0
         rows.append(row)
     print()
@@ -368,10 +451,25 @@ def main(argv=None):
         if row["label"] == "this" and row["round"] == 0:
             where = "beside the writer, vacuum_mode auto" if row["live"] else "no holder, vacuum_mode full"
             print(storage_lines("storage after a run with tool_payload_days 30 (%s)" % where, row["storage_after"]))
+    for row in rows:
+        undo = row.get("restore")
+        if undo:
+            w = undo["writer"]
+            print(
+                "undo from the run's whole-file backup (payload archive deleted), beside a 20 ms writer: check mode "
+                "%d bodies (%.1f MB) in %.1f s; restored %d (%.1f MB) in %.1f s, %.0f bodies/s; %d tombstones "
+                "unmatched; %d message rows identical: %s; integrity: %s; a second restore: %d; the writer: %d "
+                "appends, worst %s, p99 %s, %d failed"
+                % (undo["planned"], undo["planned_bytes"] / MB, undo["check_s"], undo["restored"], undo["bytes"] / MB,
+                   undo["restore_s"], undo["restored"] / undo["restore_s"] if undo["restore_s"] else 0,
+                   undo["unmatched"], undo["rows"], undo["identical"], undo["integrity"], undo["again"],
+                   w["appends"], ms(w["worst"]), ms(w["p99"]), w["failed"])
+            )  # fmt: skip
     print("load average after %s" % ("%.2f %.2f %.2f" % os.getloadavg()))
     if args.json:
         args.json.write_text(json.dumps({"made": made, "rows": rows}, indent=1, default=str) + "\n")
     bad = [r for r in rows if r["status"] != "ok" or (r.get("writer") or {}).get("failed")]
+    bad += [r for r in rows if r.get("restore") and not (r["restore"]["identical"] and r["restore"]["again"] == 0)]
     return 1 if bad else 0
 
 

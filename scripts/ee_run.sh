@@ -85,11 +85,15 @@ trap 'kill "$service" 2>/dev/null || true' EXIT
 for _ in $(seq 50); do [ -S "$sock" ] && break; sleep 0.2; done
 [ -S "$sock" ] || { echo "ee-run: podman system service did not make $sock" >&2; exit 1; }
 
+# The fleet's inventory says ssh (make fleet's connection); these runs go through podman's API,
+# so that the job's container needs no route and no key into the fleet's containers.
 ENVVARS="ANSIBLE_COLLECTIONS_PATH: /usr/share/ansible/collections:/fleet-collections
-" pdd "$work/ee" 'ansible_podman_extra_args: "--remote --url unix:///run/podman.sock"
+" pdd "$work/ee" 'ansible_connection: containers.podman.podman
+ansible_podman_extra_args: "--remote --url unix:///run/podman.sock"
 '
 ENVVARS="ANSIBLE_COLLECTIONS_PATH: $repo/build/collections:$fleet_collections
-" pdd "$work/controller"
+" pdd "$work/controller" 'ansible_connection: containers.podman.podman
+'
 for dir in "$work/ee" "$work/controller"; do cp -r "$repo/molecule/fleet/inventory" "$dir/inventory"; done
 mounts=(--container-volume-mount "$sock:/run/podman.sock" --container-volume-mount "$fleet_collections:/fleet-collections:ro")
 for playbook in maintain report; do

@@ -39,6 +39,8 @@ run_pass() {  # run_pass NAME MARKER-EXPRESSION [pytest args...]
     return "$rc"
 }
 
+# The slowest tests of each pass, in its log: where CI's minutes go, measured where they are spent.
+durations=(--durations=15 --durations-min=10)
 if [ "$workers" -gt 0 ] 2>/dev/null; then
     xdist=(-n "$workers" --dist loadfile)
 else
@@ -53,11 +55,11 @@ case "$pass" in
     *) echo "error: PYTEST_PASS=$pass: give parallel, timing or both" >&2; exit 2 ;;
 esac
 if [ "$pass" != timing ]; then
-    run_pass parallel "($markers) and not timing" "${xdist[@]}" "$@"
+    run_pass parallel "($markers) and not timing" "${xdist[@]}" "${durations[@]}" "$@"
     rc1=$?
 fi
 if [ "$pass" != parallel ]; then
-    run_pass timing "($markers) and timing" -p no:xdist "$@"
+    run_pass timing "($markers) and timing" -p no:xdist "${durations[@]}" "$@"
     rc2=$?
 fi
 # A timing pass alone may select nothing (a suite without timing tests): that is no failure.

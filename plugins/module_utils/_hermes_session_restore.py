@@ -73,6 +73,8 @@ from ._hermes_payloads import (
     PAYLOAD_PREFIX,
     is_payload_archive_name,
     list_payload_archives,
+    live_tombstones,
+    match_backup,
     plan_restore,
     restore_payloads,
 )
@@ -856,39 +858,114 @@ def list_missing(home, profile, backup_dir=None, busy_timeout=BUSY_TIMEOUT):
     return result
 
 
-def _payload_sources(archive, backup_dir, profile):
-    """The payload archives to restore from: the one named (a path or a name in ``backup_dir``), else
-    every one of the profile, newest first."""
+def _payload_sources(archive, backup, backup_dir, profile):
+    """(payload archives, whole-file backups) to restore tool payloads from: the archive named (a path
+    or a name in ``backup_dir``), or the backup named (as ``resolve_backup`` takes it), else every
+    payload archive of the profile and then every backup, each newest first."""
+    if backup is not None:
+        return [], [resolve_backup(backup, backup_dir, profile)]
     if archive is None:
-        return [path for path, _stamp in list_payload_archives(backup_dir, profile)]
+        return (
+            [path for path, _stamp in list_payload_archives(backup_dir, profile)],
+            [path for path, _stamp in list_backups(backup_dir, profile)],
+        )
     path = archive if os.path.isabs(archive) else os.path.join(backup_dir, archive)
     name = os.path.basename(path)
     if not is_payload_archive_name(name):
         raise MaintenanceError(
-            "%s is not a payload archive of this collection (hermes-ops-payloads_<profile>_<time>.db): refused" % path
+            "%s is not a payload archive of this collection (hermes-ops-payloads_<profile>_<time>.db): refused; "
+            "a whole-file backup (hermes-ops_<profile>_<time>.db[.gz]) is given as backup" % path
         )
     match = name[len(PAYLOAD_PREFIX) :].rsplit("_", 1)[0]
     if match != profile:
         raise MaintenanceError("%s holds tool payloads of profile %s, not of %s: refused" % (path, match, profile))
     if not os.path.lexists(path):
         raise MaintenanceError("payload archive %s does not exist: check the name and backup_dir" % path)
-    return [path]
+    return [path], []
 
 
-def _payload_work(db_path, archives, session_ids, check_mode, busy_timeout, pause):
+UNMATCHED_LISTED = 100  # tombstones left alone that the result names one by one (all are counted)
+
+
+def _payload_backups(stack, backups, fds, stones, profile, backup_dir, named):
+    """Match the tombstones ``stones`` no archive gives back against the whole-file ``backups``, newest
+    first, until none is left: (todo, plain paths to read the bodies from, {message id: why no backup
+    gave it}, the backups read, notes).
+    A backup that gives something stays open (decompressed or staged) in ``stack`` for the run. A
+    backup that fails its checks is an error when it was ``named``, else a note and the next one."""
+    todo, plain_paths, refused, read, notes = [], set(), {}, [], []
+    for path in backups:
+        if not stones:
+            break
+        read.append(path)
+        try:
+            with contextlib.ExitStack() as inner:
+                readable = path
+                if fds.get(path) is not None:
+                    workdir, readable = _stage(fds[path], os.path.basename(path), backup_dir, profile)
+                    inner.callback(shutil.rmtree, workdir, True)
+                plain, _info = inner.enter_context(opened_source("file", readable, profile))
+                src = inner.enter_context(
+                    contextlib.closing(sqlite3.connect(sqlite_uri(plain, mode="ro", immutable="1"), uri=True))
+                )
+                found, why = match_backup(src, plain, stones)
+                if found:
+                    stack.push(inner.pop_all())
+        except (MaintenanceError, sqlite3.Error, OSError) as exc:
+            if named:
+                raise MaintenanceError(str(exc)) from None
+            notes.append("backup %s skipped: %s" % (path, exc))
+            continue
+        for entry in found:
+            stones.pop(entry[1])
+            refused.pop(entry[1], None)
+        for mid, reason in why.items():
+            refused.setdefault(mid, "%s: %s" % (os.path.basename(path), reason))
+        todo += found
+        if found:
+            plain_paths.add(found[0][0])
+    return todo, plain_paths, refused, read, notes
+
+
+def _payload_work(db_path, sources, session_ids, check_mode, busy_timeout, pause):
+    """``sources``: {"archives", "backups", "fds" (of root's backups), "named" (a backup was named),
+    "archive_named", "backup_dir", "profile"}. Unless an archive was named, every tombstone of the
+    chosen sessions that no source gives back is reported (``unmatched``)."""
+    archives, backups, fds = sources["archives"], sources["backups"], sources["fds"]
+    backup_dir, profile = sources["backup_dir"], sources["profile"]
     lock = None
+    stack = contextlib.ExitStack()
     try:
         lock = _locked(db_path, check_mode)
+        if backups and not check_mode:
+            _remove_leftovers(backup_dir, profile)
+        notes, refused, plain_paths, read = [], {}, set(), []
         live = ReadOnlyDB(db_path, busy_timeout)
         try:
             todo = plan_restore(live.conn, archives, session_ids)
+            if not sources["archive_named"]:
+                stones = live_tombstones(live.conn, session_ids)
+                for entry in todo:
+                    stones.pop(entry[1], None)
+                found, plain_paths, refused, read, notes = _payload_backups(
+                    stack, backups, fds, stones, profile, backup_dir, sources["named"]
+                )
+                todo += found
+                for mid, entry in stones.items():
+                    refused.setdefault(mid, "no payload archive or backup holds it")
+                    refused[mid] = {"id": mid, "session_id": entry["session"], "reason": refused[mid]}
         finally:
             live.close()
+        left = [refused[mid] for mid in sorted(refused)]
         result = {
             "archives": archives,
+            "backups": read,
             "planned": len(todo),
             "bytes": sum(item[3] for item in todo),
             "sessions": sorted({item[2] for item in todo}),
+            "unmatched": len(left),
+            "unmatched_messages": left[:UNMATCHED_LISTED],
+            "notes": notes,
             "changed": bool(todo),
         }
         if check_mode or not todo:
@@ -896,7 +973,7 @@ def _payload_work(db_path, archives, session_ids, check_mode, busy_timeout, paus
         refuse_wal_on_shared_filesystem(db_path, "wal" if is_wal_file(db_path) else "delete")
         conn = open_rw(db_path, busy_timeout)
         try:
-            result["done"] = restore_payloads(conn, todo, pause=pause)
+            result["done"] = restore_payloads(conn, todo, pause=pause, backups=plain_paths)
         finally:
             conn.close()
         commits_durable(db_path)
@@ -904,6 +981,7 @@ def _payload_work(db_path, archives, session_ids, check_mode, busy_timeout, paus
     except (MaintenanceError, sqlite3.Error, OSError) as exc:
         return {"error": "%s: %s; tool payloads restored so far stay" % (db_path, exc)}
     finally:
+        stack.close()
         if lock is not None:
             lock.release()
 
@@ -917,22 +995,47 @@ def restore_tool_payloads(
     check_mode=False,
     busy_timeout=BUSY_TIMEOUT,
     pause=BATCH_PAUSE,
+    backup=None,
 ):
-    """Put the tool payloads that ``tool_payload_days`` elided back, byte for byte, from the payload
-    archive named (else every one of the profile): those of ``session_ids`` (None: of every session)
-    whose message still holds the tombstone written in its place. Returns {"db", "archives",
-    "planned", "bytes", "sessions", "changed"} and, after a real run, "done" ({"restored", "bytes",
-    "sessions"}). Raises MaintenanceError."""
+    """Put the tool payloads that ``tool_payload_days`` elided back, byte for byte: those of
+    ``session_ids`` (None: of every session) whose message still holds the tombstone written in its
+    place. From the payload archive ``archive`` names, or from the whole-file backup ``backup`` names
+    (a row only where ``match_backup`` accepts it), else from every payload archive of the profile
+    and then, for the tombstones none of them holds, from its backups, newest first.
+
+    Returns {"db", "archives", "backups", "planned", "bytes", "sessions", "unmatched" (tombstones
+    left alone: no backup row matches, or no source holds them; not counted when ``archive`` is named),
+    "unmatched_messages" (the first UNMATCHED_LISTED: {"id", "session_id", "reason"}), "notes",
+    "changed"} and, after a real run, "done" ({"restored", "bytes", "sessions"}). Raises
+    MaintenanceError."""
+    if archive is not None and backup is not None:
+        raise MaintenanceError("name at most one of archive and backup to restore tool payloads from")
     home = os.path.abspath(os.path.expanduser(home))
     db_path = _profile_db(home, profile)
     backup_dir = backups_of(home, backup_dir)
-    archives = _payload_sources(archive, backup_dir, profile)
-    if not archives:
+    archives, backups = _payload_sources(archive, backup, backup_dir, profile)
+    if not archives and not backups:
         raise MaintenanceError(
-            "no payload archive of profile %s in %s (%s%s_<time>.db): nothing was restored"
-            % (profile, backup_dir, PAYLOAD_PREFIX, profile)
+            "no payload archive (%s%s_<time>.db) and no whole-file backup (hermes-ops_%s_<time>.db[.gz]) of profile "
+            "%s in %s: nothing was restored" % (PAYLOAD_PREFIX, profile, profile, profile, backup_dir)
         )
     ids = list(session_ids) if session_ids is not None else None
-    result = _in_owner(db_path, _payload_work, db_path, archives, ids, check_mode, busy_timeout, pause)
+    owner = os.lstat(db_path).st_uid
+    sources = {"archives": archives, "backups": backups, "fds": {}, "named": backup is not None}
+    sources["archive_named"] = archive is not None
+    sources.update(backup_dir=backup_dir, profile=profile)
+    try:
+        for path in backups:
+            try:
+                sources["fds"][path] = _open_roots(path, owner)
+            except MaintenanceError:
+                if backup is not None:
+                    raise
+                # not named: the owner's process finds the same fault and notes it, reading the others
+        result = _in_owner(db_path, _payload_work, db_path, sources, ids, check_mode, busy_timeout, pause)
+    finally:
+        for fd in sources["fds"].values():
+            if fd is not None:
+                os.close(fd)
     result["db"] = db_path
     return result

@@ -132,8 +132,9 @@ options:
         ledger's fence) are not touched, nor anything when the file holds objects this collection does not know.
       - The original bytes go first to an owner-only C(hermes-ops-payloads_<profile>_<time>.db) in the backup
         directory, fsynced before the first change; M(hermes_agent.ops.session_restore) with C(tool_payloads=true)
-        puts them back. Paced like the prune; Hermes's own triggers keep both full-text indexes in step. A second run
-        elides nothing; check mode gives the exact count and bytes (C(tool_payloads) of each profile).
+        puts them back from it, or from the run's whole-file backup where its rows match the tombstones. Paced like
+        the prune; Hermes's own triggers keep both full-text indexes in step. A second run elides nothing; check mode
+        gives the exact count and bytes (C(tool_payloads) of each profile).
     type: float
   file_retention:
     description:

@@ -64,7 +64,7 @@ options:
   archive:
     description:
       - The archive to restore from, as a path or as a file name in O(backup_dir).
-      - Exactly one of O(archive) and O(backup), unless O(list_missing=true).
+      - Exactly one of O(archive) and O(backup), unless O(list_missing=true) or O(tool_payloads=true) (at most one).
     type: str
   backup:
     description:
@@ -110,12 +110,23 @@ options:
   tool_payloads:
     description:
       - Put back the tool output that O(hermes_agent.ops.session_maintenance#module:tool_payload_days) replaced with
-        tombstones, byte for byte, from the payload archives (C(hermes-ops-payloads_<profile>_<time>.db)) in
-        O(backup_dir), the one O(archive) names or else every one of the profile.
+        tombstones, byte for byte, from the payload archive O(archive) names
+        (C(hermes-ops-payloads_<profile>_<time>.db)), or from the whole-file backup O(backup) names (a name, a
+        path or V(newest)); with neither, from every payload archive of the profile in O(backup_dir), newest
+        first, and then, for the tombstones none of them holds, from the profile's whole-file backups, newest
+        first, until every tombstone is matched.
       - Only the messages of the O(sessions) given (all when omitted) that still hold the tombstone written in their
         place; a message changed since is left alone. Restoring twice changes nothing.
-      - Check mode gives the exact count and bytes (RV(tool_payloads)). The other selection options and O(backup)
-        are not used with it.
+      - From a whole-file backup, a message is put back only from the backup's row with the same id that is the
+        message the tombstone was written for. The tombstone records the body's size, tool and day but no hash of
+        it, so the row must be the same message (same id, which Hermes never reuses, session, role, timestamp,
+        tool name and tool call id) with a body of exactly the recorded size, not itself a tombstone, and give
+        exactly that tombstone again. A body Hermes rewrote in place with the same size between the backup and
+        the elision cannot be told apart; that is why the payload archive, written from the very bytes elided,
+        is read first. A row that does not match, or is missing, is left alone and listed in RV(tool_payloads)
+        (V(unmatched)).
+      - Check mode gives the exact count and bytes (RV(tool_payloads)). The other selection options are not used
+        with it.
     type: bool
     default: false
   # BEGIN GENERATED: options (scripts/generate.py)
@@ -159,6 +170,13 @@ EXAMPLES = r"""
     tool_payloads: true
     sessions:
       - 20261020_101500_ab12cd
+
+- name: Put back elided tool output from the newest whole-file backup (the payload archive was removed)
+  hermes_agent.ops.session_restore:
+    hermes_home: /home/hermes/.hermes
+    tool_payloads: true
+    backup: newest
+  register: payloads_back
 
 - name: What each backup holds that state.db no longer has, per day and source
   hermes_agent.ops.session_restore:
@@ -267,8 +285,12 @@ listing:
 tool_payloads:
   description:
     - With O(tool_payloads=true), V(restored) (tool messages whose content was put back; in check mode, exactly
-      those that will be), V(bytes) (their bytes), V(sessions) (the session ids they belong to) and V(archives)
-      (the payload archives read).
+      those that will be), V(bytes) (their bytes), V(sessions) (the session ids they belong to), V(archives) (the
+      payload archives read) and V(backups) (the whole-file backups read).
+    - Unless O(archive) names the source, V(unmatched) (the tombstones of the chosen sessions left alone, because
+      no backup row matches or no archive or backup holds them) and V(unmatched_messages), the first 100 of them with
+      V(id), V(session_id) and V(reason) (such as the size the backup's body has and the one the tombstone
+      records); V(notes), backups skipped because they fail the checks (only when none was named).
   returned: tool_payloads
   type: dict
 msg:
@@ -360,16 +382,17 @@ def main():
 
 
 def restore_payloads(module, p, db):
-    """tool_payloads=true: the elided tool payloads of the chosen sessions back from the payload archives."""
-    given = [n for n in ("backup", "active_after", "active_before", "sources", "match", "list_missing") if p[n]]
+    """tool_payloads=true: the elided tool payloads of the chosen sessions back from the payload archives
+    or a whole-file backup."""
+    given = [n for n in ("active_after", "active_before", "sources", "match", "list_missing") if p[n]]
     if given:
         module.fail_json(
-            msg="tool_payloads restores from the payload archives by session id only: leave %s out" % ", ".join(given),
+            msg="tool_payloads restores the tool output of sessions chosen by id only: leave %s out" % ", ".join(given),
             db=db,
         )
     try:
         result = restore_tool_payloads(
-            p["hermes_home"], p["profile"], archive=p["archive"], session_ids=p["sessions"],
+            p["hermes_home"], p["profile"], archive=p["archive"], backup=p["backup"], session_ids=p["sessions"],
             backup_dir=p["backup_dir"], check_mode=module.check_mode,
             busy_timeout=p["busy_timeout"], pause=p["batch_pause"],
         )  # fmt: skip
@@ -379,15 +402,20 @@ def restore_payloads(module, p, db):
     changed = result.pop("changed")
     count = done["restored"] if done else result["planned"]
     nbytes = done["bytes"] if done else result["bytes"]
-    payloads = {"restored": count, "bytes": nbytes, "sessions": result["sessions"], "archives": result["archives"]}
-    msg = "%s %d tool payload(s), %d bytes, of %d session(s) into %s from %d payload archive(s)" % (
+    payloads = {"restored": count, "bytes": nbytes, "sessions": result["sessions"]}
+    payloads.update({k: result[k] for k in ("archives", "backups", "unmatched", "unmatched_messages", "notes")})
+    msg = "%s %d tool payload(s), %d bytes, of %d session(s) into %s from %d payload archive(s) and %d backup(s)" % (
         "would restore" if module.check_mode else "restored",
         count,
         nbytes,
         len(result["sessions"]),
         result["db"],
         len(result["archives"]),
+        len(result["backups"]),
     )
+    if result["unmatched"]:
+        left = result["unmatched"]
+        msg += "; %d tombstone(s) left alone (no matching backup row: tool_payloads.unmatched_messages)" % left
     module.exit_json(changed=changed, db=result["db"], tool_payloads=payloads, msg=msg)
 
 

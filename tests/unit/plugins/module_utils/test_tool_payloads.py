@@ -6,7 +6,8 @@ exactly; the run elides the old tool bodies of kept sessions only (pinned, lease
 and already-elided bodies stay byte for byte), keeps both FTS indexes consistent, archives the
 originals owner-only; the release resumes, searches and appends to an elided session; a second
 run elides nothing; the file shrinks by half after the reclaim; ``restore_tool_payloads`` puts
-the bodies back byte for byte (check mode predicting it).
+the bodies back byte for byte (check mode predicting it), and with the payload archive gone, from
+the whole-file backup the run took, refusing a backup row that is not what its tombstone records.
 """
 
 import functools
@@ -22,10 +23,13 @@ from pathlib import Path
 
 import pytest
 from hermes_markers import release_module_marks
+from hermes_reliability import chown_tree, files_not_owned_by, user_with_dir
 from hermes_writer import MARK, WriterProcess, latency_stats
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_payloads as payloads_mod
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_payloads as payloads_engine
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import backup_name
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_payloads import fts_optimize
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_tool_payloads
@@ -311,6 +315,195 @@ def test_the_fts_optimize_stops_when_another_connection_writes_and_the_index_sta
     check_integrity(db)  # a fresh connection opens and checks both indexes
 
 
+def _tampered_copy(backup, name, elided):
+    """A copy of ``backup`` named as a later backup (0600), two of whose ``elided`` rows differ from
+    what their tombstones record: one body a byte longer, one of another tool (the same size)."""
+    copy = os.path.join(os.path.dirname(backup), name)
+    shutil.copyfile(backup, copy)
+    os.chmod(copy, 0o600)
+    longer, other_tool = sorted(elided)[:2]
+    conn = sqlite3.connect(copy)
+    try:
+        conn.execute("UPDATE messages SET content = content || 'x' WHERE id = ?", (longer,))
+        conn.execute("UPDATE messages SET tool_name = 'browser' WHERE id = ?", (other_tool,))
+        conn.commit()
+    finally:
+        conn.close()
+    return copy, longer, other_tool
+
+
+def test_tool_payloads_come_back_from_the_whole_file_backup_when_the_payload_archive_is_gone(home):
+    db = home / "state.db"
+    original = message_rows(db)
+    profile = run_maintenance(_opts(home))["profiles"][0]
+    assert profile["status"] == "ok", profile["error"]
+    payloads, backup = profile["tool_payloads"], profile["backup"]["path"]
+    assert os.path.basename(backup).startswith("hermes-ops_default_") and backup.endswith(".db")
+    after = message_rows(db)
+    elided = {mid for mid in original if after[mid] != original[mid]}
+    assert len(elided) == payloads["elided"] == 12 * len(OLD_SESSIONS)
+    os.unlink(payloads["archive"])  # the payload archive is lost: only the run's whole-file backup is left
+
+    # the backup named: check mode exact (count, bytes, sessions), nothing written
+    plan = restore_tool_payloads(str(home), "default", backup=os.path.basename(backup), check_mode=True)
+    assert (plan["planned"], plan["bytes"]) == (len(elided), payloads["bytes"]), plan
+    assert plan["sessions"] == sorted(OLD_SESSIONS) and plan["unmatched"] == 0 and plan["archives"] == []
+    assert plan["backups"] == [backup]
+    assert message_rows(db) == after
+
+    # a later backup whose rows differ from what two tombstones record: those two are refused, named
+    tampered, longer, other_tool = _tampered_copy(backup, "hermes-ops_default_20991231T000000Z.db", elided)
+    plan = restore_tool_payloads(str(home), "default", backup="newest", check_mode=True)
+    assert plan["backups"] == [tampered] and plan["planned"] == len(elided) - 2, plan
+    assert plan["bytes"] == payloads["bytes"] - len(original[longer][3]) - len(original[other_tool][3])
+    assert plan["unmatched"] == 2 and [u["id"] for u in plan["unmatched_messages"]] == [longer, other_tool]
+    reasons = [u["reason"] for u in plan["unmatched_messages"]]
+    size = len(original[longer][3])
+    assert "the backup's body is %d bytes, the tombstone records %d" % (size + 1, size) in reasons[0], reasons
+    assert "another tool_name ('browser', state.db 'terminal')" in reasons[1], reasons
+    done = restore_tool_payloads(str(home), "default", backup="newest")
+    assert (done["done"]["restored"], done["done"]["bytes"]) == (plan["planned"], plan["bytes"])
+    now = message_rows(db)
+    assert now[longer] == after[longer] and now[other_tool] == after[other_tool]  # left alone
+    assert all(now[mid] == row for mid, row in original.items() if mid not in (longer, other_tool))
+    check_integrity(db)
+
+    # neither named: no payload archive, so the backups, newest first; the tampered one refuses the two
+    # rows again and the run's own backup gives them
+    plan = restore_tool_payloads(str(home), "default", check_mode=True)
+    assert plan["archives"] == [] and plan["backups"] == [tampered, backup], plan
+    assert (plan["planned"], plan["unmatched"]) == (2, 0)
+    assert plan["bytes"] == len(original[longer][3]) + len(original[other_tool][3])
+    done = restore_tool_payloads(str(home), "default")
+    assert (done["done"]["restored"], done["done"]["bytes"]) == (plan["planned"], plan["bytes"])
+    assert message_rows(db) == original  # every row byte for byte: type, bytes, tool, time
+    check_integrity(db)
+
+    # idempotent: nothing left to restore, from either source
+    for named in ({}, {"backup": backup}):
+        again = restore_tool_payloads(str(home), "default", **named)
+        assert again["planned"] == 0 and not again["changed"] and "done" not in again, again
+    assert message_rows(db) == original
+    # owner-only, and no decompressed or staged copy left in the backup directory
+    for name in os.listdir(str(home / "backups")):
+        assert not name.startswith("."), name
+        assert stat.S_IMODE(os.stat(str(home / "backups" / name)).st_mode) == 0o600, name
+    print(
+        "\ntool payloads restored from the whole-file backup: %d messages, %d bytes, %d sessions"
+        % (len(elided), payloads["bytes"], len(OLD_SESSIONS))
+    )
+
+
+def test_tool_payloads_come_back_from_a_compressed_backup_and_bad_sources_restore_nothing(home):
+    db = home / "state.db"
+    original = message_rows(db)
+    profile = run_maintenance(_opts(home, backup_compress=True))["profiles"][0]
+    assert profile["status"] == "ok", profile["error"]
+    backup = profile["backup"]["path"]
+    assert backup.endswith(".db.gz"), backup
+    os.unlink(profile["tool_payloads"]["archive"])
+    after = message_rows(db)
+    for bad, words in (
+        (dict(archive=os.path.basename(backup)), "is not a payload archive of this collection"),
+        (dict(backup="hermes-ops-payloads_default_20261201T040001Z.db"), "is not a whole-file backup"),
+        (dict(backup="hermes-ops_work_20261201T040001Z.db"), "is a backup of profile work, not of default"),
+        (dict(archive="x", backup="newest"), "at most one of archive and backup"),
+    ):
+        with pytest.raises(MaintenanceError) as refused:
+            restore_tool_payloads(str(home), "default", **bad)
+        assert words in str(refused.value), (bad, str(refused.value))
+    assert message_rows(db) == after
+    # no payload archive and no backup: refused, naming both
+    hidden = os.path.join(os.path.dirname(backup), "kept-aside.gz")
+    os.rename(backup, hidden)
+    with pytest.raises(MaintenanceError, match="no payload archive .* and no whole-file backup"):
+        restore_tool_payloads(str(home), "default", check_mode=True)
+    os.rename(hidden, backup)
+    # a backup taken after the elision holds the tombstones, not the bodies: every row refused, saying so
+    later = copy_db(db, home / "backups" / "hermes-ops_default_20991231T000000Z.db")
+    later.chmod(0o600)
+    plan = restore_tool_payloads(str(home), "default", backup="newest", check_mode=True)
+    assert (plan["planned"], plan["unmatched"]) == (0, profile["tool_payloads"]["elided"]), plan
+    assert all("holds no original body (a tombstone)" in u["reason"] for u in plan["unmatched_messages"]), plan
+    os.unlink(str(later))
+
+    plan = restore_tool_payloads(str(home), "default", check_mode=True)
+    assert plan["backups"] == [backup] and plan["planned"] == profile["tool_payloads"]["elided"], plan
+    assert plan["bytes"] == profile["tool_payloads"]["bytes"] and plan["unmatched"] == 0
+    done = restore_tool_payloads(str(home), "default", session_ids=OLD_SESSIONS)
+    assert (done["done"]["restored"], done["done"]["bytes"]) == (plan["planned"], plan["bytes"])
+    assert message_rows(db) == original
+    check_integrity(db)
+    assert not [n for n in os.listdir(str(home / "backups")) if n.startswith(".")]  # the decompressed copy is gone
+
+
+ROOT_USER = "hermes-ops-u41p"
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="root restores a user's file")
+def test_root_puts_tool_payloads_back_from_its_own_copy_of_a_users_backup(built):
+    """As root on a user's file, from a backup root keeps in its own 0700 directory (the off-site
+    fetch's): root opens it, the user's process reads that descriptor into a private copy, removed
+    afterwards; every file in the home stays the user's. The run cannot rule out the processes the
+    user's process cannot see as holders, so it takes no whole-file backup here: root's copy is the
+    file as it was before the run, taken with SQLite's backup API."""
+    with user_with_dir(ROOT_USER, ROOT_USER + "-") as (uid, gid, base):
+        home = base / "home" / ".hermes"
+        shutil.copytree(str(built), str(home), ignore=shutil.ignore_patterns("state.db*"))
+        db = copy_db(built / "state.db", home / "state.db")
+        chown_tree(base / "home", uid, gid)
+        os.chmod(str(base / "home"), 0o700)
+        original = message_rows(db)
+        fetched = base / "offsite-restore"
+        fetched.mkdir(mode=0o700)
+        backup = copy_db(db, fetched / backup_name("default", time.time() - 60))
+        backup.chmod(0o600)
+        profile = run_maintenance(_opts(home))["profiles"][0]
+        assert profile["status"] == "ok", profile["error"]
+        payloads = profile["tool_payloads"]
+        os.unlink(payloads["archive"])
+        assert payloads["elided"] == 12 * len(OLD_SESSIONS) and message_rows(db) != original
+        assert os.stat(str(backup)).st_uid == 0 and os.stat(str(db)).st_uid == uid
+
+        plan = restore_tool_payloads(str(home), "default", backup=str(backup), check_mode=True)
+        assert (plan["planned"], plan["bytes"], plan["unmatched"]) == (payloads["elided"], payloads["bytes"], 0)
+        done = restore_tool_payloads(str(home), "default", backup=str(backup))
+        assert (done["done"]["restored"], done["done"]["bytes"]) == (plan["planned"], plan["bytes"])
+        assert message_rows(db) == original
+        check_integrity(db)
+        assert not [n for n in os.listdir(str(home / "backups")) if n.startswith(".")]  # the private copy is gone
+        assert files_not_owned_by(base / "home", uid) == []
+        assert (os.stat(str(backup)).st_uid, stat.S_IMODE(os.stat(str(backup)).st_mode)) == (0, 0o600)
+
+
+def test_a_restore_transaction_cut_at_the_hard_bound_is_retried_and_loses_nothing(home, monkeypatch):
+    """Every transaction of several bodies interrupted almost at once (a hard bound of 0.3 ms, as a
+    preempted process or an FTS5 merge would make it): each is rolled back whole and retried in
+    halves down to single bodies (never cut), and the undo still gives every row back."""
+    db = home / "state.db"
+    original = message_rows(db)
+    profile = run_maintenance(_opts(home))["profiles"][0]
+    os.unlink(profile["tool_payloads"]["archive"])
+    trips = []
+    real = payloads_engine._restore_group
+
+    def counted(conn, rows, deadline, done):
+        try:
+            return real(conn, rows, deadline, done)
+        except sqlite3.OperationalError:
+            trips.append((len(rows), deadline.tripped))
+            raise
+
+    monkeypatch.setattr(payloads_engine, "hard_bound", lambda bound: 0.0003)
+    monkeypatch.setattr(payloads_engine, "_restore_group", counted)
+    done = restore_tool_payloads(str(home), "default", backup="newest")
+    assert trips and all(tripped for _n, tripped in trips), trips
+    assert done["done"]["restored"] == profile["tool_payloads"]["elided"], done
+    assert message_rows(db) == original
+    check_integrity(db)
+
+
 def _archive_rows(path):
     conn = sqlite3.connect("file:%s?mode=ro" % path, uri=True)
     try:
@@ -354,7 +547,7 @@ def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried_in_halves(
     homes = _copies(built, tmp_path, ("bounded", "free"))
     free = run_maintenance(dict(RETRY_OPTS, hermes_home=[str(homes["free"])]))["profiles"][0]
     assert free["status"] == "ok" and free["tool_payloads"]["retries"] == 0, free
-    monkeypatch.setattr(engine, "elide", functools.partial(payloads_mod.elide, hard=0.0))
+    monkeypatch.setattr(engine, "elide", functools.partial(payloads_engine.elide, hard=0.0))
     bounded = run_maintenance(dict(RETRY_OPTS, hermes_home=[str(homes["bounded"])]))["profiles"][0]
     _ends_as_uninterrupted(bounded, homes["bounded"], free)
     payloads = bounded["tool_payloads"]
