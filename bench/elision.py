@@ -189,7 +189,49 @@ def restore_phase(home, profile, before):
             "p99": during["p99"], "failed": summary["failed"]}}  # fmt: skip
 
 
-def child(code, home, live, out, limit=None, restore=False):
+def _varint(buf, i):
+    """FTS5's varint (SQLite's: big-endian 7 bits a byte, the ninth byte whole)."""
+    value = 0
+    for n in range(8):
+        byte = buf[i + n]
+        value = (value << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            return value, i + n + 1
+    return (value << 8) | buf[i + 8], i + 9
+
+
+def fts_structure(conn, table):
+    """An FTS5 index's structure record (row 10 of its %_data): the write counter and, per level,
+    (segments being merged, [pages of each segment]); FTS5's automerge works off these."""
+    blob = conn.execute('SELECT block FROM "%s_data" WHERE id = 10' % table).fetchone()[0]
+    v2 = blob[4:8] == b"\xff\x00\x00\x01"  # SQLite 3.44+ (origins and tombstones per segment)
+    i = 8 if v2 else 4
+    nlevel, i = _varint(blob, i)
+    _nseg, i = _varint(blob, i)
+    counter, i = _varint(blob, i)
+    levels = []
+    for _level in range(nlevel):
+        merging, i = _varint(blob, i)
+        count, i = _varint(blob, i)
+        pages = []
+        for _seg in range(count):
+            _segid, i = _varint(blob, i)
+            first, i = _varint(blob, i)
+            last, i = _varint(blob, i)
+            for _extra in range(5 if v2 else 0):
+                _x, i = _varint(blob, i)
+            pages.append(last - first + 1)
+        levels.append((merging, pages))
+    return {"counter": counter, "levels": levels}
+
+
+def fts_structures(conn):
+    names = [r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL TABLE%fts5%'")]  # fmt: skip
+    return {name: fts_structure(conn, name) for name in names}
+
+
+def child(code, home, live, out, limit=None, restore=False, trace=None):
     """One run of ``code``'s engine on ``home`` (a fresh copy), its phases timed; JSON to ``out``."""
     sys.path.insert(0, str(Path(code) / "build" / "collections"))
     from hermes_writer import WriterProcess, latency_stats
@@ -212,17 +254,29 @@ def child(code, home, live, out, limit=None, restore=False):
     engine.elide = timed("elide", engine.elide)
     holds = []  # how long each elision transaction held the write lock (engines that have _elide_group)
     interrupted = []  # the size of each group interrupted at the hard bound
+    traced = []  # with --trace: each transaction, its FTS5 structure before and after
     payloads = sys.modules.get(engine.__name__.rsplit(".", 1)[0] + "._hermes_payloads")
     if payloads is not None and hasattr(payloads, "_elide_group"):
         real_group = payloads._elide_group
 
         def group(*args, **kwargs):
+            before = fts_structures(args[0]) if trace else None
+            wall, start = time.time(), time.monotonic()
             try:
                 began, committing = real_group(*args, **kwargs)
             except sqlite3.OperationalError:
                 interrupted.append(len(args[3]))  # past the hard bound: rolled back, retried in halves
+                if trace:
+                    # from BEGIN where the engine's deadline starts there (its .began), else from the call
+                    locked = max(start, getattr(args[6], "began", start))
+                    traced.append({"t": wall, "held": time.monotonic() - locked, "waited": locked - start,
+                                   "bodies": len(args[3]), "interrupted": True, "before": before})  # fmt: skip
                 raise
             holds.append((time.monotonic() - began, committing - began, len(args[3])))
+            if trace:
+                traced.append({"t": wall, "held": holds[-1][0], "statements": holds[-1][1], "bodies": len(args[3]),
+                               "waited": began - start, "interrupted": False, "before": before,
+                               "after": fts_structures(args[0])})  # fmt: skip
             return began, committing
 
         payloads._elide_group = group
@@ -273,13 +327,15 @@ def child(code, home, live, out, limit=None, restore=False):
         result["storage_after"] = storage_summary(engine.gather_info, home)
         if restore:
             result["restore"] = restore_phase(home, profile, digest)
+        if trace:
+            Path(trace).write_text(json.dumps({"transactions": traced, "appends": writer.records() if writer else []}))
     finally:
         if writer:
             writer.kill()
     Path(out).write_text(json.dumps(result))
 
 
-def one_run(code, base, home, live, limit=None, restore=False):
+def one_run(code, base, home, live, limit=None, restore=False, trace=None):
     from hermes_fixtures import copy_db
 
     shutil.rmtree(str(home), ignore_errors=True)
@@ -291,7 +347,8 @@ def one_run(code, base, home, live, limit=None, restore=False):
     proc = subprocess.run(
         [sys.executable, __file__, "--child", str(code), str(home), "live" if live else "idle", str(out)]
         + (["--time-limit", str(limit)] if limit else [])
-        + (["--restore"] if restore else []),
+        + (["--restore"] if restore else [])
+        + (["--trace", str(trace)] if trace else []),
         check=False,
     )
     if proc.returncode != 0:
@@ -352,11 +409,16 @@ def main(argv=None):
     parser.add_argument(
         "--restore", action="store_true", help="after the run with no holder, the undo from its whole-file backup"
     )
+    parser.add_argument(
+        "--trace", type=Path, default=None,
+        help="write each elision transaction (its hold, FTS5 structure before and after) and each append here "
+        "(<trace>.<engine>.json; reading the structure adds a short read per transaction)",
+    )  # fmt: skip
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         code, home, mode, out = args.child
-        child(code, home, mode == "live", out, args.time_limit, args.restore)
+        child(code, home, mode == "live", out, args.time_limit, args.restore, args.trace)
         return 0
     args.workdir.mkdir(parents=True, exist_ok=True)
     print("load average %s; making/using the base file ..." % ("%.2f %.2f %.2f" % os.getloadavg()), flush=True)
@@ -366,7 +428,9 @@ def main(argv=None):
     rows = []
     for rnd in range(args.runs):
         for label, code in codes:
-            row = one_run(code, base, args.workdir / ("elision-%s" % label), live=True, limit=args.time_limit)
+            trace = args.trace and args.trace.with_suffix(".%s.%d.json" % (label, rnd))
+            row = one_run(code, base, args.workdir / ("elision-%s" % label), live=True, limit=args.time_limit,
+                          trace=trace)  # fmt: skip
             row["label"], row["round"] = label, rnd
             rows.append(row)
             print("  %s round %d: %d bodies in %.1f s, worst %s; %d transactions, the longest held %s, %s over 150 ms, "

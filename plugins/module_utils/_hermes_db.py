@@ -256,7 +256,12 @@ def write_transaction(conn):
     On error, roll back unless SQLite already did (it does after e.g. SQLITE_FULL, and a
     second ROLLBACK would hide the real error).
     """
-    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except BaseException:
+        if conn.in_transaction:  # interrupted (a progress handler) after it had begun
+            conn.execute("ROLLBACK")
+        raise
     try:
         yield conn
         conn.execute("COMMIT")

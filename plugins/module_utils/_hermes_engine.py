@@ -446,7 +446,7 @@ def _elide_payloads(result, conn, plan, schema, opts, *, db_path, backup_dir, na
     finally:  # also when a later transaction failed: report what was committed
         report.update(
             elided=done.elided, bytes=done.bytes, bytes_after=done.bytes_after, sessions=len(done.sessions),
-            left_alone=done.left_alone, stopped_early=done.stopped,
+            left_alone=done.left_alone, stopped_early=done.stopped, retries=done.retries,
         )  # fmt: skip
     if done.elided and holders(db_path):
         # Beside a gateway that writes, each of its commits adds a segment and the next optimize step

@@ -280,6 +280,7 @@ class ElideResult:
         self.sessions = set()
         self.left_alone = 0  # bodies that changed since the archive, or whose session is now protected
         self.stopped = None
+        self.retries = 0  # transactions interrupted at the hard bound, rolled back and retried in halves
 
 
 def _protected_now(conn, sid, leased, has_pinned):
@@ -288,7 +289,20 @@ def _protected_now(conn, sid, leased, has_pinned):
     return row is None or bool(row[0]) or leased_conversation(conn, sid, leased)
 
 
-def elide(conn, schema, archive, *, batch_size, batch_time, pause, wait, live_rollback=False, stop=None, result=None):
+def elide(
+    conn,
+    schema,
+    archive,
+    *,
+    batch_size,
+    batch_time,
+    pause,
+    wait,
+    live_rollback=False,
+    stop=None,
+    result=None,
+    hard=None,
+):
     """Replace the archived bodies with their tombstones, in write transactions of at most
     ``batch_size`` bodies, each holding the lock about as long as one of the prune's: ``batch_time``,
     plus ROLLBACK_COMMIT_TIME for the COMMIT with ``live_rollback`` (rollback-journal mode beside a
@@ -307,7 +321,8 @@ def elide(conn, schema, archive, *, batch_size, batch_time, pause, wait, live_ro
     A transaction's bodies are changed by one UPDATE (FTS5 writes a segment per statement that
     changed it, so one per body would fragment both indexes); only those whose live bytes still
     equal the archived ones, in sessions still there, unpinned and unleased. ``result`` (an
-    ElideResult) is updated as each transaction commits."""
+    ElideResult) is updated as each transaction commits. ``hard``: seconds after a transaction's BEGIN
+    past which its running statement is interrupted (default: ``hard_bound`` of its time bound)."""
     result = result or ElideResult()
     src = sqlite3.connect("file:%s?mode=ro" % os.path.abspath(archive), uri=True)
     has_pinned = "pinned" in schema["session_columns"]
@@ -343,7 +358,7 @@ def elide(conn, schema, archive, *, batch_size, batch_time, pause, wait, live_ro
                     weight += nbytes
                     units += nbytes + ROW_UNITS
                     index += 1
-                deadline.hard = hard_bound(held_for) if held_for and len(group) > 1 else None
+                deadline.hard = _hard(hard, held_for) if len(group) > 1 else None
                 try:
                     began, committing = _elide_group(conn, schema, src, group, has_pinned, result, deadline)
                 except sqlite3.OperationalError:
@@ -351,6 +366,7 @@ def elide(conn, schema, archive, *, batch_size, batch_time, pause, wait, live_ro
                         raise
                     # Held past the hard bound (an FTS5 merge inside the UPDATE, a preempted process):
                     # SQLite rolled the transaction back, none of it happened. Its bodies again, in halves.
+                    result.retries += 1
                     index -= len(group)
                     cap = max(1, len(group) // 2)
                     per_unit = None if per_unit is None else per_unit * 2
@@ -379,11 +395,23 @@ class _Deadline:
     def __init__(self):
         self.hard, self.began, self.tripped, self.armed = None, 0.0, False, False
 
+    def start(self):
+        """Called once the transaction holds the lock: the time waited for it held no one up, and a
+        BEGIN interrupted after it took the lock would leave the transaction open."""
+        self.began, self.tripped, self.armed = time.monotonic(), False, self.hard is not None
+        return self.began
+
     def __call__(self):
         if self.armed and time.monotonic() - self.began > self.hard:
             self.tripped, self.armed = True, False
             return 1
         return 0
+
+
+def _hard(hard, held_for):
+    if not held_for:
+        return None
+    return hard_bound(held_for) if hard is None else hard
 
 
 def _elide_group(conn, schema, src, group, has_pinned, result, deadline):
@@ -393,9 +421,9 @@ def _elide_group(conn, schema, src, group, has_pinned, result, deadline):
     rows = src.execute(
         "SELECT id, session_id, kind, body, bytes, tombstone FROM payloads WHERE id IN (%s)" % marks, group
     ).fetchall()
-    began = deadline.began = time.monotonic()
-    deadline.tripped, deadline.armed = False, deadline.hard is not None
+    deadline.tripped = deadline.armed = False
     with write_transaction(conn):
+        began = deadline.start()
         leased = live_leases(conn, schema, time.time())
         blocked = {sid for sid in {r[1] for r in rows} if _protected_now(conn, sid, leased, has_pinned)}
         keep = [r for r in rows if r[1] not in blocked]

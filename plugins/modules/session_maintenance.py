@@ -445,8 +445,9 @@ profiles:
           file holding the original bytes (M(hermes_agent.ops.session_restore) with C(tool_payloads=true) puts them
           back); V(skipped_reason), why nothing was elided (objects this collection does not know, an FTS index this
           SQLite cannot update); after a real run V(left_alone) (changed or protected since the plan),
-          V(stopped_early), V(fts_optimize_steps) (FTS5's incremental optimize after the elision, run when no other
-          process holds the file) and V(fts_optimize_stopped) (why it was not run or not finished).
+          V(stopped_early), V(retries) (transactions still running at the hard bound, rolled back and retried in
+          halves), V(fts_optimize_steps) (FTS5's incremental optimize after the elision, run when no other process
+          holds the file) and V(fts_optimize_stopped) (why it was not run or not finished).
       type: dict
     stores:
       description:

@@ -3,8 +3,10 @@
 The release builds the home and appends the tool output itself (its own ``append_message``: its
 rows, triggers and both FTS indexes). Each trial runs ``run_maintenance`` in its own process (the
 real engine from build/collections), waits until its payload archive is finished (renamed into
-the backup directory: the elision starts right after), and SIGKILLs it a given share of an
-uninterrupted elision's duration later: before the first transaction, between and inside them.
+the backup directory: the elision starts right after), and SIGKILLs it right then, or once a
+given share of the bodies an uninterrupted run elides hold their tombstone in state.db (read by
+the test as the gateway reads: progress, not elapsed time, so a loaded machine moves no kill past
+the end of the run): before the first transaction, and between or inside the later ones.
 
 After each kill:
 
@@ -17,6 +19,7 @@ After each kill:
 """
 
 import json
+import math
 import os
 import signal
 import sqlite3
@@ -46,8 +49,10 @@ RELEASE = "hermes-0.22.2.post1"
 pytestmark = [*release_module_marks(RELEASE), pytest.mark.crash, pytest.mark.timing]
 DAY = 86400.0
 SESSIONS, BODIES, BYTES = 10, 60, 12000
-# Shares of an uninterrupted elision's duration after which the run is killed (0: right after the archive).
+# Shares of the bodies an uninterrupted run elides that hold their tombstone when the run is killed
+# (0: right after the archive, before the first transaction).
 KILL_AT = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
+TOMBSTONES = "SELECT COUNT(*) FROM messages WHERE role = 'tool' AND substr(content, 1, 20) = '[elided: tool output'"
 
 CHILD = r"""
 import json, sys
@@ -99,9 +104,17 @@ def _fresh(built, path):
     return path
 
 
+def _tombstones(db):
+    conn = sqlite3.connect("file:%s?mode=ro" % db, uri=True, timeout=30)
+    try:
+        return conn.execute(TOMBSTONES).fetchone()[0]
+    finally:
+        conn.close()
+
+
 def _run_and_kill(home, after):
-    """Start the run; SIGKILL it ``after`` seconds past its payload archive's appearance (None: let
-    it finish). Returns (seconds from the archive to the end of the process, killed?)."""
+    """Start the run; SIGKILL it once its payload archive has appeared and ``after`` bodies hold their
+    tombstone (None: let it finish). Returns (seconds from the archive to the end of the process, killed?)."""
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(COLLECTIONS_ROOT), json.dumps(_opts(home))],
         stdout=subprocess.PIPE,
@@ -115,8 +128,8 @@ def _run_and_kill(home, after):
         time.sleep(0.0005)
     killed = False
     if seen is not None and after is not None:
-        while proc.poll() is None and time.monotonic() - seen < after:
-            time.sleep(0.0005)
+        while after and proc.poll() is None and _tombstones(home / "state.db") < after:
+            time.sleep(0.002)
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             killed = True
@@ -137,7 +150,7 @@ def test_a_kill_in_the_middle_of_the_elision_loses_no_payload_and_a_rerun_conver
     kills, seen = 0, []
     for n, share in enumerate(KILL_AT):
         home = _fresh(built, tmp_path / ("trial-%d" % n))
-        _took, killed = _run_and_kill(home, share * took)
+        _took, killed = _run_and_kill(home, math.ceil(share * len(elided)))
         kills += killed
         db = home / "state.db"
         check_integrity(db)

@@ -10,18 +10,23 @@ the bodies back byte for byte (check mode predicting it), and with the payload a
 the whole-file backup the run took, refusing a backup row that is not what its tombstone records.
 """
 
+import functools
 import json
 import os
 import shutil
 import sqlite3
 import stat
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from hermes_markers import release_module_marks
 from hermes_reliability import chown_tree, files_not_owned_by, user_with_dir
 from hermes_writer import MARK, WriterProcess, latency_stats
 
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_payloads as payloads_engine
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import backup_name
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
@@ -497,3 +502,108 @@ def test_a_restore_transaction_cut_at_the_hard_bound_is_retried_and_loses_nothin
     assert done["done"]["restored"] == profile["tool_payloads"]["elided"], done
     assert message_rows(db) == original
     check_integrity(db)
+
+
+def _archive_rows(path):
+    conn = sqlite3.connect("file:%s?mode=ro" % path, uri=True)
+    try:
+        return conn.execute("SELECT id, session_id, kind, body, bytes, tombstone FROM payloads ORDER BY id").fetchall()
+    finally:
+        conn.close()
+
+
+def _copies(built, tmp_path, names):
+    homes = {}
+    for name in names:
+        target = tmp_path / name
+        shutil.copytree(str(built), str(target), ignore=shutil.ignore_patterns("state.db*"))
+        copy_db(built / "state.db", target / "state.db")
+        homes[name] = target
+    return homes
+
+
+RETRY_OPTS = {"prune_days": 365, "tool_payload_days": 30, "vacuum_mode": "never"}
+
+
+def _ends_as_uninterrupted(profile, home, reference):
+    """``profile`` (a run on ``home``) left the file as ``reference`` (an uninterrupted run on a copy of
+    the same file): the same rows and tombstones, the same archived bytes, both FTS indexes consistent."""
+    assert profile["status"] == "ok", (profile["error"], profile.get("traceback"))
+    payloads, free = profile["tool_payloads"], reference["tool_payloads"]
+    for key in ("elided", "bytes", "bytes_after", "sessions", "left_alone"):
+        assert payloads[key] == free[key], key
+    assert payloads["elided"] == 12 * len(OLD_SESSIONS) and payloads["left_alone"] == 0
+    assert message_rows(home / "state.db") == message_rows(Path(free["archive"]).parents[1] / "state.db")
+    assert _archive_rows(payloads["archive"]) == _archive_rows(free["archive"])
+    check_integrity(home / "state.db")
+
+
+def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried_in_halves(built, tmp_path, monkeypatch):
+    """The elision's own hard bound, passed to it as the parameter it has for that (``hard``): at 0 s
+    every transaction of more than one body is still running at the bound when SQLite first calls the
+    progress handler (after 1,000 VM steps: a count, not a time), so the first one of FIRST_GROUP
+    bodies is interrupted, rolled back and retried in halves until one body, which always runs whole;
+    ``retries`` says how often. The file ends as an uninterrupted run leaves it."""
+    homes = _copies(built, tmp_path, ("bounded", "free"))
+    free = run_maintenance(dict(RETRY_OPTS, hermes_home=[str(homes["free"])]))["profiles"][0]
+    assert free["status"] == "ok" and free["tool_payloads"]["retries"] == 0, free
+    monkeypatch.setattr(engine, "elide", functools.partial(payloads_engine.elide, hard=0.0))
+    bounded = run_maintenance(dict(RETRY_OPTS, hermes_home=[str(homes["bounded"])]))["profiles"][0]
+    _ends_as_uninterrupted(bounded, homes["bounded"], free)
+    payloads = bounded["tool_payloads"]
+    # 8 -> 4 -> 2 -> 1 at least: the first transaction's UPDATE alone runs past 1,000 VM steps
+    assert payloads["retries"] >= 3, payloads
+    print("\nhard bound 0 s: %d bodies elided, %d transactions interrupted and retried in halves"
+          % (payloads["elided"], payloads["retries"]))  # fmt: skip
+
+
+# Runs beside the elision (the dev venv's python): holds the write lock as a gateway's long transaction
+# does, HOLD seconds at a time with a short gap; argv = db path, hold, ready file, stop file.
+LOCK_HOLDER = r"""
+import os, sqlite3, sys, time
+db, hold, ready, stop = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
+conn = sqlite3.connect(db, timeout=30, isolation_level=None)
+holds = 0
+while not os.path.exists(stop):
+    conn.execute("BEGIN IMMEDIATE")
+    holds += 1
+    if holds == 1:
+        open(ready, "w").close()
+    time.sleep(hold)
+    conn.execute("ROLLBACK")
+    time.sleep(0.02)
+conn.close()
+print(holds)
+"""
+HOLDER_HOLD = 0.3  # twice the hard bound (150 ms)
+
+
+@pytest.mark.timing  # a second process holding the lock: when our BEGIN gets it depends on the schedule
+def test_waiting_for_the_lock_is_not_held_against_a_transaction(built, tmp_path):
+    """Another process holds the write lock 300 ms at a time, so most elision transactions wait that
+    long at their BEGIN. The hard bound counts from when the transaction has the lock: a BEGIN
+    interrupted once it had taken the lock left the transaction open, and the next one failed
+    ("cannot start a transaction within a transaction"; once on a 4.9 GB file beside a live writer).
+    The run completes and ends as an uninterrupted run does."""
+    homes = _copies(built, tmp_path, ("held", "free"))
+    free = run_maintenance(dict(RETRY_OPTS, hermes_home=[str(homes["free"])]))["profiles"][0]
+    db = homes["held"] / "state.db"
+    ready, stop = tmp_path / "holder.ready", tmp_path / "holder.stop"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(db), str(HOLDER_HOLD), str(ready), str(stop)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert holder.poll() is None and time.monotonic() < deadline, holder.communicate()
+            time.sleep(0.01)
+        held = run_maintenance(dict(RETRY_OPTS, hermes_home=[str(homes["held"])]))["profiles"][0]
+    finally:
+        stop.touch()
+        out, err = holder.communicate(timeout=60)
+    assert holder.returncode == 0, err
+    _ends_as_uninterrupted(held, homes["held"], free)
+    done = held["tool_payloads"]
+    print("\n%d bodies elided beside a process holding the lock %d ms at a time (%s holds), %d retried"
+          % (done["elided"], 1000 * HOLDER_HOLD, out.strip(), done["retries"]))  # fmt: skip
