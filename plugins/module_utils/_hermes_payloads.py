@@ -142,6 +142,20 @@ def unknown_content_triggers(conn):
     return sorted(found)
 
 
+def _in_halves(index, group, per_unit):
+    """A group rolled back at the hard bound: none of it happened. Back to its first body, at most half
+    as many per transaction, each costed twice as high."""
+    return index - len(group), max(1, len(group) // 2), None if per_unit is None else per_unit * 2
+
+
+def _learned(per_unit, began, committing, units):
+    """The cost per unit that sizes the next group, after a transaction whose statements ran from
+    ``began`` to ``committing``: a cheap transaction (no FTS5 segment flushed in it) lets the next one
+    grow only halfway."""
+    rate = max(committing - began, 1e-6) / units
+    return rate if per_unit is None else max(rate, (per_unit + rate) / 2)
+
+
 def plan_payloads(conn, schema, plan, days, now, refusal=None):
     """The tool bodies to elide in one profile (reads only, in statements of ID_WINDOW ids each).
 
@@ -367,9 +381,7 @@ def elide(
                     # Held past the hard bound (an FTS5 merge inside the UPDATE, a preempted process):
                     # SQLite rolled the transaction back, none of it happened. Its bodies again, in halves.
                     result.retries += 1
-                    index -= len(group)
-                    cap = max(1, len(group) // 2)
-                    per_unit = None if per_unit is None else per_unit * 2
+                    index, cap, per_unit = _in_halves(index, group, per_unit)
                     held = time.monotonic() - deadline.began
                     wait(held, pacing.pause(held))
                     pacing.observe()
@@ -377,9 +389,7 @@ def elide(
                 cap = int(batch_size)
                 held = time.monotonic() - began
                 commit = time.monotonic() - committing
-                rate = max(committing - began, 1e-6) / units
-                # a cheap transaction (no FTS5 segment flushed in it) lets the next one grow only halfway
-                per_unit = rate if per_unit is None else max(rate, (per_unit + rate) / 2)
+                per_unit = _learned(per_unit, began, committing, units)
                 wait(held, pacing.pause(held))
                 pacing.observe()  # did the gateway commit during that transaction's turn?
     finally:
@@ -752,16 +762,13 @@ def restore_payloads(conn, todo, *, pause, chunk_bytes=GROUP_BYTES, backups=(), 
                             # past the hard bound: rolled back whole, nothing of it counted; again, in halves
                             if conn.in_transaction:  # a SELECT interrupted leaves it open
                                 conn.execute("ROLLBACK")
-                            index -= len(group)
-                            cap = max(1, len(group) // 2)
-                            per_unit = None if per_unit is None else per_unit * 2
+                            index, cap, per_unit = _in_halves(index, group, per_unit)
                             wait(time.monotonic() - deadline.began)
                             continue
                         cap = len(entries)
                         held = time.monotonic() - began
                         commit = time.monotonic() - committing
-                        rate = max(committing - began, 1e-6) / units
-                        per_unit = rate if per_unit is None else max(rate, (per_unit + rate) / 2)
+                        per_unit = _learned(per_unit, began, committing, units)
                         wait(held)
                 finally:
                     src.close()
