@@ -434,35 +434,38 @@ def _elide_group(conn, schema, src, group, has_pinned, result, deadline):
     deadline.tripped = deadline.armed = False
     with write_transaction(conn):
         began = deadline.start()
-        leased = live_leases(conn, schema, time.time())
-        blocked = {sid for sid in {r[1] for r in rows} if _protected_now(conn, sid, leased, has_pinned)}
-        keep = [r for r in rows if r[1] not in blocked]
-        conn.execute("DELETE FROM temp.hermes_ops_elide")
-        conn.executemany(
-            "INSERT INTO temp.hermes_ops_elide (id, kind, body, bytes, tombstone) VALUES (?, ?, ?, ?, ?)",
-            [(r[0], r[2], r[3], r[4], r[5]) for r in keep],
-        )
-        # A body that changed since it was archived is not ours to replace. CROSS JOIN keeps the
-        # group's few rows as the outer loop: with a plain JOIN the planner (no statistics on the
-        # temp table) scanned every row of messages once per transaction, and beside a live
-        # rollback-journal writer, whose commits empty our page cache, that re-read the whole
-        # table each time (30,000 page reads a transaction on a 585 MB file, strace).
-        conn.execute(
-            "DELETE FROM temp.hermes_ops_elide WHERE id NOT IN (SELECT t.id FROM temp.hermes_ops_elide t "
-            "CROSS JOIN main.messages m ON m.id = t.id WHERE m.role = 'tool' AND typeof(m.content) = t.kind "
-            "AND CAST(m.content AS BLOB) = t.body)"
-        )
-        done = conn.execute(
-            "SELECT t.id, m.session_id, t.bytes, t.tombstone FROM temp.hermes_ops_elide t "
-            "CROSS JOIN main.messages m ON m.id = t.id"
-        ).fetchall()
-        conn.execute(
-            "UPDATE main.messages SET content = "
-            "(SELECT t.tombstone FROM temp.hermes_ops_elide t WHERE t.id = messages.id) "
-            "WHERE id IN (SELECT id FROM temp.hermes_ops_elide)"
-        )
-        conn.execute("DELETE FROM temp.hermes_ops_elide")
-        deadline.armed = False  # the COMMIT runs whole
+        try:
+            leased = live_leases(conn, schema, time.time())
+            blocked = {sid for sid in {r[1] for r in rows} if _protected_now(conn, sid, leased, has_pinned)}
+            keep = [r for r in rows if r[1] not in blocked]
+            conn.execute("DELETE FROM temp.hermes_ops_elide")
+            conn.executemany(
+                "INSERT INTO temp.hermes_ops_elide (id, kind, body, bytes, tombstone) VALUES (?, ?, ?, ?, ?)",
+                [(r[0], r[2], r[3], r[4], r[5]) for r in keep],
+            )
+            # A body that changed since it was archived is not ours to replace. CROSS JOIN keeps the
+            # group's few rows as the outer loop: with a plain JOIN the planner (no statistics on the
+            # temp table) scanned every row of messages once per transaction, and beside a live
+            # rollback-journal writer, whose commits empty our page cache, that re-read the whole
+            # table each time (30,000 page reads a transaction on a 585 MB file, strace).
+            conn.execute(
+                "DELETE FROM temp.hermes_ops_elide WHERE id NOT IN (SELECT t.id FROM temp.hermes_ops_elide t "
+                "CROSS JOIN main.messages m ON m.id = t.id WHERE m.role = 'tool' AND typeof(m.content) = t.kind "
+                "AND CAST(m.content AS BLOB) = t.body)"
+            )
+            done = conn.execute(
+                "SELECT t.id, m.session_id, t.bytes, t.tombstone FROM temp.hermes_ops_elide t "
+                "CROSS JOIN main.messages m ON m.id = t.id"
+            ).fetchall()
+            conn.execute(
+                "UPDATE main.messages SET content = "
+                "(SELECT t.tombstone FROM temp.hermes_ops_elide t WHERE t.id = messages.id) "
+                "WHERE id IN (SELECT id FROM temp.hermes_ops_elide)"
+            )
+            conn.execute("DELETE FROM temp.hermes_ops_elide")
+        finally:
+            # the COMMIT runs whole, and so does write_transaction's ROLLBACK after an interrupt
+            deadline.armed = False
         committing = time.monotonic()
     result.elided += len(done)
     result.bytes += sum(r[2] for r in done)
@@ -759,9 +762,8 @@ def restore_payloads(conn, todo, *, pause, chunk_bytes=GROUP_BYTES, backups=(), 
                         except sqlite3.OperationalError:
                             if not deadline.tripped:
                                 raise
-                            # past the hard bound: rolled back whole, nothing of it counted; again, in halves
-                            if conn.in_transaction:  # a SELECT interrupted leaves it open
-                                conn.execute("ROLLBACK")
+                            # past the hard bound: rolled back whole (write_transaction), nothing of it counted;
+                            # again, in halves
                             index, cap, per_unit = _in_halves(index, group, per_unit)
                             wait(time.monotonic() - deadline.began)
                             continue
