@@ -1,8 +1,9 @@
 """Bench rows for tool-payload elision (``tool_payload_days``): bodies/s and the worst stall of a
 Hermes 0.22.2 writer appending every 20 ms, and ``storage`` before and after.
 
-    python bench/elision.py                       # make bench-elision: 585 MB file, one live round
-    python bench/elision.py --sessions 400        # quicker (~70 MB)
+    python bench/elision.py                       # make bench-elision: 0.7 GB file, one live round
+    python bench/elision.py --sessions 34000      # the 5 GB file (made in about 9 minutes)
+    python bench/elision.py --sessions 400        # quicker (~60 MB)
     python bench/elision.py --compare ../main     # also another checkout's engine, alternating
     python bench/elision.py --runs 0 --restore    # the run with no holder, then the undo from its backup
 
@@ -21,11 +22,14 @@ Each round copies the file into a fresh home and runs the maintenance in its own
 ``take_payload_archive`` (they run unchanged). ``--idle`` also runs once with no holder and
 ``vacuum_mode: full`` (the service window: the FTS optimize and the VACUUM give the bytes back).
 Rows: bodies elided / seconds of the elision phase; the writer's worst and p99 append wait during
-that phase and during the whole run. ``--restore``: after the run with no holder, its payload
-archive is deleted and ``session_restore``'s ``tool_payloads`` puts the bodies back from the
-whole-file backup that run took, beside the 20 ms writer: check mode and the restore timed, every
-message row there before compared (a digest), ``integrity_check`` and both FTS indexes'
-``integrity-check``, and a second restore that must find nothing. The figures measured are written up by hand in
+that phase and during the whole run, and beside them a *control* writer's worst: the same release
+appending every 20 ms to its own small untouched file (``--sessions 40``) during the same seconds,
+what this shared machine alone does to a writer then (the noise floor, as in bench/writer.py).
+``--restore``: after the run with no holder, its payload archive is deleted and
+``session_restore``'s ``tool_payloads`` puts the bodies back from the whole-file backup that run
+took, beside the 20 ms writer: check mode and the restore timed, every message row there before
+compared (a digest), ``integrity_check`` and both FTS indexes' ``integrity-check``, and a second
+restore that must find nothing. The figures measured are written up by hand in
 docs/benchmarks_elision.md (this bench keeps no results file).
 """
 
@@ -51,6 +55,7 @@ TOOLS = ("terminal", "web_extract", "browser_snapshot", "read_file")
 WORDS = "the a to of and in deploy error build test config retry log user file check run fix".split()
 CHUNK = 200  # sessions per insert transaction while the file is made
 STALL = 0.250  # the prune's bound (docs/benchmarks.md's targets)
+CONTROL_SESSIONS = 40  # the control writer's file: a small one made the same way
 
 
 def tool_size(rng):
@@ -155,7 +160,7 @@ def integrity(db):
     return "ok"
 
 
-def restore_phase(home, profile, before):
+def restore_phase(home, profile, before, control=None):
     """The undo from the run's whole-file backup, its payload archive deleted, beside the 20 ms writer."""
     from hermes_writer import WriterProcess, latency_stats
 
@@ -179,6 +184,7 @@ def restore_phase(home, profile, before):
         time.sleep(0.5)
         summary = writer.stop()
         during = latency_stats(writer.records(), t1, t2)
+        noise = latency_stats(control.records(), t1, t2)["max"] if control else None
     finally:
         writer.kill()
     after = rows_digest(home / "state.db", before[0])
@@ -186,7 +192,7 @@ def restore_phase(home, profile, before):
             "restored": done["done"]["restored"], "bytes": done["done"]["bytes"], "check_s": t1 - t0,
             "restore_s": t2 - t1, "again": again["planned"], "rows": before[1], "identical": after == before,
             "integrity": integrity(home / "state.db"), "writer": {"appends": during["n"], "worst": during["max"],
-            "p99": during["p99"], "failed": summary["failed"]}}  # fmt: skip
+            "p99": during["p99"], "failed": summary["failed"], "control_worst": noise}}  # fmt: skip
 
 
 def _varint(buf, i):
@@ -231,7 +237,7 @@ def fts_structures(conn):
     return {name: fts_structure(conn, name) for name in names}
 
 
-def child(code, home, live, out, limit=None, restore=False, trace=None):
+def child(code, home, live, out, limit=None, restore=False, trace=None, control_db=None):
     """One run of ``code``'s engine on ``home`` (a fresh copy), its phases timed; JSON to ``out``."""
     sys.path.insert(0, str(Path(code) / "build" / "collections"))
     from hermes_writer import WriterProcess, latency_stats
@@ -300,11 +306,15 @@ def child(code, home, live, out, limit=None, restore=False, trace=None):
     opts["vacuum_mode"] = "auto" if live else "full"
     before = storage_summary(engine.gather_info, home)
     digest = rows_digest(home / "state.db") if restore else None
-    writer = None
+    writer = control = None
+    python = hermes_python("hermes-" + RELEASE)
     if live:
-        python = hermes_python("hermes-" + RELEASE)
         writer = WriterProcess(python, home / "state.db", str(home / "w.jsonl"), prefix="eb")
         writer.start()
+    if control_db:
+        control = WriterProcess(python, control_db, str(Path(control_db).parent / "w.jsonl"), prefix="control")
+        control.start()
+    if writer or control:
         time.sleep(0.5)
     try:
         t0 = time.time()
@@ -324,23 +334,37 @@ def child(code, home, live, out, limit=None, restore=False, trace=None):
             whole = latency_stats(records, t0, t1)
             result["writer"] = {"appends": during["n"], "worst": during["max"], "p99": during["p99"],
                                 "worst_run": whole["max"], "failed": summary["failed"]}  # fmt: skip
+            if control:
+                noise = control.records()
+                result["writer"]["control_worst"] = latency_stats(
+                    noise, phases.get("elide_start"), phases.get("elide_end"))["max"]  # fmt: skip
+                result["writer"]["control_worst_run"] = latency_stats(noise, t0, t1)["max"]
         result["storage_after"] = storage_summary(engine.gather_info, home)
         if restore:
-            result["restore"] = restore_phase(home, profile, digest)
+            result["restore"] = restore_phase(home, profile, digest, control)
         if trace:
-            Path(trace).write_text(json.dumps({"transactions": traced, "appends": writer.records() if writer else []}))
+            Path(trace).write_text(json.dumps({"transactions": traced, "phases": dict(phases, run_start=t0, run_end=t1),
+                                               "appends": writer.records() if writer else []}))  # fmt: skip
     finally:
-        if writer:
-            writer.kill()
+        for proc in (writer, control):
+            if proc:
+                proc.kill()
     Path(out).write_text(json.dumps(result))
 
 
-def one_run(code, base, home, live, limit=None, restore=False, trace=None):
+def one_run(code, base, home, live, limit=None, restore=False, trace=None, control=None):
     from hermes_fixtures import copy_db
 
     shutil.rmtree(str(home), ignore_errors=True)
     (home / "sessions").mkdir(parents=True)
     copy_db(base, home / "state.db")
+    control_db = None
+    if control:
+        control_home = home.parent / (home.name + "-control")
+        shutil.rmtree(str(control_home), ignore_errors=True)
+        control_home.mkdir()
+        control_db = control_home / "state.db"
+        copy_db(control, control_db)
     os.sync()  # the copy's write-back would otherwise land in the run's first seconds
     out = home.parent / (home.name + ".json")
     load = "%.2f %.2f %.2f" % os.getloadavg()
@@ -348,7 +372,8 @@ def one_run(code, base, home, live, limit=None, restore=False, trace=None):
         [sys.executable, __file__, "--child", str(code), str(home), "live" if live else "idle", str(out)]
         + (["--time-limit", str(limit)] if limit else [])
         + (["--restore"] if restore else [])
-        + (["--trace", str(trace)] if trace else []),
+        + (["--trace", str(trace)] if trace else [])
+        + (["--control", str(control_db)] if control_db else []),
         check=False,
     )
     if proc.returncode != 0:
@@ -365,8 +390,9 @@ def ms(value):
 def table(rows, made):
     lines = [
         "| file | run | engine | bodies elided (MB) | archive s | elision s | bodies/s | appends during it "
-        "| worst stall during the elision (<= 250 ms) | p99 | worst stall, whole run | failed writes | load before |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| worst stall during the elision (<= 250 ms) | p99 | worst stall, whole run "
+        "| control worst: elision / whole run | failed writes | load before |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         tp, w = r["tool_payloads"], r.get("writer") or {}
@@ -377,11 +403,11 @@ def table(rows, made):
         if worst is not None:
             verdict = ": met" if worst <= STALL else ": missed by %.0f ms" % (1000 * (worst - STALL))
         lines.append(
-            "| %.0f MB | %s | %s | %d (%.0f) | %.1f | %.1f | %.0f | %s | %s%s | %s | %s | %s | %s |"
+            "| %.0f MB | %s | %s | %d (%.0f) | %.1f | %.1f | %.0f | %s | %s%s | %s | %s | %s / %s | %s | %s |"
             % (made["bytes"] / MB, "beside a 20 ms writer" if r["live"] else "no holder, vacuum full",
                label, tp["elided"], tp["bytes"] / MB, r["archive_s"], r["elide_s"],
                rate if not math.isnan(rate) else 0, w.get("appends", "-"), ms(worst), verdict, ms(w.get("p99")),
-               ms(w.get("worst_run")),
+               ms(w.get("worst_run")), ms(w.get("control_worst")), ms(w.get("control_worst_run")),
                w.get("failed", "-"), r["load"])
         )  # fmt: skip
     return "\n".join(lines)
@@ -397,7 +423,7 @@ def storage_lines(title, st):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
-    parser.add_argument("--sessions", type=int, default=4000, help="30 messages each (4000: a 585 MB file)")
+    parser.add_argument("--sessions", type=int, default=4800, help="30 messages each (4800: 0.7 GB)")
     parser.add_argument("--workdir", type=Path, default=REPO / "build" / "bench")
     parser.add_argument("--runs", type=int, default=1, help="live rounds per engine")
     parser.add_argument("--compare", type=Path, default=None, help="another checkout whose engine also runs")
@@ -415,32 +441,35 @@ def main(argv=None):
         "(<trace>.<engine>.json; reading the structure adds a short read per transaction)",
     )  # fmt: skip
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--control", default=None, help=argparse.SUPPRESS)  # the child's control writer's file
     args = parser.parse_args(argv)
     if args.child:
         code, home, mode, out = args.child
-        child(code, home, mode == "live", out, args.time_limit, args.restore, args.trace)
+        child(code, home, mode == "live", out, args.time_limit, args.restore, args.trace, args.control)
         return 0
     args.workdir.mkdir(parents=True, exist_ok=True)
     print("load average %s; making/using the base file ..." % ("%.2f %.2f %.2f" % os.getloadavg()), flush=True)
     base, made = build_base(args.workdir, args.sessions)
     print("base %s: %.1f MB, made in %.0f s" % (base, made["bytes"] / MB, made["seconds"]), flush=True)
+    control, _made = build_base(args.workdir, CONTROL_SESSIONS)
     codes = [("this", REPO)] + ([("compare", args.compare.resolve())] if args.compare else [])
     rows = []
     for rnd in range(args.runs):
         for label, code in codes:
             trace = args.trace and args.trace.with_suffix(".%s.%d.json" % (label, rnd))
             row = one_run(code, base, args.workdir / ("elision-%s" % label), live=True, limit=args.time_limit,
-                          trace=trace)  # fmt: skip
+                          trace=trace, control=control)  # fmt: skip
             row["label"], row["round"] = label, rnd
             rows.append(row)
-            print("  %s round %d: %d bodies in %.1f s, worst %s; %d transactions, the longest held %s, %s over 150 ms, "
-                  "%d interrupted"
+            print("  %s round %d: %d bodies in %.1f s, worst %s (control writer %s); %d transactions, the longest "
+                  "held %s, %s over 150 ms, %d interrupted"
                   % (label, rnd, row["tool_payloads"]["elided"], row["elide_s"],
-                     ms((row.get("writer") or {}).get("worst")), row.get("transactions", 0),
+                     ms((row.get("writer") or {}).get("worst")), ms((row.get("writer") or {}).get("control_worst")),
+                     row.get("transactions", 0),
                      ms(row.get("longest_hold")), row.get("holds_over_150ms", "-"), len(row.get("interrupted", ()))),
                   flush=True)  # fmt: skip
     if not args.no_idle:
-        row = one_run(REPO, base, args.workdir / "elision-idle", live=False, restore=args.restore)
+        row = one_run(REPO, base, args.workdir / "elision-idle", live=False, restore=args.restore, control=control)
         row["label"], row["round"] = "this", 0
         rows.append(row)
     print()
@@ -459,11 +488,11 @@ def main(argv=None):
                 "undo from the run's whole-file backup (payload archive deleted), beside a 20 ms writer: check mode "
                 "%d bodies (%.1f MB) in %.1f s; restored %d (%.1f MB) in %.1f s, %.0f bodies/s; %d tombstones "
                 "unmatched; %d message rows identical: %s; integrity: %s; a second restore: %d; the writer: %d "
-                "appends, worst %s, p99 %s, %d failed"
+                "appends, worst %s, p99 %s, %d failed; the control writer's worst %s"
                 % (undo["planned"], undo["planned_bytes"] / MB, undo["check_s"], undo["restored"], undo["bytes"] / MB,
                    undo["restore_s"], undo["restored"] / undo["restore_s"] if undo["restore_s"] else 0,
                    undo["unmatched"], undo["rows"], undo["identical"], undo["integrity"], undo["again"],
-                   w["appends"], ms(w["worst"]), ms(w["p99"]), w["failed"])
+                   w["appends"], ms(w["worst"]), ms(w["p99"]), w["failed"], ms(w.get("control_worst")))
             )  # fmt: skip
     print("load average after %s" % ("%.2f %.2f %.2f" % os.getloadavg()))
     if args.json:

@@ -11,7 +11,7 @@
 #   make bench-durability  bench/durability.py: what the power-loss fsyncs cost beside the 20 ms writer
 #                     (WAL commit with and without commits_durable, rollback journal EXTRA vs FULL);
 #                     prints its table (about 3 minutes; the controller venv, no plots)
-#   make bench-elision  bench/elision.py: tool-payload elision (tool_payload_days: 30) on a 585 MB 0.22.2
+#   make bench-elision  bench/elision.py: tool-payload elision (tool_payload_days: 30) on a 0.7 GB 0.22.2
 #                     file whose bytes are mostly tool output (made once into build/bench/), beside a
 #                     0.22.2 writer appending every 20 ms and once with no holder: bodies/s, the writer's
 #                     worst stall, and `storage` before and after; prints its table (ELISION_BENCH_ARGS:
@@ -53,5 +53,5 @@ live-full: $(STAMP) collection-link ## live-writer test at full size (prune of 1
 bench-durability: $(STAMP) collection-link ## what the power-loss fsyncs cost beside a live 20 ms writer (prints a table; ~3 min)
 	$(BIN)/python bench/durability.py $(BENCH_ARGS)
 
-bench-elision: $(STAMP) collection-link ## tool-payload elision beside a live 20 ms writer on a 585 MB tool-heavy file (prints a table)
+bench-elision: $(STAMP) collection-link ## tool-payload elision beside a live 20 ms writer on a 0.7 GB tool-heavy file (prints a table)
 	$(BIN)/python bench/elision.py $(ELISION_BENCH_ARGS)

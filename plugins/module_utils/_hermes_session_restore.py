@@ -927,12 +927,23 @@ def _payload_backups(stack, backups, fds, stones, profile, backup_dir, named):
     return todo, plain_paths, refused, read, notes
 
 
+class PayloadSources:
+    """Where a payload restore reads the elided bodies from: the payload ``archives``, then the
+    whole-file ``backups`` (newest first) of ``profile`` in ``backup_dir``, with ``fds``: root's
+    descriptor of each backup it opened (None: the owner's process opens it). ``archive_named`` /
+    ``backup_named``: the operator named that one source."""
+
+    def __init__(self, archives, backups, backup_dir, profile, archive_named, backup_named):
+        self.archives, self.backups, self.fds = archives, backups, {}
+        self.backup_dir, self.profile = backup_dir, profile
+        self.archive_named, self.backup_named = archive_named, backup_named
+
+
 def _payload_work(db_path, sources, session_ids, check_mode, busy_timeout, pause):
-    """``sources``: {"archives", "backups", "fds" (of root's backups), "named" (a backup was named),
-    "archive_named", "backup_dir", "profile"}. Unless an archive was named, every tombstone of the
-    chosen sessions that no source gives back is reported (``unmatched``)."""
-    archives, backups, fds = sources["archives"], sources["backups"], sources["fds"]
-    backup_dir, profile = sources["backup_dir"], sources["profile"]
+    """``sources``: a PayloadSources. Unless an archive was named, every tombstone of the chosen
+    sessions that no source gives back is reported (``unmatched``)."""
+    archives, backups, fds = sources.archives, sources.backups, sources.fds
+    backup_dir, profile = sources.backup_dir, sources.profile
     lock = None
     stack = contextlib.ExitStack()
     try:
@@ -943,12 +954,12 @@ def _payload_work(db_path, sources, session_ids, check_mode, busy_timeout, pause
         live = ReadOnlyDB(db_path, busy_timeout)
         try:
             todo = plan_restore(live.conn, archives, session_ids)
-            if not sources["archive_named"]:
+            if not sources.archive_named:
                 stones = live_tombstones(live.conn, session_ids)
                 for entry in todo:
                     stones.pop(entry[1], None)
                 found, plain_paths, refused, read, notes = _payload_backups(
-                    stack, backups, fds, stones, profile, backup_dir, sources["named"]
+                    stack, backups, fds, stones, profile, backup_dir, sources.backup_named
                 )
                 todo += found
                 for mid, entry in stones.items():
@@ -1021,20 +1032,18 @@ def restore_tool_payloads(
         )
     ids = list(session_ids) if session_ids is not None else None
     owner = os.lstat(db_path).st_uid
-    sources = {"archives": archives, "backups": backups, "fds": {}, "named": backup is not None}
-    sources["archive_named"] = archive is not None
-    sources.update(backup_dir=backup_dir, profile=profile)
+    sources = PayloadSources(archives, backups, backup_dir, profile, archive is not None, backup is not None)
     try:
         for path in backups:
             try:
-                sources["fds"][path] = _open_roots(path, owner)
+                sources.fds[path] = _open_roots(path, owner)
             except MaintenanceError:
                 if backup is not None:
                     raise
                 # not named: the owner's process finds the same fault and notes it, reading the others
         result = _in_owner(db_path, _payload_work, db_path, sources, ids, check_mode, busy_timeout, pause)
     finally:
-        for fd in sources["fds"].values():
+        for fd in sources.fds.values():
             if fd is not None:
                 os.close(fd)
     result["db"] = db_path
