@@ -245,7 +245,7 @@ def child(code, home, live, out, limit=None, restore=False, trace=None, control_
     from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
     from hermes_fixtures import hermes_python
 
-    phases = {}
+    phases = {"spans": []}  # <name>_start/_end: its last call; spans: every call, in order
 
     def timed(name, func):
         def run(*args, **kwargs):
@@ -254,6 +254,7 @@ def child(code, home, live, out, limit=None, restore=False, trace=None, control_
                 return func(*args, **kwargs)
             finally:
                 phases[name + "_end"] = time.time()
+                phases["spans"].append([name, phases[name + "_start"], phases[name + "_end"]])
 
         return run
 
@@ -301,6 +302,8 @@ def child(code, home, live, out, limit=None, restore=False, trace=None, control_
 
         engine.elide = limited
     engine.take_payload_archive = timed("archive", engine.take_payload_archive)
+    for name in ("stats", "build_plan", "plan_payloads", "reclaim"):  # the other phases that read or write state.db
+        setattr(engine, name, timed(name, getattr(engine, name)))
     home = Path(home)
     opts = {"hermes_home": [str(home)], "prune_days": 3650, "tool_payload_days": 30}
     opts["vacuum_mode"] = "auto" if live else "full"

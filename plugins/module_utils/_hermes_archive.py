@@ -25,7 +25,7 @@ import os
 import sqlite3
 import time
 
-from ._hermes_backup import BACKUP_STEP_BYTES, StampedFiles, remove_partials
+from ._hermes_backup import StampedFiles, WriteBack, remove_partials
 from ._hermes_db import (
     BATCH_PAUSE,
     BUSY_TIMEOUT,
@@ -144,28 +144,6 @@ def _insert(dst, table, description, rows):
     )
 
 
-class _WriteBack:
-    """fdatasync the partial archive each time it has grown by BACKUP_STEP_BYTES.
-
-    Written with synchronous=OFF, a large archive otherwise leaves hundreds of MB of dirty pages
-    that the kernel writes back all at once, in the middle of the prune: a gateway commit's own
-    fsync then waits behind them (measured at 5 GB without this: stalls of 520-640 ms).
-    """
-
-    def __init__(self, fd):
-        self.fd = fd  # the descriptor that created the partial file: no second open by its path
-        self.flushed = 0
-
-    def __call__(self):
-        size = os.fstat(self.fd).st_size
-        if size - self.flushed >= BACKUP_STEP_BYTES:
-            os.fdatasync(self.fd)
-            self.flushed = size
-
-    def close(self):
-        os.close(self.fd)
-
-
 def _archive_messages(conn, dst, sid, table, column, write_back):
     """A session's messages by id ranges, ARCHIVE_CHUNK per read transaction."""
     last, copied = -1, 0
@@ -209,7 +187,7 @@ def take_archive(conn, db_path, backup_dir, profile, order, must_contain, schema
             "%s: messages has no foreign key to sessions; cannot archive what the prune deletes" % db_path
         )
     try:
-        write_back = _WriteBack(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        write_back = WriteBack(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         try:
             dst = sqlite3.connect(partial)
         except BaseException:

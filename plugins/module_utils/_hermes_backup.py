@@ -165,6 +165,30 @@ def remove_partials(backup_dir, profile, prefix=PREFIX, between=".*"):
                 pass
 
 
+class WriteBack:
+    """fdatasync a partial archive (the prune's, the tool payloads') each time it has grown by
+    BACKUP_STEP_BYTES.
+
+    Written with synchronous=OFF, a large archive otherwise leaves hundreds of MB of dirty pages
+    that the kernel writes back all at once: a gateway commit's own fsync then waits behind them
+    (the prune's archive at 5 GB: stalls of 520-640 ms; the 2.2 GB payload archive's final fsync:
+    970 ms, and a writer on another file of the same disk waited as long).
+    """
+
+    def __init__(self, fd):
+        self.fd = fd  # the descriptor that created the partial file: no second open by its path
+        self.flushed = 0
+
+    def __call__(self):
+        size = os.fstat(self.fd).st_size
+        if size - self.flushed >= BACKUP_STEP_BYTES:
+            os.fdatasync(self.fd)
+            self.flushed = size
+
+    def close(self):
+        os.close(self.fd)
+
+
 def take_backup(conn, db_path, backup_dir, profile, compress, must_contain, busy_timeout=BUSY_TIMEOUT):
     """Back up through ``conn``'s snapshot; verify; return {path, bytes, verified, ...}."""
     remove_partials(backup_dir, profile)

@@ -19,6 +19,7 @@ import stat
 import struct
 import sys
 import tempfile
+import time
 from urllib.parse import quote
 
 from ._hermes_options import BY_NAME
@@ -234,6 +235,31 @@ def open_rw(path, busy_timeout=BUSY_TIMEOUT):
         # lock refuses.
         conn.execute("PRAGMA wal_autocheckpoint=0")
     return conn
+
+
+# One ranged read statement beside a live gateway takes about this long (timed_ranges).
+RANGE_READ_TIME = 0.025
+RANGE_MIN = 100  # rowids: the smallest range timed_ranges hands out
+
+
+def timed_ranges(low, top, first, most, target=RANGE_READ_TIME):
+    """Rowid ranges ``(start, end)`` (``start <= rowid < end``) covering ``low`` to ``top``, each sized
+    from how long the caller took over the last one (the time between two yields), so that one
+    statement over it reads for about ``target``: ``first`` rowids first, at most ``most``, at most
+    twice the last.
+
+    Beside a rollback-journal gateway each read statement holds a SHARED lock that blocks its
+    commits for as long as it runs, and the same 50,000 rowids cost 40 to 380 ms on a 5 GB file
+    whose pages had left the OS cache, a few ms on one whose pages had not: a fixed range is either
+    slow on a small file or a stall on a large one."""
+    start, span = low, max(RANGE_MIN, int(first))
+    while start <= top:
+        began = time.monotonic()
+        yield start, start + span
+        took = time.monotonic() - began
+        start += span
+        span = int(span * min(2.0, target / max(took, 1e-4)))
+        span = max(RANGE_MIN, min(int(most), span))
 
 
 @contextlib.contextmanager

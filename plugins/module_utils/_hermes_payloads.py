@@ -44,15 +44,16 @@ from ._hermes_apply import (
     persistent_journal,
     turn_after_commit,
 )
-from ._hermes_backup import StampedFiles, remove_partials
-from ._hermes_db import MaintenanceError, fsync_path, read_snapshot, sqlite_uri, write_transaction
+from ._hermes_backup import StampedFiles, WriteBack, remove_partials
+from ._hermes_db import MaintenanceError, fsync_path, read_snapshot, sqlite_uri, timed_ranges, write_transaction
 from ._hermes_plan import DAY, ROUTED, SANE_MIN, leased_conversation, live_leases
 
 PAYLOAD_PREFIX = "hermes-ops-payloads_"
 PAYLOAD_KIND = "tool payloads"
 # Upstream's tombstone starts so; a body that does is never elided again (a second run is a no-op).
 TOMBSTONE_HEAD = "[elided: tool output"
-ID_WINDOW = 5000  # message ids per read statement of the selection: each its own short read
+ID_WINDOW = 5000  # most message ids per read statement of the selection: each its own short read
+ID_FIRST = 1000  # ... in the first one (then timed_ranges sizes them)
 READ_CHUNK = 200  # bodies per read transaction of the archive
 READ_BYTES = 4 * 1024 * 1024  # ... and at most about this many bytes
 FIRST_GROUP = 8  # bodies in the first write transaction, before a rate is measured
@@ -157,7 +158,7 @@ def _learned(per_unit, began, committing, units):
 
 
 def plan_payloads(conn, schema, plan, days, now, refusal=None):
-    """The tool bodies to elide in one profile (reads only, in statements of ID_WINDOW ids each).
+    """The tool bodies to elide in one profile (reads only, in short statements over id ranges).
 
     ``plan``: the profile's row plan (its deleted sessions are not touched here, and neither are
     the ones it keeps for a reason: ``plan.protected``). ``refusal``: why nothing may change
@@ -186,12 +187,12 @@ def plan_payloads(conn, schema, plan, days, now, refusal=None):
     top = conn.execute("SELECT MAX(id) FROM messages").fetchone()[0] or 0
     sql = (
         "SELECT id, session_id, length(CAST(content AS BLOB)), %s, timestamp FROM messages "
-        "WHERE id > ? AND id <= ? AND role = 'tool' AND content IS NOT NULL "
+        "WHERE id >= ? AND id < ? AND role = 'tool' AND content IS NOT NULL "
         "AND typeof(timestamp) IN ('integer', 'real') AND timestamp >= ? AND timestamp < ? "
         "AND substr(content, 1, %d) IS NOT ? ORDER BY id" % (tool, len(TOMBSTONE_HEAD))
     )
-    for low in range(0, top, ID_WINDOW):
-        rows = conn.execute(sql, (low, low + ID_WINDOW, SANE_MIN, payloads.cutoff, TOMBSTONE_HEAD)).fetchall()
+    for start, end in timed_ranges(0, top, ID_FIRST, ID_WINDOW):
+        rows = conn.execute(sql, (start, end, SANE_MIN, payloads.cutoff, TOMBSTONE_HEAD)).fetchall()
         for mid, sid, nbytes, tool_name, stamp in rows:
             if sid in untouched:
                 continue
@@ -202,8 +203,6 @@ def plan_payloads(conn, schema, plan, days, now, refusal=None):
 
 
 def _connect_partial(partial):
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.close(fd)
     dst = sqlite3.connect(partial)
     dst.execute("PRAGMA journal_mode=OFF")  # a private partial file, verified before it counts
     dst.execute("PRAGMA synchronous=OFF")
@@ -222,7 +221,12 @@ def take_payload_archive(conn, db_path, backup_dir, profile, payloads, schema_ve
     partial = os.path.join(backup_dir, "." + os.path.basename(final) + ".partial")
     items = payloads.items
     try:
-        dst = _connect_partial(partial)
+        write_back = WriteBack(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        try:
+            dst = _connect_partial(partial)
+        except BaseException:
+            write_back.close()
+            raise
         try:
             dst.execute(
                 "CREATE TABLE payloads (id INTEGER PRIMARY KEY, session_id TEXT NOT NULL, kind TEXT NOT NULL, "
@@ -253,6 +257,7 @@ def take_payload_archive(conn, db_path, backup_dir, profile, payloads, schema_ve
                     ],
                 )
                 dst.commit()
+                write_back()
             meta = {
                 "kind": PAYLOAD_KIND,
                 "source": os.path.abspath(db_path),
@@ -268,6 +273,7 @@ def take_payload_archive(conn, db_path, backup_dir, profile, payloads, schema_ve
                 raise MaintenanceError("payload archive %s failed quick_check (%s)" % (partial, "; ".join(check[:3])))
         finally:
             dst.close()
+            write_back.close()
         os.chmod(partial, 0o600)
         fsync_path(partial)
         os.rename(partial, final)
@@ -336,7 +342,7 @@ def elide(
     changed it, so one per body would fragment both indexes); only those whose live bytes still
     equal the archived ones, in sessions still there, unpinned and unleased. ``result`` (an
     ElideResult) is updated as each transaction commits. ``hard``: seconds after a transaction's BEGIN
-    past which its running statement is interrupted (default: ``hard_bound`` of its time bound)."""
+    past which its running statement is interrupted (default: ``_hard``'s)."""
     result = result or ElideResult()
     src = sqlite3.connect("file:%s?mode=ro" % os.path.abspath(archive), uri=True)
     has_pinned = "pinned" in schema["session_columns"]
@@ -372,7 +378,7 @@ def elide(
                     weight += nbytes
                     units += nbytes + ROW_UNITS
                     index += 1
-                deadline.hard = _hard(hard, held_for) if len(group) > 1 else None
+                deadline.hard = _hard(hard, held_for, commit) if len(group) > 1 else None
                 try:
                     began, committing = _elide_group(conn, schema, src, group, has_pinned, result, deadline)
                 except sqlite3.OperationalError:
@@ -418,10 +424,19 @@ class _Deadline:
         return 0
 
 
-def _hard(hard, held_for):
+def _hard(hard, held_for, commit):
+    """When a transaction's statements are interrupted, in seconds after its BEGIN: ``hard`` when
+    given, else ``hard_bound`` of its time bound less the COMMIT still to come (taken as long as the
+    last one), by at most a third (a slow disk must not make every transaction a retry). The COMMIT
+    cannot be cut short: counted in, the whole hold ends before the 178 ms poll of a writer that has
+    waited since our BEGIN more often (a 5 GB file, 3,072 transactions: 133 ms of statements and a
+    95 ms COMMIT held the lock 227 ms, and that writer waited 252 ms)."""
     if not held_for:
         return None
-    return hard_bound(held_for) if hard is None else hard
+    if hard is not None:
+        return hard
+    limit = hard_bound(held_for)
+    return limit - min(commit, limit / 3.0)
 
 
 def _elide_group(conn, schema, src, group, has_pinned, result, deadline):
@@ -596,18 +611,18 @@ IDENTITY_COLUMNS = ("tool_name", "tool_call_id")
 def live_tombstones(conn, session_ids=None):
     """The tool messages of ``session_ids`` (None: of every session) that hold a tombstone of ours:
     {message id: {"session", "tombstone", "days", "bytes", "timestamp", <IDENTITY_COLUMNS>}}.
-    Reads state.db ID_WINDOW message ids per statement."""
+    Reads state.db in short statements over id ranges (timed_ranges)."""
     cols = {r[1] for r in conn.execute("SELECT * FROM pragma_table_info('messages')")}
     extra = ", ".join(c if c in cols else "NULL" for c in IDENTITY_COLUMNS)
     wanted = set(session_ids) if session_ids is not None else None
     top = conn.execute("SELECT MAX(id) FROM messages").fetchone()[0] or 0
     sql = (
-        "SELECT id, session_id, content, timestamp, %s FROM messages WHERE id > ? AND id <= ? AND role = 'tool' "
+        "SELECT id, session_id, content, timestamp, %s FROM messages WHERE id >= ? AND id < ? AND role = 'tool' "
         "AND typeof(content) = 'text' AND substr(content, 1, %d) = ? ORDER BY id" % (extra, len(TOMBSTONE_HEAD))
     )
     found = {}
-    for low in range(0, top, ID_WINDOW):
-        for row in conn.execute(sql, (low, low + ID_WINDOW, TOMBSTONE_HEAD)).fetchall():
+    for start, end in timed_ranges(0, top, ID_FIRST, ID_WINDOW):
+        for row in conn.execute(sql, (start, end, TOMBSTONE_HEAD)).fetchall():
             mid, sid, stone, stamp = row[:4]
             ours = _OURS.match(stone)
             if not ours or (wanted is not None and sid not in wanted):
@@ -756,7 +771,7 @@ def restore_payloads(conn, todo, *, pause, chunk_bytes=GROUP_BYTES, backups=(), 
                             units += nbytes + ROW_UNITS
                             index += 1
                         rows = fetch(src, group)
-                        deadline.hard = hard_bound(held_for) if held_for and len(group) > 1 else None
+                        deadline.hard = _hard(None, held_for, commit) if len(group) > 1 else None
                         try:
                             began, committing = _restore_group(conn, rows, deadline, done)
                         except sqlite3.OperationalError:
@@ -789,9 +804,9 @@ def _restore_group(conn, rows, deadline, done):
         "CREATE TEMP TABLE IF NOT EXISTS hermes_ops_restore "
         "(id INTEGER PRIMARY KEY, session_id TEXT, kind TEXT, body BLOB, bytes INTEGER, tombstone TEXT)"
     )
-    began = deadline.began = time.monotonic()
-    deadline.tripped, deadline.armed = False, deadline.hard is not None
+    deadline.tripped = deadline.armed = False
     with write_transaction(conn):
+        began = deadline.start()
         try:
             conn.execute("DELETE FROM temp.hermes_ops_restore")
             conn.executemany(

@@ -3,9 +3,10 @@
 Written with ``synchronous=OFF``, a large archive used to leave its whole size as dirty pages
 for the kernel to write back in one lump in the middle of the prune (at 5 GB a gateway commit
 then waited 520-640 ms for its own fsync). ``take_archive`` now fdatasyncs the partial file each
-time it has grown by BACKUP_STEP_BYTES. Here on a real 0.22.2 file, with the step made small
-so that a small archive crosses it many times: the archive is complete and verified, and it
-was flushed once per step it grew, on its own descriptor.
+time it has grown by BACKUP_STEP_BYTES (so does the tool payloads' archive: test_tool_payloads.py).
+Here on a real 0.22.2 file, with the step made small so that a small archive crosses it many
+times: the archive is complete and verified, and it was flushed once per step it grew, on its own
+descriptor.
 """
 
 import os
@@ -14,7 +15,7 @@ import sqlite3
 from hermes_markers import release_module_marks
 from hermes_rollback import RELEASE, make_big_rollback_home
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_archive
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_backup
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_archive import archived_sessions, take_archive
 
 pytestmark = release_module_marks(RELEASE)
@@ -38,7 +39,7 @@ def test_a_growing_archive_is_flushed_every_step(tmp_path, monkeypatch):
         flushed.append((os.readlink("/proc/self/fd/%d" % fd), os.fstat(fd).st_size))
         real(fd)
 
-    monkeypatch.setattr(_hermes_archive, "BACKUP_STEP_BYTES", STEP)
+    monkeypatch.setattr(_hermes_backup, "BACKUP_STEP_BYTES", STEP)
     monkeypatch.setattr(os, "fdatasync", recording)
     try:
         backup = take_archive(conn, str(db), str(backups), "default", old, must_contain)

@@ -26,12 +26,13 @@ from hermes_markers import release_module_marks
 from hermes_reliability import chown_tree, files_not_owned_by, user_with_dir
 from hermes_writer import MARK, WriterProcess, latency_stats
 
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_backup
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_payloads as payloads_engine
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import backup_name
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_payloads import fts_optimize
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_payloads import PAYLOAD_PREFIX, fts_optimize
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_tool_payloads
 from hermes_fixtures import (
     APPEND_MESSAGES,
@@ -313,6 +314,37 @@ def test_the_fts_optimize_stops_when_another_connection_writes_and_the_index_sta
     assert summary["failed"] == 0, summary
     assert steps < 20 and len(stopped) == 1 and "another connection wrote" in stopped[0], (steps, stopped)
     check_integrity(db)  # a fresh connection opens and checks both indexes
+
+
+def test_the_payload_archive_is_flushed_to_disk_as_it_grows(home, monkeypatch):
+    """Written with synchronous=OFF and fsynced once at the end, the 2.2 GB archive of a 5 GB file
+    left its whole size for the kernel to write back at once: the live writer, and another writer on
+    another file of the same disk, waited 970 ms for their own commits. It is fdatasynced each time
+    it has grown by BACKUP_STEP_BYTES (made small here, with small read chunks, so that this archive
+    crosses it many times), on the descriptor that created it, and is then complete."""
+    step = 64 * 1024
+    flushed = []  # (descriptor's file, its size then) of each fdatasync
+    real = os.fdatasync
+
+    def recording(fd):
+        flushed.append((os.readlink("/proc/self/fd/%d" % fd), os.fstat(fd).st_size))
+        real(fd)
+
+    monkeypatch.setattr(_hermes_backup, "BACKUP_STEP_BYTES", step)
+    monkeypatch.setattr(payloads_engine, "READ_BYTES", 16 * 1024)  # one 24 kB body per read
+    monkeypatch.setattr(os, "fdatasync", recording)
+    profile = run_maintenance(_opts(home, vacuum_mode="never"))["profiles"][0]
+    assert profile["status"] == "ok", profile["error"]
+    payloads = profile["tool_payloads"]
+    assert payloads["elided"] == 12 * len(OLD_SESSIONS)
+    partials = [size for path, size in flushed if path.endswith(".partial") and PAYLOAD_PREFIX in path]
+    size = os.path.getsize(payloads["archive"])
+    # never more than a step and one read's bodies left unflushed
+    gaps = [b - a for a, b in zip([0] + partials, partials + [size])]
+    assert len(partials) >= size // (2 * step) >= 10, (size, flushed)
+    assert all(gap < 2 * step for gap in gaps) and all(gap >= step for gap in gaps[1:-1]), gaps
+    rows = sqlite3.connect(payloads["archive"]).execute("SELECT COUNT(*), SUM(bytes) FROM payloads").fetchone()
+    assert rows == (payloads["elided"], payloads["bytes"])
 
 
 def _tampered_copy(backup, name, elided):
