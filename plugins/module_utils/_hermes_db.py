@@ -237,29 +237,63 @@ def open_rw(path, busy_timeout=BUSY_TIMEOUT):
     return conn
 
 
-# One ranged read statement beside a live gateway takes about this long (timed_ranges).
-RANGE_READ_TIME = 0.025
-RANGE_MIN = 100  # rowids: the smallest range timed_ranges hands out
+# A ranged read statement beside a live rollback-journal gateway takes about this long (ranged_rows)...
+RANGE_READ_TIME = 0.04
+# ... and one still running this long after it began is interrupted, its range read again in halves.
+RANGE_READ_BOUND = 0.1
 
 
-def timed_ranges(low, top, first, most, target=RANGE_READ_TIME):
-    """Rowid ranges ``(start, end)`` (``start <= rowid < end``) covering ``low`` to ``top``, each sized
-    from how long the caller took over the last one (the time between two yields), so that one
-    statement over it reads for about ``target``: ``first`` rowids first, at most ``most``, at most
-    twice the last.
+class StatementBound:
+    """Interrupt the statements run inside once ``seconds`` have passed (None: no bound); ``cut``
+    says whether it did. An OperationalError raised by that interrupt is swallowed."""
 
-    Beside a rollback-journal gateway each read statement holds a SHARED lock that blocks its
-    commits for as long as it runs, and the same 50,000 rowids cost 40 to 380 ms on a 5 GB file
-    whose pages had left the OS cache, a few ms on one whose pages had not: a fixed range is either
-    slow on a small file or a stall on a large one."""
-    start, span = low, max(RANGE_MIN, int(first))
+    def __init__(self, conn, seconds):
+        self.conn, self.seconds, self.cut = conn, seconds, False
+
+    def __enter__(self):
+        if self.seconds is not None:
+            deadline = time.monotonic() + self.seconds
+
+            def check():
+                self.cut = time.monotonic() > deadline
+                return 1 if self.cut else 0
+
+            self.conn.set_progress_handler(check, 100)
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if self.seconds is not None:
+            self.conn.set_progress_handler(None, 0)
+        return kind is not None and self.cut and issubclass(kind, sqlite3.OperationalError)
+
+
+def ranged_rows(conn, sql, low, top, *, first, most, target=RANGE_READ_TIME, bound=RANGE_READ_BOUND, args=()):
+    """The rows of ``sql`` over rowid ranges from ``low`` to ``top``, a list per range: its first two
+    parameters are a range's ``start <= rowid < end``, then ``args``. Each statement is its own read.
+
+    The first range holds ``first`` rowids; each next one is sized from the last statement's time
+    to about ``target`` (at most four times the last, at most ``most``; None: always ``first``).
+    A statement still running at ``bound`` seconds (None: never) is interrupted and its range read
+    again in halves, down to one row, so no row is read twice or missed.
+
+    Beside a rollback-journal gateway each read holds a SHARED lock that blocks its commits while it
+    runs, and the same 50,000 rowids took 40 to 380 ms on a 5 GB file whose pages had left the OS
+    cache, a few ms on one whose pages had not: a fixed range is slow on a small file and a stall on
+    a large one. A writer that wants to commit takes the PENDING lock (sqlite.org/lockingv3.html),
+    which keeps the next statement out until it has committed: its wait is one statement at most."""
+    start, span = low, max(1, int(first))
     while start <= top:
         began = time.monotonic()
-        yield start, start + span
-        took = time.monotonic() - began
+        with StatementBound(conn, bound if span > 1 else None) as cut:
+            rows = conn.execute(sql, (start, start + span) + tuple(args)).fetchall()
+        if cut.cut:
+            span = max(1, span // 2)
+            continue
+        took = max(time.monotonic() - began, 0.001)
+        yield rows
         start += span
-        span = int(span * min(2.0, target / max(took, 1e-4)))
-        span = max(RANGE_MIN, min(int(most), span))
+        if target is not None:
+            span = int(min(most, max(1, span * min(4.0, target / took))))
 
 
 @contextlib.contextmanager

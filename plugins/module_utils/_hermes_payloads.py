@@ -45,7 +45,7 @@ from ._hermes_apply import (
     turn_after_commit,
 )
 from ._hermes_backup import StampedFiles, WriteBack, remove_partials
-from ._hermes_db import MaintenanceError, fsync_path, read_snapshot, sqlite_uri, timed_ranges, write_transaction
+from ._hermes_db import MaintenanceError, fsync_path, ranged_rows, read_snapshot, sqlite_uri, write_transaction
 from ._hermes_plan import DAY, ROUTED, SANE_MIN, leased_conversation, live_leases
 
 PAYLOAD_PREFIX = "hermes-ops-payloads_"
@@ -53,7 +53,7 @@ PAYLOAD_KIND = "tool payloads"
 # Upstream's tombstone starts so; a body that does is never elided again (a second run is a no-op).
 TOMBSTONE_HEAD = "[elided: tool output"
 ID_WINDOW = 5000  # most message ids per read statement of the selection: each its own short read
-ID_FIRST = 1000  # ... in the first one (then timed_ranges sizes them)
+ID_FIRST = 1000  # ... in the first one (then ranged_rows sizes them)
 READ_CHUNK = 200  # bodies per read transaction of the archive
 READ_BYTES = 4 * 1024 * 1024  # ... and at most about this many bytes
 FIRST_GROUP = 8  # bodies in the first write transaction, before a rate is measured
@@ -191,8 +191,8 @@ def plan_payloads(conn, schema, plan, days, now, refusal=None):
         "AND typeof(timestamp) IN ('integer', 'real') AND timestamp >= ? AND timestamp < ? "
         "AND substr(content, 1, %d) IS NOT ? ORDER BY id" % (tool, len(TOMBSTONE_HEAD))
     )
-    for start, end in timed_ranges(0, top, ID_FIRST, ID_WINDOW):
-        rows = conn.execute(sql, (start, end, SANE_MIN, payloads.cutoff, TOMBSTONE_HEAD)).fetchall()
+    args = (SANE_MIN, payloads.cutoff, TOMBSTONE_HEAD)
+    for rows in ranged_rows(conn, sql, 0, top, first=ID_FIRST, most=ID_WINDOW, args=args):
         for mid, sid, nbytes, tool_name, stamp in rows:
             if sid in untouched:
                 continue
@@ -611,7 +611,7 @@ IDENTITY_COLUMNS = ("tool_name", "tool_call_id")
 def live_tombstones(conn, session_ids=None):
     """The tool messages of ``session_ids`` (None: of every session) that hold a tombstone of ours:
     {message id: {"session", "tombstone", "days", "bytes", "timestamp", <IDENTITY_COLUMNS>}}.
-    Reads state.db in short statements over id ranges (timed_ranges)."""
+    Reads state.db in short statements over id ranges (ranged_rows)."""
     cols = {r[1] for r in conn.execute("SELECT * FROM pragma_table_info('messages')")}
     extra = ", ".join(c if c in cols else "NULL" for c in IDENTITY_COLUMNS)
     wanted = set(session_ids) if session_ids is not None else None
@@ -621,8 +621,8 @@ def live_tombstones(conn, session_ids=None):
         "AND typeof(content) = 'text' AND substr(content, 1, %d) = ? ORDER BY id" % (extra, len(TOMBSTONE_HEAD))
     )
     found = {}
-    for start, end in timed_ranges(0, top, ID_FIRST, ID_WINDOW):
-        for row in conn.execute(sql, (start, end, TOMBSTONE_HEAD)).fetchall():
+    for rows in ranged_rows(conn, sql, 0, top, first=ID_FIRST, most=ID_WINDOW, args=(TOMBSTONE_HEAD,)):
+        for row in rows:
             mid, sid, stone, stamp = row[:4]
             ours = _OURS.match(stone)
             if not ours or (wanted is not None and sid not in wanted):

@@ -13,7 +13,8 @@ split and read again; an object whose page walk is cut short is named as not mea
 from __future__ import annotations
 
 import sqlite3
-import time
+
+from ._hermes_db import RANGE_READ_BOUND, RANGE_READ_TIME, StatementBound, ranged_rows
 
 # The FTS5 shadow tables of a virtual table <vt> (sqlite.org/fts5.html): counted under <vt>.
 FTS5_SHADOWS = ("_data", "_idx", "_content", "_docsize", "_config")
@@ -31,36 +32,13 @@ PAYLOAD_COLUMNS = (
 TOP_SESSIONS = 10  # the largest sessions listed
 SCAN_RANGE = 50000  # rowids per statement of the message scan without a live rollback-journal gateway
 FIRST_LIVE_RANGE = 500  # ... and its first range beside one, then sized to STATEMENT_TARGET
-STATEMENT_TARGET = 0.04  # seconds a statement should take beside a live rollback-journal gateway
-STATEMENT_BOUND = 0.1  # seconds after which such a statement is interrupted
+STATEMENT_TARGET = RANGE_READ_TIME  # seconds a statement should take beside a live rollback-journal gateway
+STATEMENT_BOUND = RANGE_READ_BOUND  # seconds after which such a statement is interrupted
 NO_DBSTAT = "this SQLite (%s) was built without the dbstat virtual table (SQLITE_ENABLE_DBSTAT_VTAB)"
 
 
 def _quote(name):
     return '"%s"' % name.replace('"', '""')
-
-
-class _Bound:
-    """Interrupt the statements run inside once ``seconds`` have passed (None: no bound)."""
-
-    def __init__(self, conn, seconds):
-        self.conn, self.seconds, self.cut = conn, seconds, False
-
-    def __enter__(self):
-        if self.seconds is not None:
-            deadline = time.monotonic() + self.seconds
-
-            def check():
-                self.cut = time.monotonic() > deadline
-                return 1 if self.cut else 0
-
-            self.conn.set_progress_handler(check, 100)
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        if self.seconds is not None:
-            self.conn.set_progress_handler(None, 0)
-        return kind is not None and self.cut and issubclass(kind, sqlite3.OperationalError)
 
 
 def has_dbstat(conn):
@@ -92,7 +70,7 @@ def _owners(conn):
 
 def _object_pages(conn, name, bound):
     """(pages, bytes) of one btree, overflow pages included; None when the bound cut it short."""
-    with _Bound(conn, bound) as cut:
+    with StatementBound(conn, bound) as cut:
         row = conn.execute("SELECT COUNT(*), COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name = ?", (name,)).fetchone()
     return None if cut.cut else row
 
@@ -136,24 +114,14 @@ def _scan_messages(conn, columns, live_rollback):
     figures = {}
     if low is None:
         return figures, payload
-    span = FIRST_LIVE_RANGE if live_rollback else SCAN_RANGE
-    start = low
-    while start <= top:
-        began = time.monotonic()
-        with _Bound(conn, STATEMENT_BOUND if live_rollback and span > 1 else None) as cut:
-            rows = conn.execute(sql, (start, start + span)).fetchall()
-        if cut.cut:
-            span = max(1, span // 2)  # read again in halves: nothing counted twice
-            continue
+    live = {"target": STATEMENT_TARGET, "bound": STATEMENT_BOUND} if live_rollback else {"target": None, "bound": None}
+    first = FIRST_LIVE_RANGE if live_rollback else SCAN_RANGE
+    for rows in ranged_rows(conn, sql, low, top, first=first, most=SCAN_RANGE, **live):
         for sid, role, count, content_bytes, payload_bytes in rows:
             entry = figures.setdefault((sid, role), [0, 0, 0])
             entry[0] += count
             entry[1] += content_bytes or 0
             entry[2] += payload_bytes or 0
-        start += span
-        if live_rollback:
-            took = max(time.monotonic() - began, 0.001)
-            span = int(min(SCAN_RANGE, max(1, span * min(4.0, STATEMENT_TARGET / took))))
     return figures, payload
 
 
