@@ -88,6 +88,19 @@ print(json.dumps(result))
 )
 
 
+def record_fdatasync(monkeypatch):
+    """A list that gets (the descriptor's file, its size then) of each ``os.fdatasync`` from now on;
+    each call still syncs."""
+    flushed, real = [], os.fdatasync
+
+    def recording(fd):
+        flushed.append((os.readlink("/proc/self/fd/%d" % fd), os.fstat(fd).st_size))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", recording)
+    return flushed
+
+
 def fts_tables(conn):
     rows = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL").fetchall()
     return [name for name, sql in rows if "using fts5" in sql.lower()]

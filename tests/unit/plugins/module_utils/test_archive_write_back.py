@@ -9,10 +9,10 @@ times: the archive is complete and verified, and it was flushed once per step it
 descriptor.
 """
 
-import os
 import sqlite3
 
 from hermes_markers import release_module_marks
+from hermes_reliability import record_fdatasync
 from hermes_rollback import RELEASE, make_big_rollback_home
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_backup
@@ -32,15 +32,8 @@ def test_a_growing_archive_is_flushed_every_step(tmp_path, monkeypatch):
     counts = dict(conn.execute("SELECT session_id, COUNT(*) FROM messages GROUP BY session_id"))
     must_contain = {sid: counts.get(sid, 0) for sid in old}
 
-    flushed = []  # (descriptor's file, its size then) of each fdatasync
-    real = os.fdatasync
-
-    def recording(fd):
-        flushed.append((os.readlink("/proc/self/fd/%d" % fd), os.fstat(fd).st_size))
-        real(fd)
-
     monkeypatch.setattr(_hermes_backup, "BACKUP_STEP_BYTES", STEP)
-    monkeypatch.setattr(os, "fdatasync", recording)
+    flushed = record_fdatasync(monkeypatch)  # (descriptor's file, its size then) of each fdatasync
     try:
         backup = take_archive(conn, str(db), str(backups), "default", old, must_contain)
     finally:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from hermes_markers import release_module_marks
-from hermes_reliability import chown_tree, files_not_owned_by, user_with_dir
+from hermes_reliability import chown_tree, files_not_owned_by, record_fdatasync, user_with_dir
 from hermes_writer import MARK, WriterProcess, latency_stats
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_backup
@@ -323,16 +323,9 @@ def test_the_payload_archive_is_flushed_to_disk_as_it_grows(home, monkeypatch):
     it has grown by BACKUP_STEP_BYTES (made small here, with small read chunks, so that this archive
     crosses it many times), on the descriptor that created it, and is then complete."""
     step = 64 * 1024
-    flushed = []  # (descriptor's file, its size then) of each fdatasync
-    real = os.fdatasync
-
-    def recording(fd):
-        flushed.append((os.readlink("/proc/self/fd/%d" % fd), os.fstat(fd).st_size))
-        real(fd)
-
     monkeypatch.setattr(_hermes_backup, "BACKUP_STEP_BYTES", step)
     monkeypatch.setattr(payloads_engine, "READ_BYTES", 16 * 1024)  # one 24 kB body per read
-    monkeypatch.setattr(os, "fdatasync", recording)
+    flushed = record_fdatasync(monkeypatch)
     profile = run_maintenance(_opts(home, vacuum_mode="never"))["profiles"][0]
     assert profile["status"] == "ok", profile["error"]
     payloads = profile["tool_payloads"]
