@@ -25,7 +25,7 @@ import os
 import sqlite3
 import time
 
-from ._hermes_backup import StampedFiles, WriteBack, remove_partials
+from ._hermes_backup import StampedFiles, open_partial, remove_partials
 from ._hermes_db import (
     BATCH_PAUSE,
     BUSY_TIMEOUT,
@@ -187,15 +187,8 @@ def take_archive(conn, db_path, backup_dir, profile, order, must_contain, schema
             "%s: messages has no foreign key to sessions; cannot archive what the prune deletes" % db_path
         )
     try:
-        write_back = WriteBack(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        write_back, dst = open_partial(partial)
         try:
-            dst = sqlite3.connect(partial)
-        except BaseException:
-            write_back.close()
-            raise
-        try:
-            dst.execute("PRAGMA journal_mode=OFF")  # a private partial file, verified before it counts
-            dst.execute("PRAGMA synchronous=OFF")
             tables = ["sessions"] + [t for t, _c, _o in referenced] + [t for t, _c in referencing]
             with read_snapshot(conn):
                 _create_tables(conn, dst, list(dict.fromkeys(tables)))

@@ -189,6 +189,22 @@ class WriteBack:
         os.close(self.fd)
 
 
+def open_partial(partial):
+    """A new private partial archive: (its WriteBack, on the descriptor that created it; a SQLite
+    connection to it, no journal and no syncs: it is verified and fsynced before it counts)."""
+    write_back, dst = WriteBack(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)), None
+    try:
+        dst = sqlite3.connect(partial)
+        dst.execute("PRAGMA journal_mode=OFF")
+        dst.execute("PRAGMA synchronous=OFF")
+    except BaseException:
+        if dst is not None:
+            dst.close()
+        write_back.close()
+        raise
+    return write_back, dst
+
+
 def take_backup(conn, db_path, backup_dir, profile, compress, must_contain, busy_timeout=BUSY_TIMEOUT):
     """Back up through ``conn``'s snapshot; verify; return {path, bytes, verified, ...}."""
     remove_partials(backup_dir, profile)

@@ -44,7 +44,7 @@ from ._hermes_apply import (
     persistent_journal,
     turn_after_commit,
 )
-from ._hermes_backup import StampedFiles, WriteBack, remove_partials
+from ._hermes_backup import StampedFiles, open_partial, remove_partials
 from ._hermes_db import MaintenanceError, fsync_path, ranged_rows, read_snapshot, sqlite_uri, write_transaction
 from ._hermes_plan import DAY, ROUTED, SANE_MIN, leased_conversation, live_leases
 
@@ -202,13 +202,6 @@ def plan_payloads(conn, schema, plan, days, now, refusal=None):
     return payloads
 
 
-def _connect_partial(partial):
-    dst = sqlite3.connect(partial)
-    dst.execute("PRAGMA journal_mode=OFF")  # a private partial file, verified before it counts
-    dst.execute("PRAGMA synchronous=OFF")
-    return dst
-
-
 def take_payload_archive(conn, db_path, backup_dir, profile, payloads, schema_version=None):
     """The original bytes of every body ``payloads`` elides, in an owner-only file in ``backup_dir``,
     quick_checked, counted and fsynced (file, then directory) before any body changes. Returns its path."""
@@ -221,12 +214,7 @@ def take_payload_archive(conn, db_path, backup_dir, profile, payloads, schema_ve
     partial = os.path.join(backup_dir, "." + os.path.basename(final) + ".partial")
     items = payloads.items
     try:
-        write_back = WriteBack(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        try:
-            dst = _connect_partial(partial)
-        except BaseException:
-            write_back.close()
-            raise
+        write_back, dst = open_partial(partial)
         try:
             dst.execute(
                 "CREATE TABLE payloads (id INTEGER PRIMARY KEY, session_id TEXT NOT NULL, kind TEXT NOT NULL, "
