@@ -215,6 +215,43 @@ def test_failure_before_the_new_file_arrives_puts_everything_back(home, monkeypa
     conn.close()
 
 
+def test_failure_after_a_settled_move_puts_the_old_rows_back(home, monkeypatch):
+    """Nobody holds the file, so the restore checkpoints its -wal into it first: a failure after
+    the rename puts the old file back at its name (same inode) with every committed row, and the
+    -wal SQLite's checkpoint emptied comes back from its copy; nothing is left aside."""
+    db = home / "state.db"
+    conn = sqlite3.connect(str(db))
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('only-in-wal', 'cli', ?)", (time.time(),))
+    conn.commit()
+    for name in ("state.db", "state.db-wal"):  # the pair as a killed gateway leaves it, no holder
+        shutil.copyfile(str(home / name), str(home / (name + ".keep")))
+    conn.close()
+    for name in ("state.db", "state.db-wal"):
+        os.replace(str(home / (name + ".keep")), str(home / name))
+    files = sorted(n for n in os.listdir(str(home)) if n.startswith("state.db"))
+    probe = home.parent / "before"
+    probe.mkdir()
+    for name in files:
+        shutil.copyfile(str(home / name), str(probe / name))
+    old, inode = full_rows(probe / "state.db"), os.stat(str(db)).st_ino
+    real_counts = _hermes_restore.db_counts
+
+    def fail_on_the_final_check(path):
+        if path == str(db):
+            raise MaintenanceError("simulated: the restored file does not verify")
+        return real_counts(path)
+
+    monkeypatch.setattr(_hermes_restore, "db_counts", fail_on_the_final_check)
+    with pytest.raises(MaintenanceError):
+        restore(plan_restore(str(home), "default"))
+    assert sorted(n for n in os.listdir(str(home)) if n.startswith("state.db")) == files
+    assert os.stat(str(db)).st_ino == inode and os.stat(str(db)).st_nlink == 1
+    assert not [n for n in os.listdir(str(home)) if n.startswith((".state.db.restore", "state.db.pre-restore-"))]
+    assert full_rows(db) == old and "only-in-wal" in ids(db)
+
+
 RESTORE_CHILD = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
