@@ -90,14 +90,17 @@ def db_counts(path):
         conn.close()
 
 
-def unpack_backup(backup, target):
-    """Copy or decompress ``backup`` into the new file ``target`` (0600), fsynced."""
+def unpack_backup(backup, target, owner=None):
+    """Copy or decompress ``backup`` into the new file ``target`` (0600; ``owner``'s, a (uid, gid)
+    pair, when given), fsynced."""
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as dst:
         opener = gzip.open if backup.endswith(".gz") else open
         with opener(backup, "rb") as src:
             shutil.copyfileobj(src, dst, 4 * MB)
         dst.flush()
+        if owner:
+            os.fchown(dst.fileno(), *owner)
         os.fsync(dst.fileno())
 
 
@@ -230,30 +233,17 @@ def _restore(plan, force):
     aside = _unused(plan["aside"])
     present = [name for name in _names(db) if os.path.lexists(os.path.join(directory, name))]
     kept = os.path.join(aside, "state.db")
-    has_db = "state.db" in present
-    copied, moved, renamed, settled = [], [], False, False
+    has_db, owner = "state.db" in present, (current["uid"], current["gid"])
+    copied, moved, renamed = [], [], False
     try:
         if present:
             os.mkdir(aside, 0o700)
-            os.chown(aside, current["uid"], current["gid"])
+            os.chown(aside, *owner)
             if has_db:  # a second name for the old file: state.db itself never goes missing
                 os.link(db, kept)
-            sidecars = [name for name in present if name != "state.db"]
-            if has_db and not force:
-                for name in sidecars:
-                    _copy_private(os.path.join(directory, name), os.path.join(aside, name), current)
-                    copied.append(name)
-                aside_durable(aside, directory)
-                settled = settle(db) is None
-            # The sidecars go before the new file comes: a -wal must never sit beside a
-            # state.db it does not belong to (SQLite would replay it into that file).
-            for name in sidecars:
-                if settled:  # state.db holds all they held; their copies are kept
-                    _remove(os.path.join(directory, name))
-                else:  # over its copy, if one was made
-                    os.rename(os.path.join(directory, name), os.path.join(aside, name))
-                    moved.append(name)
-            aside_durable(aside, directory)
+            _sidecars_aside(
+                db, aside, [n for n in present if n != "state.db"], owner, has_db and not force, copied, moved
+            )
         os.rename(partial, db)  # atomic: at every moment state.db is the old file or the new one
         renamed = True
         fsync_path(directory)  # the rename
@@ -271,6 +261,31 @@ def _restore(plan, force):
     return plan
 
 
+def _sidecars_aside(db, aside, sidecars, owner, settling, copied, moved):
+    """The sidecars out of the home and into ``aside``, state.db's second name being there already.
+
+    ``settling`` (nobody holds the file): copied first, then the old file settled, then they go;
+    where it cannot be settled, and when forced, moved. ``copied`` and ``moved`` say how far it got."""
+    directory = os.path.dirname(db)
+    settled = False
+    if settling:
+        for name in sidecars:
+            copied.append(name)  # before: a copy cut short is removed too
+            # a plain copy (a sidecar's name never ends in .gz), the old file's owner's
+            unpack_backup(os.path.join(directory, name), os.path.join(aside, name), owner)
+        aside_durable(aside, directory)
+        settled = settle(db) is None
+    # The sidecars go before the new file comes: a -wal must never sit beside a
+    # state.db it does not belong to (SQLite would replay it into that file).
+    for name in sidecars:
+        if settled:  # state.db holds all they held; their copies are kept
+            _remove(os.path.join(directory, name))
+        else:  # over its copy, if one was made
+            os.rename(os.path.join(directory, name), os.path.join(aside, name))
+            moved.append(name)
+    aside_durable(aside, directory)
+
+
 def _names(db):
     return [os.path.basename(db) + suffix for suffix in MOVED_SUFFIXES]
 
@@ -281,17 +296,6 @@ def _unused(aside):
     while os.path.lexists(name):
         name, seq = "%s-%d" % (aside, seq), seq + 1
     return name
-
-
-def _copy_private(src, dst, current):
-    """A byte copy of a sidecar, the old file's owner's, 0600, fsynced."""
-    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        with open(src, "rb") as source:
-            shutil.copyfileobj(source, out, 4 * MB)
-        out.flush()
-        os.fchown(out.fileno(), current["uid"], current["gid"])
-        os.fsync(out.fileno())
 
 
 def settle(db):

@@ -92,17 +92,23 @@ EATMYDATA_PATHS = ("prune-wal-frames", "restore")
 # --------------------------------------------------------------------------- homes
 
 
-def _wal_with_frames(db):
-    """Leave committed frames in the -wal: copy the pair while a connection still holds them."""
-    conn = sqlite3.connect(str(db))
-    conn.execute("PRAGMA wal_autocheckpoint=0")
-    conn.execute("UPDATE sessions SET title = 'in the wal' WHERE id = (SELECT max(id) FROM sessions)")
-    conn.commit()
+def close_leaving_the_wal(conn, db):
+    """Close ``conn`` and leave its committed frames in the -wal, as a killed writer does: the
+    pair copied while the connection holds them (closing checkpoints and deletes the -wal)."""
     shutil.copyfile(str(db), str(db) + ".keep")
     shutil.copyfile(str(db) + "-wal", str(db) + "-wal.keep")
     conn.close()
     os.replace(str(db) + ".keep", str(db))
     os.replace(str(db) + "-wal.keep", str(db) + "-wal")
+
+
+def _wal_with_frames(db):
+    """Leave committed frames in the -wal."""
+    conn = sqlite3.connect(str(db))
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("UPDATE sessions SET title = 'in the wal' WHERE id = (SELECT max(id) FROM sessions)")
+    conn.commit()
+    close_leaving_the_wal(conn, db)
 
 
 def messages_only_in_the_wal(db, count):
@@ -116,11 +122,7 @@ def messages_only_in_the_wal(db, count):
             (sid, "only in the wal %d: the zebra widget" % i, time.time()),
         )
     conn.commit()
-    shutil.copyfile(str(db), str(db) + ".keep")
-    shutil.copyfile(str(db) + "-wal", str(db) + "-wal.keep")
-    conn.close()
-    os.replace(str(db) + ".keep", str(db))
-    os.replace(str(db) + "-wal.keep", str(db) + "-wal")
+    close_leaving_the_wal(conn, db)
 
 
 HOT_JOURNAL = r"""

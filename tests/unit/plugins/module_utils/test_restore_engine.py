@@ -219,17 +219,15 @@ def test_failure_after_a_settled_move_puts_the_old_rows_back(home, monkeypatch):
     """Nobody holds the file, so the restore checkpoints its -wal into it first: a failure after
     the rename puts the old file back at its name (same inode) with every committed row, and the
     -wal SQLite's checkpoint emptied comes back from its copy; nothing is left aside."""
+    from powerloss_paths import close_leaving_the_wal
+
     db = home / "state.db"
     conn = sqlite3.connect(str(db))
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA wal_autocheckpoint=0")
     conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('only-in-wal', 'cli', ?)", (time.time(),))
     conn.commit()
-    for name in ("state.db", "state.db-wal"):  # the pair as a killed gateway leaves it, no holder
-        shutil.copyfile(str(home / name), str(home / (name + ".keep")))
-    conn.close()
-    for name in ("state.db", "state.db-wal"):
-        os.replace(str(home / (name + ".keep")), str(home / name))
+    close_leaving_the_wal(conn, db)  # the pair as a killed gateway leaves it, no holder
     files = sorted(n for n in os.listdir(str(home)) if n.startswith("state.db"))
     probe = home.parent / "before"
     probe.mkdir()
