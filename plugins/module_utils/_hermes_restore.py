@@ -309,6 +309,7 @@ def settle(db):
     try:
         conn = sqlite3.connect(db, timeout=BUSY_TIMEOUT, isolation_level=None)
         try:
+            conn.execute("PRAGMA synchronous=FULL")  # the file fsynced before the -wal is truncated
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
             busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
         finally:
@@ -317,7 +318,7 @@ def settle(db):
         return "SQLite cannot settle it: %s" % exc
     if busy or file_size(db + "-wal"):
         return "its checkpoint did not finish"
-    commits_durable(db)  # SQLite's default synchronous=FULL fsyncs the file too; a build's other default does not
+    commits_durable(db)  # the file, and the directory's entries (SQLite removes the emptied -wal at close)
     return None
 
 

@@ -282,7 +282,9 @@ class Deep:
     database's or the backup's) and its search finds a session the run keeps; and a rerun on the
     state converges: on the maintenance paths the maintenance ends without an error with the
     uninterrupted run's sessions, on the restore paths the restore ends with the backup's rows and
-    a maintenance run after it without an error; a second maintenance run changes nothing.
+    a maintenance run after it without an error, and a second maintenance run changes nothing; on
+    the session-restore path restoring the sessions again ends with the uninterrupted run's rows,
+    and a third restore changes nothing.
 
     One reader process per release answers every state (a process per state would cost a second
     each). ``counts``: what was checked, per model (``reset`` between models)."""
@@ -387,6 +389,28 @@ class Deep:
         if not bad:
             self.counts["converged"] += 1
         return bad
+
+    def rerun_session_restore_converges(self, shome, recorded_home, gone, end_rows):
+        """Violations: restoring the sessions again on the state fails or does not end with the
+        uninterrupted run's rows (``end_rows``), or a third restore changes anything."""
+        from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_session_restore
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
+
+        self.counts["reruns"] += 1
+        db = os.path.join(shome, "state.db")
+        _moved_home(os.path.join(shome, "backups", ".hermes-ops-restore_%s.pending" % PROFILE), recorded_home, shome)
+        chosen = _hermes_session_restore.selection(sessions=gone)
+        try:
+            _hermes_session_restore.restore_selected(shome, PROFILE, backup="newest", select=chosen)
+            if full_rows(db) != end_rows:
+                return ["restoring the sessions again does not end with the uninterrupted run's rows"]
+            _hermes_session_restore.restore_selected(shome, PROFILE, backup="newest", select=chosen)
+        except MaintenanceError as exc:
+            return ["restoring the sessions again: %s" % exc]
+        if full_rows(db) != end_rows:
+            return ["a third restore of the sessions changed something"]
+        self.counts["converged"] += 1
+        return []
 
     @staticmethod
     def _second_run_changes_nothing(db, options):
@@ -525,6 +549,10 @@ def checker(path, job, home, final_home, deep=None):
             bad = deep.rerun_converges(shome, job["options"], kept)
         elif not bad and job["kind"] == "restore":
             bad = deep.rerun_restore_converges(shome, job["options"], full_rows(os.path.join(final_home, "state.db")))
+        elif not bad and job["kind"] == "session_restore":
+            bad = deep.rerun_session_restore_converges(
+                shome, job["home"], job["gone"], full_rows(os.path.join(final_home, "state.db"))
+            )
         return bad
 
     check.deep = deep
@@ -665,6 +693,19 @@ def _checker(job, home, final_home):
 
         return check
     raise ValueError(job["kind"])
+
+
+def _moved_home(pending, recorded_home, shome):
+    """The pending list names its backup by the path the recorded run saw: the state's home is
+    elsewhere (a rerun in place would see the same path)."""
+    try:
+        with open(pending) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return
+    data["source"] = shome + data["source"][len(recorded_home) :]
+    with open(pending, "w") as handle:
+        json.dump(data, handle)
 
 
 def _counts(db):
