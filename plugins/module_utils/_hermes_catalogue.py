@@ -84,7 +84,9 @@ ROUTING = (
     "fence removes the entries naming the deleted session, as upstream's retire_routes does"
 )
 FENCE = "written and removed by the deletion fence in the deleting transaction (upstream retire_sessions)"
-GENERATIONS = "the deletion fence bumps the (source, session_key) counter of a deleted session"
+GENERATIONS = (
+    "a (source, session_key) counter: upstream's explicit delete bumps it, its sweep and a prune leave it alone"
+)
 LEDGER_EPOCH = "the gateway runtime's owner epoch: no session rows"
 SQLITE_INTERNAL = "SQLite's own bookkeeping"
 LITESTREAM = "Litestream's replication bookkeeping: no session rows (Litestream owns the checkpoints: _hermes_hazards)"

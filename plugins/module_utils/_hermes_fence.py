@@ -15,7 +15,11 @@ a second time". For each deleted id, before its rows go:
 * the retired marker ``gateway.retired_session.v1.<id>`` is written, ``gateway.api.settings.v1.<id>``
   and the ``gateway_routing`` entries naming it are deleted, and so are its local receipts
   (creation policy, API binding, declared conversation key);
-* its ``conversation_generations`` counter is bumped, as upstream's delete does.
+* its ``conversation_generations`` counter is left alone, and its children lose their parent without
+  a ``runtime_revision`` bump: a prune is upstream's sweep (``retire_prunable``), not its explicit
+  ``delete_in_transaction``, which alone bumps both (and 0.22.2's own ``prune_sessions`` neither).
+  Hermes 0.22.2 derives a chat's prompt-cache scope from that counter: a bump would reset the
+  cache of a live chat sharing the deleted session's key.
 
 What the engine cannot do faithfully it does not half do: a session whose ledger is at work,
 whose ledger carries media or a hosted-room request, whose output cleanup is pending, or that is
@@ -49,10 +53,6 @@ _RECEIPT_SESSION_PATHS = (
     "$.result.target_message.session_id",
     "$.result.target_session_id",
     "$.result.previous_target_session_id",
-)
-_BUMP_GENERATION = (
-    "INSERT INTO conversation_generations (source, session_key, generation) VALUES (?, ?, 1) "
-    "ON CONFLICT(source, session_key) DO UPDATE SET generation = conversation_generations.generation + 1"
 )
 
 
@@ -315,12 +315,6 @@ def retire(conn, tables, sids):
     _retire_mutation_receipts(conn, sids)
     _retire_routes(conn, sids, tables)
     _retire_local_receipts(conn, sids)
-    if "conversation_generations" in tables:
-        for sid in sids:  # upstream's delete: _bump_conversation_generation(conn, sid, 'session_reset')
-            row = conn.execute("SELECT source, session_key FROM sessions WHERE id = ?", (sid,)).fetchone()
-            source, key = (str(v or "").strip() for v in row) if row else ("", "")
-            if source and key:
-                conn.execute(_BUMP_GENERATION, (source, key))
 
 
 def retired(conn, sids):
