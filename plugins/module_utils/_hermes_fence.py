@@ -8,6 +8,9 @@ NousResearch/hermes-agent; 7014f5521876 for the pending output cleanup), or "a l
 accounting/constructor backfill recreates the deleted row, and the same request is then admitted
 a second time". For each deleted id, before its rows go:
 
+* the media its admissions own are retired as upstream's ``retire_media`` does (a
+  ``gateway.media.retired.v1.<sha256 of the path>`` candidate each, which the gateway's
+  ``collect_retired_media`` releases);
 * its terminal ledger rows move into ``state_meta`` tombstones with the user's content stripped
   (admission payload ``{}``, lineage ``[]``; a stored turn result loses its transcript copies; a
   worker receipt keeps its result only for the closing ``execution.finish``);
@@ -22,7 +25,9 @@ a second time". For each deleted id, before its rows go:
   cache of a live chat sharing the deleted session's key.
 
 What the engine cannot do faithfully it does not half do: a session whose ledger is at work,
-whose ledger carries media or a hosted-room request, whose output cleanup is pending, or that is
+whose ledger payload upstream's retire_media could not read, or that carries a hosted-room request
+(its documents are named by prompt text under the gateway's retained root), whose output cleanup
+is pending, or that is
 one segment of a local conversation of several, is kept and named with the reason (``reasons``,
 read by the plan, so check mode predicts it; ``check`` again inside the deleting transaction).
 
@@ -44,6 +49,7 @@ SETTINGS_PREFIX = "gateway.api.settings.v1."
 POLICY_PREFIX = "gateway.local_policy.v1:"
 API_BINDING_PREFIX = "gateway.api.binding.v1."
 API_DECLARED_PREFIX = "gateway.api.conversation.v1."
+MEDIA_RETIRED_PREFIX = "gateway.media.retired.v1."
 OUTPUT_CLEANUP_LIKE = "gateway.hosted.output_cleanup.v1:%"
 
 _TRANSCRIPT_FIELDS = ("messages", "last_reasoning", "tools")
@@ -81,25 +87,50 @@ def identity_key(principal_id, session_id, request_id):
     return IDENTITY_PREFIX + admission_fingerprint(session_id, {"principal": principal_id, "request": request_id})
 
 
-def _has_media(raw):
-    """A payload that carries media or attachments: upstream retires them through
-    gateway.session_ingress_media, which this engine does not reproduce."""
+def media_references(raw):
+    """The media an admission's payload owns, as upstream's retire_media reads them (hermes_state_media,
+    called by retire_terminal_receipts at 4f64356): ``attachments_v1.media``, ``native_text_v1.media``
+    (gateway.session_ingress_media.admission_media_references) and ``api_turn_v1.media``, each a
+    reference with its ``path``. Raises ValueError for a payload upstream's code could not read
+    (it would fail the delete): the session is then kept, named."""
     try:
         payload = json.loads(raw)
     except (TypeError, ValueError):
-        return True  # unreadable: upstream's retire_media would fail on it too
+        raise ValueError("its ledger payload is not JSON")
     if not isinstance(payload, dict):
-        return True
-    for key, value in payload.items():
-        if "media" in key or "attachment" in key:
-            return True
-        if isinstance(value, dict) and any("media" in k or "attachment" in k for k in value):
-            return True
-    return False
+        raise ValueError("its ledger payload is not a JSON object")
+    references = []
+    for holder in ("attachments_v1", "native_text_v1", "api_turn_v1"):
+        held = payload.get(holder, {})
+        media = held.get("media", ()) if isinstance(held, dict) else None
+        if not isinstance(media, (list, tuple)):
+            raise ValueError("its ledger payload's %s is not a media list" % holder)
+        references += media
+    for reference in references:
+        if not isinstance(reference, dict) or not isinstance(reference.get("path"), str):
+            raise ValueError("its ledger payload names media without a path")
+    return references
+
+
+def _media_problem(raw):
+    """Why upstream's retire_media could not retire this payload's media (None: it can)."""
+    try:
+        media_references(raw)
+    except ValueError as exc:
+        return "%s (upstream's retire_media could not retire it)" % exc
+    return None
+
+
+def _retire_media(conn, raw):
+    """Upstream retire_media: a ``gateway.media.retired.v1.<sha256 of the path>`` candidate per
+    reference, whose value is the reference (``json.dumps``, its default separators), so the
+    gateway's collect_retired_media releases the files once no row holds them."""
+    for reference in media_references(raw):
+        key = MEDIA_RETIRED_PREFIX + hashlib.sha256(reference["path"].encode("utf-8", "surrogatepass")).hexdigest()
+        conn.execute("INSERT OR IGNORE INTO state_meta(key, value) VALUES (?, ?)", (key, json.dumps(reference)))
 
 
 _HOSTED = "a hosted-room request of its ledger: Hermes checks its output cleanup first"
-_MEDIA = "its ledger carries media, which Hermes retires with it (left to Hermes)"
 _CLEANUP = "its hosted output cleanup is pending"
 _SEGMENT = "one segment of a local conversation of %d (Hermes sweeps it only whole)"
 
@@ -134,8 +165,8 @@ def reasons(conn, tables):
                 kept.setdefault(sid, "the gateway runtime ledger holds %s work for it (admission)" % status)
             elif str(request_id).startswith("hosted:"):
                 kept.setdefault(sid, _HOSTED)
-            elif _has_media(payload):
-                kept.setdefault(sid, _MEDIA)
+            elif _media_problem(payload):
+                kept.setdefault(sid, _media_problem(payload))
         for (sid,) in conn.execute(
             "SELECT DISTINCT j.value FROM session_admissions a, json_each(a.lineage_json) j "
             "WHERE a.status != 'terminal' AND json_valid(a.lineage_json)"
@@ -177,8 +208,8 @@ def check(conn, sid, conversations, guarded):
     ):
         if str(request_id).startswith("hosted:"):
             raise FenceRefused(_HOSTED)
-        if _has_media(payload):
-            raise FenceRefused(_MEDIA)
+        if _media_problem(payload):
+            raise FenceRefused(_media_problem(payload))
     if conn.execute(
         "SELECT 1 FROM state_meta WHERE key LIKE ? AND json_valid(value) "
         "AND json_extract(value, '$.state') IS NOT 'completed' "
@@ -215,6 +246,7 @@ def _retire_ledger(conn, sid):
     cur = conn.execute("SELECT * FROM worker_executions WHERE session_id = ?", (sid,))
     workers = [_columns(cur, r) for r in cur.fetchall()]
     for row in admissions:
+        _retire_media(conn, row["payload_json"])
         row["payload_json"] = "{}"  # keep the digest for exact retries, not the user's input
         row["lineage_json"] = "[]"
         _compact_result(conn, row["admission_id"])

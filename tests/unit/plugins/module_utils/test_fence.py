@@ -46,10 +46,10 @@ SPECS = [
     dict(id="recent", started_days_ago=2, ended_days_ago=1),
 ]
 FENCED = {"settled", "settled2", "plain"}
+PRUNED = FENCED | {"media"}  # its media retired as upstream's retire_media does, then deleted
 KEPT = {
     "queued": "the gateway runtime ledger holds queued work for it (admission)",
     "running": "the gateway runtime ledger holds running work for it (worker)",
-    "media": "its ledger carries media, which Hermes retires with it (left to Hermes)",
 }
 OPTS = {"prune_days": 30, "backup": False}
 CLOSING = fence.admission_fingerprint("settled", {"operation": "execution.finish", "payload": {}})
@@ -165,15 +165,19 @@ def test_a_fenced_prune_writes_exactly_upstreams_fence(home):
     real = run(home)
     for p in (check, real):
         assert p["status"] == "ok" and p["error"] is None, p["error"]
-        assert p["sessions_pruned"] == 3 and p["sessions_refused"] == []
+        assert p["sessions_pruned"] == 4 and p["sessions_refused"] == []
         assert {k["session"]: k["reason"] for k in p["sessions_kept"]} == KEPT  # never kept silently
     assert {r[0] for r in rows(db, "SELECT id FROM sessions")} == set(KEPT) | {"recent"}
-    for sid in FENCED:
+    for sid in PRUNED:
         assert meta(db, fence.RETIRED_PREFIX + sid) == {}
     for sid in KEPT:
         assert meta(db, fence.RETIRED_PREFIX + sid) is None
     # the ledger rows moved into tombstones, the user's content stripped
-    assert rows(db, "SELECT target_session_id FROM session_admissions ORDER BY 1") == [("media",), ("queued",)]
+    assert rows(db, "SELECT target_session_id FROM session_admissions ORDER BY 1") == [("queued",)]
+    # hashlib.sha256(b"/tmp/x.png").hexdigest(): the candidate the gateway's collect_retired_media releases
+    digest = "0b0532af5ed750b2c900ac3040790aaf236014702c77ed76028f23de0b80e7ca"
+    media = rows(db, "SELECT key, value FROM state_meta WHERE key GLOB 'gateway.media.retired.v1.*'")
+    assert media == [("gateway.media.retired.v1." + digest, '{"path": "/tmp/x.png"}')]
     assert rows(db, "SELECT session_id FROM worker_executions") == [("running",)]
     assert rows(db, "SELECT execution_id FROM worker_receipts") == [("exec-1",)]
     admission = meta(db, fence.ADMISSION_PREFIX + "adm-0")
@@ -212,7 +216,7 @@ def test_a_fenced_session_is_not_restored_from_a_backup(home):
     """Hermes refuses to recreate a retired id (hermes_state_local.commit_local_session: not_found, "a
     create/cron retry must not resurrect the row"): so does the undo, naming why."""
     p = run(home, backup=True)
-    assert p["sessions_pruned"] == 3 and p["backup"]
+    assert p["sessions_pruned"] == 4 and p["backup"]
     with pytest.raises(MaintenanceError, match="deletion fence") as refused:
         restore_selected(str(home), "default", backup="newest", select=selection(sessions=["settled"]))
     assert "settled" in str(refused.value) and "nothing was restored" in str(refused.value)
@@ -225,7 +229,7 @@ def test_a_live_admission_arriving_after_the_plan_leaves_its_session_unfenced(ho
     db = home / "state.db"
     conn, schema, plan = _planned(home)
     try:
-        assert set(plan.delete_order) == FENCED
+        assert set(plan.delete_order) == PRUNED
         other = sqlite3.connect(str(db))
         with other:
             other.execute("UPDATE session_admissions SET status = 'queued' WHERE target_session_id = 'settled2'")
@@ -233,7 +237,7 @@ def test_a_live_admission_arriving_after_the_plan_leaves_its_session_unfenced(ho
         result = prune(conn, plan, schema, batch_size=4000, pause=0, result=PruneResult())
     finally:
         conn.close()
-    assert result.sessions == 2
+    assert result.sessions == 3
     ((refused),) = result.refused  # the store's own guard refuses it; it got no fence
     assert (refused["session"], refused["by"]) == ("settled2", "trigger sessions_runtime_ledger_delete_guard")
     assert meta(db, fence.RETIRED_PREFIX + "settled2") is None
@@ -314,7 +318,7 @@ def test_a_sigkill_at_every_statement_leaves_no_half_fenced_session(home, tmp_pa
     shutil.copytree(home, template)
     conn, schema, plan = _planned(template)
     conn.close()
-    assert set(plan.delete_order) == FENCED
+    assert set(plan.delete_order) == PRUNED
     probe = tmp_path / "probe"
     shutil.copytree(template, probe)
     statements = _statements(probe, schema, plan)
@@ -327,7 +331,7 @@ def test_a_sigkill_at_every_statement_leaves_no_half_fenced_session(home, tmp_pa
         assert rows(db, "PRAGMA integrity_check") == [("ok",)]
         assert _half_fenced(db) == [], "killed at statement %d: %s" % (step, statements[step - 1])
         present = {r[0] for r in rows(db, "SELECT id FROM sessions")}
-        assert FENCED & present == (FENCED if step <= commit else set()), "killed at statement %d" % step
+        assert PRUNED & present == (PRUNED if step <= commit else set()), "killed at statement %d" % step
     p = run(probe)  # after the last kill: a run finishes the work
     assert p["status"] == "ok" and {r[0] for r in rows(probe / "state.db", "SELECT id FROM sessions")} == set(KEPT) | {
         "recent"
@@ -367,3 +371,86 @@ def test_a_state_meta_key_family_naming_sessions_skips_the_deletes(home):
     p = run(home)
     assert p["status"] == "failed" and p["sessions_pruned"] == 0
     assert p["catalogue"]["unknown"] == ["state_meta key family gateway.bookmark.v9.* (1 rows naming sessions)"]
+
+
+# What upstream's sweep leaves on an identical copy of this file, read from its code at 4f64356f5e78
+# (hermes_state_mutation_retirement.retire_prunable: the idle candidates settled, settled2, plain and
+# media are fenced, queued and running skipped; retire_terminal_receipts with hermes_state_media.
+# retire_media; retire_mutation_receipts; retire_routes; hermes_state_local.retire_local_receipts;
+# then the raw prune deletes their messages and rows, no generation bump): written out row by row.
+SWEPT_STATE_META = {
+    "gateway.admission.result.v1.adm-0": '{"result":{"final_response":"done","messages":[],"usage":{"tokens":3}}}',
+    "gateway.api.settings.v1.queued": '{"m":1}',
+    "gateway.media.retired.v1.0b0532af5ed750b2c900ac3040790aaf236014702c77ed76028f23de0b80e7ca": (
+        '{"path": "/tmp/x.png"}'
+    ),
+    "gateway.mutation.v1.79d4abd84c71580735d30361dfc05a97010344ba297769db3601199f98cf6441": (
+        '{"digest":"d","result":{"operation":"rename","revision":2,"session_id":"settled","title":null}}'
+    ),
+    "gateway.retired_session.v1.media": "{}",
+    "gateway.retired_session.v1.plain": "{}",
+    "gateway.retired_session.v1.settled": "{}",
+    "gateway.retired_session.v1.settled2": "{}",
+    "gateway.terminal_admission.v1.adm-0": (
+        '{"admission_id":"adm-0","generation":1,"intent":"queue","lineage_json":"[]","outcome":"completed",'
+        '"owner_epoch":1,"payload_digest":"d0","payload_json":"{}","principal_id":"human","request_id":"r0",'
+        '"seq":1,"status":"terminal","target_session_id":"settled"}'
+    ),
+    "gateway.terminal_admission.v1.adm-1": (
+        '{"admission_id":"adm-1","generation":1,"intent":"queue","lineage_json":"[]","outcome":"completed",'
+        '"owner_epoch":1,"payload_digest":"d1","payload_json":"{}","principal_id":"human","request_id":"r1",'
+        '"seq":2,"status":"terminal","target_session_id":"settled2"}'
+    ),
+    "gateway.terminal_admission.v1.adm-3": (
+        '{"admission_id":"adm-3","generation":1,"intent":"queue","lineage_json":"[]","outcome":"completed",'
+        '"owner_epoch":1,"payload_digest":"d3","payload_json":"{}","principal_id":"human","request_id":"r3",'
+        '"seq":4,"status":"terminal","target_session_id":"media"}'
+    ),
+    "gateway.terminal_identity.v1.2356b49f6b552c3f4d67301174acc5585fd76934ed80ccfecbf545a855b017d9": '"adm-0"',
+    "gateway.terminal_identity.v1.61652528ee2bb4ff37d723c461c9a341993b85128ff8cd5208bba3d648f5d6a0": '"adm-3"',
+    "gateway.terminal_identity.v1.85798c9a19f7711f804f1617b970b4f8966285ebca7ff8fada44f5f5ef540c91": '"adm-1"',
+    "gateway.terminal_worker.v1.exec-0": (
+        '{"adoption_digest":"digest","execution_id":"exec-0","generation":1,"kind":"child","last_sequence":1,'
+        '"owner_epoch":1,"receipts":[{"payload_digest":"digest","result_json":null,"sequence":1},'
+        '{"payload_digest":"%s","result_json":"{\\"finished\\":true}","sequence":2}],"session_id":"settled",'
+        '"status":"terminal"}' % CLOSING
+    ),
+}
+SWEPT_ROWS = {
+    "sessions": [("queued",), ("recent",), ("running",)],
+    "session_admissions": [("adm-2", "queued", "queued")],
+    "worker_executions": [("exec-1", "running", "running")],
+    "worker_receipts": [("exec-1", 1)],
+    "gateway_routing": [("agent:main:telegram:dm:3", "queued")],
+    "conversation_generations": [("telegram", "agent:main:telegram:dm:settled", 4)],
+}
+SWEPT_SQL = {
+    "sessions": "SELECT id FROM sessions ORDER BY 1",
+    "session_admissions": "SELECT admission_id, target_session_id, status FROM session_admissions ORDER BY 1",
+    "worker_executions": "SELECT execution_id, session_id, status FROM worker_executions ORDER BY 1",
+    "worker_receipts": "SELECT execution_id, sequence FROM worker_receipts ORDER BY 1, 2",
+    "gateway_routing": "SELECT session_key, json_extract(entry_json, '$.session_id') FROM gateway_routing ORDER BY 1",
+    "conversation_generations": "SELECT * FROM conversation_generations ORDER BY 1, 2",
+}
+
+
+def test_a_prune_leaves_what_upstreams_sweep_leaves(home):
+    """The differential: every gateway.* state_meta row, the ledger, the routes, the sessions and the
+    generation counters after our prune equal what upstream's sweep leaves (the rows above); the
+    other state_meta rows (the store's own) are untouched."""
+    db = home / "state.db"
+    own = [r for r in rows(db, "SELECT key, value FROM state_meta WHERE key NOT GLOB 'gateway.*' ORDER BY 1")]
+    p = run(home)
+    assert p["status"] == "ok" and p["sessions_pruned"] == 4
+    ours = dict(rows(db, "SELECT key, value FROM state_meta WHERE key GLOB 'gateway.*'"))
+    lines = []
+    for key in sorted(set(ours) | set(SWEPT_STATE_META)):
+        same = ours.get(key) == SWEPT_STATE_META.get(key)
+        lines.append("%-5s state_meta %s" % ("same" if same else "DIFF", key[:60]))
+    for table, sql in SWEPT_SQL.items():
+        got = rows(db, sql)
+        lines.append("%-5s %s %s" % ("same" if got == SWEPT_ROWS[table] else "DIFF", table, got))
+    print("\n".join(lines))  # the differential, for the record (pytest -s)
+    assert ours == SWEPT_STATE_META
+    assert {t: rows(db, sql) for t, sql in SWEPT_SQL.items()} == SWEPT_ROWS
+    assert rows(db, "SELECT key, value FROM state_meta WHERE key NOT GLOB 'gateway.*' ORDER BY 1") == own
