@@ -130,6 +130,45 @@ def _retire_media(conn, raw):
         conn.execute("INSERT OR IGNORE INTO state_meta(key, value) VALUES (?, ?)", (key, json.dumps(reference)))
 
 
+# The ledger columns the fence reads and writes (hermes_state_runtime.py at 4f64356): a table
+# without one of them has a shape this engine does not know.
+LEDGER_COLUMNS = {
+    "session_admissions": ("admission_id", "request_id", "principal_id", "target_session_id", "lineage_json",
+                           "payload_json", "status"),
+    "worker_executions": ("execution_id", "session_id", "status"),
+    "worker_receipts": ("execution_id", "sequence", "payload_digest", "result_json"),
+}  # fmt: skip
+
+
+def ledger_shape(conn, tables):
+    """Why the ledger's shape is not one the fence knows (None: it is): the columns it lacks."""
+    missing = []
+    for table, needed in LEDGER_COLUMNS.items():
+        if table in tables:
+            have = {r[1] for r in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))}
+            lacks = [c for c in needed if c not in have]
+            if lacks:
+                missing.append("%s has no %s" % (table, ", ".join(lacks)))
+    if not missing:
+        return None
+    return "the runtime ledger is of a shape this collection does not know (%s): its fence cannot be written" % (
+        "; ".join(missing)
+    )
+
+
+def _ledger_holders(conn, tables):
+    """Session id -> True for every session a ledger row names, by the ledger's foreign keys to sessions."""
+    held = set()
+    for table in LEDGER_COLUMNS:
+        if table not in tables:
+            continue
+        for fk in conn.execute("SELECT * FROM pragma_foreign_key_list(?)", (table,)).fetchall():
+            if fk[2] == "sessions":
+                column = '"%s"' % fk[3].replace('"', '""')
+                held.update(r[0] for r in conn.execute('SELECT DISTINCT %s FROM "%s"' % (column, table)))
+    return held
+
+
 _HOSTED = "a hosted-room request of its ledger: Hermes checks its output cleanup first"
 _CLEANUP = "its hosted output cleanup is pending"
 _SEGMENT = "one segment of a local conversation of %d (Hermes sweeps it only whole)"
@@ -157,6 +196,10 @@ def reasons(conn, tables):
     """Session id -> why the fence keeps it, for every session the ledger, the hosted-room
     bookkeeping or a local conversation holds back. Reads only."""
     kept = {}
+    shape = ledger_shape(conn, tables)
+    if shape:  # what it holds cannot be read: every session it names stays, the others are pruned
+        kept.update(dict.fromkeys(_ledger_holders(conn, tables), shape))
+        tables = [t for t in tables if t not in LEDGER_COLUMNS]
     if "session_admissions" in tables:
         for sid, status, request_id, payload in conn.execute(
             "SELECT target_session_id, status, request_id, payload_json FROM session_admissions"
@@ -194,6 +237,30 @@ def check(conn, sid, conversations, guarded):
     it gets no fence, and the store's own guard trigger (``guarded``) refuses its delete, naming
     itself; without that trigger the fence refuses it. Raises FenceRefused for a session the fence
     leaves to Hermes (``conversations``: ``local_conversations`` of this transaction)."""
+    tables = _tables(conn)
+    shape = ledger_shape(conn, tables)
+    if shape and sid in _ledger_holders(conn, tables):
+        raise FenceRefused(shape)
+    if not shape and _check_ledger(conn, sid, guarded):
+        return True
+    if conn.execute(
+        "SELECT 1 FROM state_meta WHERE key LIKE ? AND json_valid(value) "
+        "AND json_extract(value, '$.state') IS NOT 'completed' "
+        "AND json_extract(value, '$.binding.admission.target_session_id') = ? LIMIT 1",
+        (OUTPUT_CLEANUP_LIKE, sid),
+    ).fetchone():
+        raise FenceRefused(_CLEANUP)
+    whole = conversations.get(sid, (sid,))
+    if len(whole) > 1:
+        raise FenceRefused(_SEGMENT % len(whole))
+    return False
+
+
+def _tables(conn):
+    return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def _check_ledger(conn, sid, guarded):
     live = conn.execute(
         "SELECT status FROM session_admissions WHERE target_session_id = ? AND status != 'terminal' "
         "UNION ALL SELECT status FROM worker_executions WHERE session_id = ? AND status != 'terminal'",
@@ -210,16 +277,6 @@ def check(conn, sid, conversations, guarded):
             raise FenceRefused(_HOSTED)
         if _media_problem(payload):
             raise FenceRefused(_media_problem(payload))
-    if conn.execute(
-        "SELECT 1 FROM state_meta WHERE key LIKE ? AND json_valid(value) "
-        "AND json_extract(value, '$.state') IS NOT 'completed' "
-        "AND json_extract(value, '$.binding.admission.target_session_id') = ? LIMIT 1",
-        (OUTPUT_CLEANUP_LIKE, sid),
-    ).fetchone():
-        raise FenceRefused(_CLEANUP)
-    whole = conversations.get(sid, (sid,))
-    if len(whole) > 1:
-        raise FenceRefused(_SEGMENT % len(whole))
     return False
 
 
@@ -342,8 +399,9 @@ def _retire_local_receipts(conn, sids):
 def retire(conn, tables, sids):
     """The whole fence for ``sids``, in the caller's transaction, before their rows are deleted.
     Each id must have passed ``check`` in this transaction."""
-    for sid in sids:
-        _retire_ledger(conn, sid)
+    if not ledger_shape(conn, tables):  # else ``check`` let through only sessions no ledger row names
+        for sid in sids:
+            _retire_ledger(conn, sid)
     _retire_mutation_receipts(conn, sids)
     _retire_routes(conn, sids, tables)
     _retire_local_receipts(conn, sids)

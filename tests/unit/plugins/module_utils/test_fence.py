@@ -454,3 +454,59 @@ def test_a_prune_leaves_what_upstreams_sweep_leaves(home):
     assert ours == SWEPT_STATE_META
     assert {t: rows(db, sql) for t, sql in SWEPT_SQL.items()} == SWEPT_ROWS
     assert rows(db, "SELECT key, value FROM state_meta WHERE key NOT GLOB 'gateway.*' ORDER BY 1") == own
+
+
+def test_a_family_naming_sessions_in_its_json_anywhere_skips_the_deletes(home):
+    """A state_meta family naming a session as target_session_id, nested in objects and lists, or as
+    its whole value makes the store not fully known, as upstream's output-cleanup records would."""
+    db = home / "state.db"
+    nested = {"state": "pending", "binding": {"admission": {"target_session_id": "plain"}}}
+    listed = {"items": [{"kind": "x", "session_ids": ["settled"]}]}
+    conn = sqlite3.connect(str(db))
+    with conn:
+        conn.execute("INSERT INTO state_meta VALUES ('gateway.output.v9:a', ?)", (_json(nested),))
+        conn.execute("INSERT INTO state_meta VALUES ('gateway.batch.v9.a', ?)", (_json(listed),))
+        conn.execute("INSERT INTO state_meta VALUES ('gateway.current.v9.a', ?)", (_json("settled2"),))
+        conn.execute("INSERT INTO state_meta VALUES ('gateway.note.v9.a', ?)", (_json({"text": "plain"}),))
+    conn.close()
+    p = run(home)
+    assert p["status"] == "failed" and p["sessions_pruned"] == 0, p
+    assert p["catalogue"]["unknown"] == [
+        "state_meta key family gateway.batch.v9.* (1 rows naming sessions)",
+        "state_meta key family gateway.current.v9.* (1 rows naming sessions)",
+        "state_meta key family gateway.output.v9:* (1 rows naming sessions)",
+    ]  # the note names no session: its text is not a session key
+
+
+def test_a_ledger_without_state_meta_deletes_nothing_and_says_why(home):
+    db = home / "state.db"
+    conn = sqlite3.connect(str(db))
+    with conn:
+        conn.execute("DROP TABLE state_meta")
+    conn.close()
+    for check_mode in (True, False):
+        p = run(home, check_mode=check_mode)
+        assert p["status"] == "failed" and p["sessions_pruned"] == 0
+        assert "runtime ledger without a state_meta table" in p["error"] and "no session was deleted" in p["error"]
+    assert len(rows(db, "SELECT id FROM sessions")) == len(SPECS)
+    assert rows(db, "SELECT COUNT(*) FROM session_admissions") == [(4,)]
+
+
+def test_a_ledger_of_an_unknown_shape_keeps_the_sessions_it_names_and_prunes_the_rest(home):
+    db = home / "state.db"
+    conn = sqlite3.connect(str(db))
+    with conn:
+        conn.execute("ALTER TABLE worker_executions RENAME COLUMN execution_id TO worker_id")
+    conn.close()
+    for check_mode in (True, False):
+        p = run(home, check_mode=check_mode)
+        assert p["status"] == "ok" and p["error"] is None, p["error"]
+        assert p["sessions_pruned"] == 1  # plain: no ledger row names it
+        kept = {k["session"]: k["reason"] for k in p["sessions_kept"]}
+        assert set(kept) == {"settled", "settled2", "queued", "running", "media"}
+        assert all("worker_executions has no execution_id" in reason for reason in kept.values()), kept
+    assert {r[0] for r in rows(db, "SELECT id FROM sessions")} == set(SPECS_IDS) - {"plain"}
+    assert meta(db, fence.RETIRED_PREFIX + "plain") == {}
+
+
+SPECS_IDS = [s["id"] for s in SPECS]
