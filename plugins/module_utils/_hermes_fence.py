@@ -362,11 +362,20 @@ def _retire_routes(conn, sids, tables):
     for sid in sids:
         conn.execute("INSERT OR IGNORE INTO state_meta(key, value) VALUES (?, '{}')", (RETIRED_PREFIX + sid,))
         conn.execute("DELETE FROM state_meta WHERE key = ?", (SETTINGS_PREFIX + sid,))
-    if "gateway_routing" in tables:
-        targets = set(sids)
-        for scope, key, entry in conn.execute("SELECT scope, session_key, entry_json FROM gateway_routing").fetchall():
-            if _entry_session_id(entry) in targets:
-                conn.execute("DELETE FROM gateway_routing WHERE scope = ? AND session_key = ?", (scope, key))
+    for scope, key in routes_naming(conn, tables, sids):
+        conn.execute("DELETE FROM gateway_routing WHERE scope = ? AND session_key = ?", (scope, key))
+
+
+def routes_naming(conn, tables, sids):
+    """(scope, session_key) of the ``gateway_routing`` entries naming any of ``sids``."""
+    if "gateway_routing" not in tables:
+        return []
+    targets = set(sids)
+    return [
+        (scope, key)
+        for scope, key, entry in conn.execute("SELECT scope, session_key, entry_json FROM gateway_routing").fetchall()
+        if _entry_session_id(entry) in targets
+    ]
 
 
 def _policy_target(raw):

@@ -187,8 +187,9 @@ options:
         them); a session it refuses is kept and named in C(sessions_refused). Check mode runs it on a private scratch
         copy.
       - V(auto) lets the engine delete where this collection knows every object of the file; where it does not, the
-        installed Hermes when O(hermes_python) is newer than every release this collection knows, else the engine,
-        refusing what those objects could affect and naming them.
+        installed Hermes (O(hermes_python)) when its own delete publishes upstream's deletion fence (asked of what it
+        ships, not of its version), else the engine, refusing what those objects could affect and naming them, and why
+        the installed Hermes was not used.
     type: str
     choices: [auto, engine, hermes]
     default: auto
