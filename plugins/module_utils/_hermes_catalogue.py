@@ -34,7 +34,8 @@ _DELETE = ("DELETE",)
 WRITES = dict(
     {"sessions": ("DELETE", "UPDATE"), "messages": _DELETE, "system_prompts": _DELETE},
     **{t: _DELETE for t in ("session_model_usage", "telegram_dm_topic_bindings")},
-    **{t: _DELETE for t in ("session_admissions", "worker_executions", "worker_receipts")},
+    **{t: _DELETE for t in ("session_admissions", "worker_executions", "worker_receipts", "gateway_routing")},
+    state_meta=("INSERT", "UPDATE", "DELETE"),  # the deletion fence writes its tombstones and marker there
 )
 REFERENCED = ("sessions", "messages")
 

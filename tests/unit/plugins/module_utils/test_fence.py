@@ -15,6 +15,7 @@ import shutil
 import signal
 import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 from hermes_markers import release_module_marks
@@ -510,3 +511,26 @@ def test_a_ledger_of_an_unknown_shape_keeps_the_sessions_it_names_and_prunes_the
 
 
 SPECS_IDS = [s["id"] for s in SPECS]
+
+
+def test_a_store_shaped_as_upstreams_0_23_is_not_fully_known_and_auto_deletes_nothing(home):
+    """Upstream main's logical-attempt index (tests/lib/schemas/logical_attempts.sql) adds tables and
+    triggers on the ledger's deletes and on state_meta inserts, which the fence's writes would fire:
+    without an installed Hermes whose delete publishes the fence, delete_with auto deletes nothing and
+    names every object (docs/compatibility.md, "Hermes 0.23 on paper")."""
+    db = home / "state.db"
+    conn = sqlite3.connect(str(db))
+    with conn:
+        conn.executescript((Path(__file__).parents[3] / "lib" / "schemas" / "logical_attempts.sql").read_text())
+    conn.close()
+    before = rows(db, "SELECT id FROM sessions ORDER BY 1")
+    p = run(home)
+    assert p["status"] == "failed" and p["sessions_pruned"] == 0
+    assert sorted(p["catalogue"]["unknown"]) == [
+        "table logical_attempts",
+        "trigger logical_attempt_live_delete on session_admissions DELETE",
+        "trigger logical_attempt_terminal_insert on state_meta INSERT",
+    ]
+    assert "delete_with auto: no hermes_python to hand the deletes to" in p["error"]
+    assert rows(db, "SELECT id FROM sessions ORDER BY 1") == before
+    assert rows(db, "SELECT COUNT(*) FROM logical_attempt_dirty") == [(0,)]
