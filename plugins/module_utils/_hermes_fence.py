@@ -96,7 +96,7 @@ def media_references(raw):
     try:
         payload = json.loads(raw)
     except (TypeError, ValueError):
-        raise ValueError("its ledger payload is not JSON")
+        raise ValueError("its ledger payload is not JSON") from None
     if not isinstance(payload, dict):
         raise ValueError("its ledger payload is not a JSON object")
     references = []

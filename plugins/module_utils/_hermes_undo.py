@@ -89,11 +89,6 @@ class SessionUndo:
         """Record (``on``) the statements that follow, or not (another session's in the same transaction)."""
         self.conn.execute("UPDATE %s SET active = ?" % SWITCH, (1 if on else 0,))
 
-    def deleted_messages(self):
-        if "messages" not in self.columns:
-            return 0
-        return self.conn.execute("SELECT COUNT(*) FROM temp.hermes_ops_undo_messages WHERE undo_op = 'delete'").fetchone()[0]
-
     def finish(self):
         """The session is gone whole (or back whole): forget its records, in this transaction."""
         self.conn.execute("DELETE FROM %s" % SWITCH)
