@@ -14,6 +14,7 @@ its whole fence; never in between.
 import json
 import shutil
 import sqlite3
+import threading
 import time
 
 import pytest
@@ -23,6 +24,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_fe
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import PruneResult, prune
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_catalogue import read_catalogue
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import open_rw
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_inspect import inspect_schema
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_plan import build_plan
 from hermes_fixtures import add_runtime_ledger, build_home, open_with_release
@@ -255,3 +257,41 @@ def test_a_run_stopped_between_two_slices_leaves_the_session_whole(home):
     assert result.stopped == "WAL budget reached" and result.sessions == 0 and result.messages == 0
     assert snapshot(db, "big") == before
     assert "WAL budget reached" in result.kept[0]["reason"]
+
+
+def test_a_whole_run_beside_a_gateway_admitting_mid_delete_names_the_session_put_back(home):
+    """Through run_maintenance: a thread with its own connection watches big's messages go, then
+    admits a queued turn for it (ignoring the marker); the run puts big back whole and names it in
+    sessions_kept and sessions_refused, and prunes the rest."""
+    db = home / "state.db"
+    before = snapshot(db, "big")
+    gateway = Gateway(db, "big", 1, honours_marker=False)
+    seen = threading.Event()
+
+    def watch():
+        conn = sqlite3.connect(str(db), timeout=5)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = 'big'").fetchone()[0] < 400:
+                    seen.set()
+                    gateway()  # between two of the run's transactions: the first slice has committed
+                    return
+                time.sleep(0.002)
+        finally:
+            conn.close()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    p = run_maintenance(
+        dict(OPTS, hermes_home=[str(home)], batch_size=BATCH, batch_pause=0.2), check_mode=False
+    )["profiles"][0]
+    watcher.join()
+    assert seen.is_set() and gateway.admitted and gateway.saw_marker
+    assert p["status"] == "ok" and p["sessions_pruned"] == 1 and p["messages_pruned"] == 3, p["error"]
+    kept = {k["session"]: k["reason"] for k in p["sessions_kept"]}
+    assert list(kept) == ["big"] and "were put back, and its fence removed" in kept["big"]
+    assert [r["session"] for r in p["sessions_refused"]] == ["big"]
+    after = snapshot(db, "big")
+    after["admissions"].pop()  # the turn the gateway admitted
+    assert after == before
