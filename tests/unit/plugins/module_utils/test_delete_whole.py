@@ -19,12 +19,14 @@ import time
 
 import pytest
 from hermes_markers import release_module_marks
+from hermes_reliability import query as rows
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_fence as fence
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import PruneResult, prune
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_catalogue import read_catalogue
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import open_rw
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_fence import _json
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_inspect import inspect_schema
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_plan import build_plan
 from hermes_fixtures import add_runtime_ledger, build_home, open_with_release
@@ -40,10 +42,6 @@ SPECS = [
 ]
 OPTS = {"prune_days": 30, "backup": False}
 BATCH = 100  # big: slices before transactions 1, 2 and 3; its row in transaction 4
-
-
-def _json(value):  # hermes_state_runtime._json
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +73,6 @@ def home(release_home, tmp_path):
     copy = tmp_path / "hermes"
     shutil.copytree(release_home, copy)
     return copy
-
-
-def rows(db, sql, *args):
-    conn = sqlite3.connect(str(db))
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
 
 
 def snapshot(db, sid):
@@ -283,9 +273,9 @@ def test_a_whole_run_beside_a_gateway_admitting_mid_delete_names_the_session_put
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    p = run_maintenance(
-        dict(OPTS, hermes_home=[str(home)], batch_size=BATCH, batch_pause=0.2), check_mode=False
-    )["profiles"][0]
+    p = run_maintenance(dict(OPTS, hermes_home=[str(home)], batch_size=BATCH, batch_pause=0.2), check_mode=False)[
+        "profiles"
+    ][0]
     watcher.join()
     assert seen.is_set() and gateway.admitted and gateway.saw_marker
     assert p["status"] == "ok" and p["sessions_pruned"] == 1 and p["messages_pruned"] == 3, p["error"]

@@ -114,6 +114,16 @@ def test_the_release_deletes_what_the_engine_deletes(layout, tmp_path):
         assert all(seen["resumed"][sid] > 0 for sid in with_messages) and seen["hits"] == 1
 
 
+def _owned_home(original, layout, uid, gid, base):
+    """A copy of ``original`` in a home the Hermes user owns, and the options of a run on it."""
+    home = base / "home"
+    home.mkdir()
+    db = copy_db(original, home / "state.db")
+    chown_tree(home, uid, gid)
+    python = hermes_python_for(layout, base)
+    return db, {"hermes_home": [str(home)], "prune_days": 7, "backup": False, "hermes_python": python}
+
+
 GUARD = (
     "CREATE TRIGGER keep_by_guard BEFORE DELETE ON sessions WHEN OLD.id = '%s' "
     "BEGIN SELECT RAISE(ABORT, 'kept by a guard of this store'); END;"
@@ -140,12 +150,7 @@ def test_a_session_the_release_refuses_is_kept_and_named_and_auto_names_why(tmp_
     conn.executescript(GUARD % guarded)
     conn.close()
     with user_with_dir(DELETE_USER, "hermes-ops-delw-") as (uid, gid, base):
-        python = hermes_python_for(layout, base)
-        home = base / "home"
-        home.mkdir()
-        db = copy_db(original, home / "state.db")
-        chown_tree(home, uid, gid)
-        opts = {"hermes_home": [str(home)], "prune_days": 7, "backup": False, "hermes_python": python}
+        db, opts = _owned_home(original, layout, uid, gid, base)
         auto = run_maintenance(dict(opts), check_mode=True)["profiles"][0]
         assert auto["status"] == "failed" and "trigger keep_by_guard on sessions DELETE" in auto["error"]
         assert (
@@ -261,12 +266,7 @@ def test_delete_with_hermes_deletes_a_routed_session_with_its_routes_on_a_fenced
     original = build_home(str(tmp_path / "original"), layout, specs)
     add_runtime_ledger(original)
     with user_with_dir(DELETE_USER, "hermes-ops-delw-") as (uid, gid, base):
-        python = hermes_python_for(layout, base)
-        home = base / "home"
-        home.mkdir()
-        db = copy_db(original, home / "state.db")
-        chown_tree(home, uid, gid)
-        opts = {"hermes_home": [str(home)], "prune_days": 7, "backup": False, "hermes_python": python}
+        db, opts = _owned_home(original, layout, uid, gid, base)
         for check_mode in (True, False):
             p = run_maintenance(dict(opts, delete_with="hermes"), check_mode=check_mode)["profiles"][0]
             assert p["status"] == "ok", p["error"]
