@@ -73,11 +73,7 @@ print(json.dumps({"resumed": resumed, "hits": hits}))
 
 @pytest.mark.parametrize("layout", MATRIX)
 def test_the_release_deletes_what_the_engine_deletes(layout, tmp_path):
-    if not layout_available(layout):
-        pytest.skip(missing_venv_message(layout))
-    closed = unreachable_packages(layout)
-    if closed:
-        pytest.skip("the Hermes user cannot reach %s's packages: %s is not searchable by others" % (layout, closed))
+    skip_unless_reachable(layout)
     specs, expected = standard_scenario(layout)
     original = build_home(str(tmp_path / "original"), layout, specs)
     with user_with_dir(DELETE_USER, "hermes-ops-delw-") as (uid, gid, base):
@@ -114,6 +110,15 @@ def test_the_release_deletes_what_the_engine_deletes(layout, tmp_path):
         assert all(seen["resumed"][sid] > 0 for sid in with_messages) and seen["hits"] == 1
 
 
+def skip_unless_reachable(layout):
+    """Skip unless ``layout``'s venv is there and the Hermes user can reach its packages."""
+    if not layout_available(layout):
+        pytest.skip(missing_venv_message(layout))
+    closed = unreachable_packages(layout)
+    if closed:
+        pytest.skip("the Hermes user cannot reach %s's packages: %s is not searchable by others" % (layout, closed))
+
+
 def _owned_home(original, layout, uid, gid, base):
     """A copy of ``original`` in a home the Hermes user owns, and the options of a run on it."""
     home = base / "home"
@@ -135,11 +140,7 @@ def test_a_session_the_release_refuses_is_kept_and_named_and_auto_names_why(tmp_
     own delete meet it (the refused session is kept and named, the rest goes, in check mode too);
     delete_with=auto keeps to the engine's catalogue rules, since that Hermes is no newer than 0.22.2."""
     layout = "hermes-0.22.2.post1"
-    if not layout_available(layout):
-        pytest.skip(missing_venv_message(layout))
-    closed = unreachable_packages(layout)
-    if closed:
-        pytest.skip("the Hermes user cannot reach %s's packages: %s is not searchable by others" % (layout, closed))
+    skip_unless_reachable(layout)
     specs, expected = standard_scenario(layout)
     original = build_home(str(tmp_path / "original"), layout, specs)
     parents = {s.get("parent") for s in specs}
@@ -228,11 +229,7 @@ def test_auto_asks_what_the_installed_hermes_ships_not_its_version(tmp_path):
     fence: the real 0.22.2 does not (no hermes_state_mutation_retirement); an install with that module
     whose delete calls it does; one whose delete_session does not call it is named."""
     layout = "hermes-0.22.2.post1"
-    if not layout_available(layout):
-        pytest.skip(missing_venv_message(layout))
-    closed = unreachable_packages(layout)
-    if closed:
-        pytest.skip("the Hermes user cannot reach %s's packages: %s is not searchable by others" % (layout, closed))
+    skip_unless_reachable(layout)
     with user_with_dir(DELETE_USER, "hermes-ops-delw-") as (uid, gid, base):
         real = _capability_as(uid, gid, hermes_python_for(layout, base))
         assert real["version"] == "0.22.2.post1"
@@ -252,11 +249,7 @@ def test_delete_with_hermes_deletes_a_routed_session_with_its_routes_on_a_fenced
     from hermes_fixtures import add_runtime_ledger
 
     layout = "hermes-0.22.2.post1"
-    if not layout_available(layout):
-        pytest.skip(missing_venv_message(layout))
-    closed = unreachable_packages(layout)
-    if closed:
-        pytest.skip("the Hermes user cannot reach %s's packages: %s is not searchable by others" % (layout, closed))
+    skip_unless_reachable(layout)
     old = dict(started_days_ago=40, ended_days_ago=39, messages=3)
     specs = [
         dict(id="routed", source="telegram", routing_key="agent:main:telegram:dm:1", **old),
