@@ -454,24 +454,29 @@ def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts)
         routed = set() if fenced else routed_sessions(conn, schema)
         schema["_conversations"] = local_conversations(conn) if fenced else {}
         done, index = [], 0
+        whole = isinstance(batch, Whole)  # never interrupted, never split: it completes
         while index < len(batch):
-            take = budget.room(batch, index, counts.messages, plan)
+            take = len(batch) if whole else budget.room(batch, index, counts.messages, plan)
             if not take:
                 queue.appendleft(batch[index:])  # the rest waits for the next transaction
                 break
             group = []
             for offset in range(index, index + take):
                 sid, chunk = batch[offset]
-                budget.unit, budget.armed = offset, offset > 0  # the first session always completes
+                budget.unit, budget.armed = offset, offset > 0 and not whole  # the first session always completes
                 if sid in skipped or sid in routed or not _still_prunable(conn, sid, plan, schema, leased):
                     _skip_with_ancestors(sid, plan, skipped)
                     _put_back(conn, schema, sid, counts, "resumed, written to or leased during its delete")
                     continue
                 group.append((sid, chunk))
+            if whole and len(group) < len(batch):  # one segment stays: so do the others
+                for sid, _chunk in group:
+                    _skip_with_ancestors(sid, plan, skipped)
+                group = []
             # Interrupted inside the group's statements: what came before it is retried on its own
             # (a first group of several is split in two instead; a single first session completes).
             budget.unit = index if index else take // 2
-            budget.armed = budget.unit > 0
+            budget.armed = budget.unit > 0 and not whole
             index += take
             if group:
                 done += _delete_group(conn, schema, group, has_prompts, counts, plan, skipped)
@@ -603,7 +608,7 @@ def _delete_sessions(conn, schema, sids, has_prompts, counts):
         if _fenced(schema):  # upstream's deletion fence, in this transaction, before the rows go
             conversations = schema.get("_conversations") or {}
             guarded = LEDGER_GUARD in schema["catalogue"]["raises"].values()
-            live = [sid for sid in part if fence_check(conn, sid, conversations, guarded)]
+            live = [sid for sid in part if fence_check(conn, sid, conversations, guarded, part)]
             fence_retire(conn, schema["tables"], [sid for sid in part if sid not in live])
         elif schema.get("catalogue", {}).get("ledger"):
             for sid in part:
@@ -688,10 +693,26 @@ def finish_pending(conn, path):
     return removed
 
 
+class Whole(list):
+    """A batch deleted in one group of one transaction, never split: a local conversation's segments."""
+
+
 def _batches(plan, batch_size):
-    """Yield lists of (session id, chunk): chunk>0 deletes that many of its messages first."""
+    """Yield lists of (session id, chunk): chunk>0 deletes that many of its messages first. A local
+    conversation of several segments comes whole (``Whole``) where its first segment is."""
     batch, weight = [], 0
+    emitted = set()
     for sid in plan.delete_order:
+        if sid in emitted:
+            continue
+        whole = plan.conversations.get(sid)
+        if whole:
+            if batch:
+                yield batch
+                batch, weight = [], 0
+            emitted.update(whole)
+            yield Whole((member, 0) for member in plan.delete_order if member in set(whole))
+            continue
         count = plan.messages.get(sid, 0)
         while count > batch_size:  # a session larger than a batch: delete it in slices
             if batch:

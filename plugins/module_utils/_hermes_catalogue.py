@@ -152,7 +152,7 @@ KEY_FAMILIES = (
     KnownName(KEY_FAMILY, "gateway.api.binding.v1.", FENCE + ": deleted", _FENCE_AT),
     KnownName(KEY_FAMILY, "gateway.api.conversation.v1.", FENCE + ": deleted when it resolves to the id", _FENCE_AT),
     KnownName(KEY_FAMILY, "gateway.local_policy.v1:", FENCE + ": deleted with its route; a conversation of "
-              "several segments is kept (Hermes sweeps it only whole)", _FENCE_AT),
+              "several segments goes only whole, in one transaction, as Hermes sweeps it", _FENCE_AT),
     KnownName(KEY_FAMILY, "gateway.media.retired.v1.", "retired media: written by the deletion fence for each "
               "media reference of a deleted session's admissions, as upstream's retire_media does", _FENCE_AT),
     KnownName(KEY_FAMILY, "gateway.hosted.output_cleanup.v1:", "a pending output cleanup keeps its session",

@@ -27,9 +27,11 @@ a second time". For each deleted id, before its rows go:
 What the engine cannot do faithfully it does not half do: a session whose ledger is at work,
 whose ledger payload upstream's retire_media could not read, or that carries a hosted-room request
 (its documents are named by prompt text under the gateway's retained root), whose output cleanup
-is pending, or that is
-one segment of a local conversation of several, is kept and named with the reason (``reasons``,
-read by the plan, so check mode predicts it; ``check`` again inside the deleting transaction).
+is pending, is kept and named with the reason (``reasons``,
+read by the plan, so check mode predicts it; ``check`` again inside the deleting transaction). A
+local conversation of several segments (reset, compression) goes only whole, in one transaction,
+as upstream's sweep takes it (the plan keeps it whole or not at all; ``check`` refuses a segment
+deleted without the others).
 
 Standard library only, Python 3.8+, no Ansible imports.
 """
@@ -171,7 +173,7 @@ def _ledger_holders(conn, tables):
 
 _HOSTED = "a hosted-room request of its ledger: Hermes checks its output cleanup first"
 _CLEANUP = "its hosted output cleanup is pending"
-_SEGMENT = "one segment of a local conversation of %d (Hermes sweeps it only whole)"
+_SEGMENT = "one segment of a local conversation of %d, not deleted with all of it (Hermes sweeps it only whole)"
 
 
 def local_conversations(conn):
@@ -226,17 +228,15 @@ def reasons(conn, tables):
         ):
             if sid:
                 kept.setdefault(sid, _CLEANUP)
-        for sid, whole in local_conversations(conn).items():
-            if len(whole) > 1:
-                kept.setdefault(sid, _SEGMENT % len(whole))
     return kept
 
 
-def check(conn, sid, conversations, guarded):
+def check(conn, sid, conversations, guarded, together=()):
     """Inside the deleting transaction: True when ``sid`` has live ledger work (gained since the plan):
     it gets no fence, and the store's own guard trigger (``guarded``) refuses its delete, naming
     itself; without that trigger the fence refuses it. Raises FenceRefused for a session the fence
-    leaves to Hermes (``conversations``: ``local_conversations`` of this transaction)."""
+    leaves to Hermes (``conversations``: ``local_conversations`` of this transaction; a segment of
+    one goes only with all of it in ``together``, the ids deleted with it)."""
     tables = _tables(conn)
     shape = ledger_shape(conn, tables)
     if shape and sid in _ledger_holders(conn, tables):
@@ -251,7 +251,7 @@ def check(conn, sid, conversations, guarded):
     ).fetchone():
         raise FenceRefused(_CLEANUP)
     whole = conversations.get(sid, (sid,))
-    if len(whole) > 1:
+    if len(whole) > 1 and not set(whole) <= set(together):
         raise FenceRefused(_SEGMENT % len(whole))
     return False
 

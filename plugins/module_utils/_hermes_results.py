@@ -95,7 +95,7 @@ PROFILE_FIELDS = (
         "Sessions old enough for the prune that the plan keeps, each named with V(session) and V(reason) "
         "(pinned, a live lease, a gateway route without the runtime ledger, the runtime ledger's live work, "
         "what upstream's deletion fence leaves to Hermes (a ledger payload its media retirement cannot read, "
-        "hosted rooms, a local conversation of several segments), rows of an object this collection does not "
+        "hosted rooms, a segment of a local conversation not all due), rows of an object this collection does not "
         "know, or tied to such a session). Check mode names the same. A session deleted across several "
         "transactions that stopped qualifying before its last (resumed, written to, leased, new ledger work, "
         "the store's guard) is put back whole and named here too.",

@@ -534,3 +534,54 @@ def test_a_store_shaped_as_upstreams_0_23_is_not_fully_known_and_auto_deletes_no
     assert "delete_with auto: no hermes_python to hand the deletes to" in p["error"]
     assert rows(db, "SELECT id FROM sessions ORDER BY 1") == before
     assert rows(db, "SELECT COUNT(*) FROM logical_attempt_dirty") == [(0,)]
+
+
+def _conversation(db, lineage):
+    """A local reset/compression conversation: its creation policy names every segment (upstream's
+    commit_local_session receipt; _local_conversations reads session_id, lineage and entry)."""
+    receipt = {
+        "session_id": lineage[0],
+        "route": "agent:main:local:1",
+        "entry": {"session_id": lineage[-1], "created_at": "2026-01-01T00:00:00", "origin": {"chat_id": "1"}},
+        "lineage": lineage,
+        "profile_id": "p",
+        "principal_id": "human",
+        "request_id": "local-1",
+        "policy": {"request_json": "{}"},
+    }
+    conn = sqlite3.connect(str(db))
+    with conn:
+        conn.execute("INSERT INTO state_meta VALUES (?, ?)", (fence.POLICY_PREFIX + lineage[0], _json(receipt)))
+    conn.close()
+
+
+def test_a_local_conversation_goes_whole_in_one_transaction(home):
+    """Upstream's sweep takes a local conversation only whole (retire_prunable at 4f64356): its two
+    segments, both due, go together in one statement group, with their fence and its policy receipt."""
+    db = home / "state.db"
+    _conversation(db, ["plain", "settled"])
+    conn, schema, plan = _planned(home)
+    try:
+        assert plan.conversations == {"plain": ("plain", "settled"), "settled": ("plain", "settled")}
+        deletes = []
+        conn.set_trace_callback(lambda sql: deletes.append(sql) if sql.startswith("DELETE FROM sessions") else None)
+        result = prune(conn, plan, schema, batch_size=4000, pause=0, result=PruneResult())
+    finally:
+        conn.close()
+    assert result.sessions == 4 and result.refused == []
+    assert any("'plain'" in sql and "'settled'" in sql for sql in deletes), deletes  # one statement for both
+    for sid in ("plain", "settled"):
+        assert meta(db, fence.RETIRED_PREFIX + sid) == {}
+    assert meta(db, fence.POLICY_PREFIX + "plain") is None
+
+
+def test_a_local_conversation_with_a_segment_that_stays_is_kept_whole_and_named(home):
+    db = home / "state.db"
+    _conversation(db, ["plain", "settled", "recent"])
+    p = run(home)
+    assert p["status"] == "ok" and p["sessions_pruned"] == 2  # settled2 and media
+    kept = {k["session"]: k["reason"] for k in p["sessions_kept"]}
+    why = "one segment of a local conversation of 3 whose other segments stay (Hermes sweeps it only whole)"
+    assert kept["plain"] == why and kept["settled"] == why
+    assert {"plain", "settled", "recent"} <= {r[0] for r in rows(db, "SELECT id FROM sessions")}
+    assert meta(db, fence.RETIRED_PREFIX + "plain") is None and meta(db, fence.POLICY_PREFIX + "plain")
