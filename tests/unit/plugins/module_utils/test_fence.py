@@ -440,7 +440,7 @@ def test_a_prune_leaves_what_upstreams_sweep_leaves(home):
     generation counters after our prune equal what upstream's sweep leaves (the rows above); the
     other state_meta rows (the store's own) are untouched."""
     db = home / "state.db"
-    own = [r for r in rows(db, "SELECT key, value FROM state_meta WHERE key NOT GLOB 'gateway.*' ORDER BY 1")]
+    own = rows(db, "SELECT key, value FROM state_meta WHERE key NOT GLOB 'gateway.*' ORDER BY 1")
     p = run(home)
     assert p["status"] == "ok" and p["sessions_pruned"] == 4
     ours = dict(rows(db, "SELECT key, value FROM state_meta WHERE key GLOB 'gateway.*'"))
