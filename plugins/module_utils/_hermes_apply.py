@@ -406,6 +406,8 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
         finally:
             if budget.hard:
                 conn.set_progress_handler(None, 0)
+            if schema.get("_undo") is not None and not conn.in_transaction:
+                schema.pop("_undo").close()
     return result
 
 

@@ -77,6 +77,14 @@ class SessionUndo:
                 % (_quote("hermes_ops_undo_%s_%s" % (table, op)), event, _quote(table), on, log[5:], targets, values)
             )
 
+    def close(self):
+        """Drop the temporary triggers and tables (the steps after the prune write messages too)."""
+        for table in self.columns:
+            for op in ("insert", "update", "delete"):
+                self.conn.execute("DROP TRIGGER IF EXISTS temp.%s" % _quote("hermes_ops_undo_%s_%s" % (table, op)))
+            self.conn.execute("DROP TABLE IF EXISTS temp.%s" % _quote("hermes_ops_undo_" + table))
+        self.conn.execute("DROP TABLE IF EXISTS %s" % SWITCH)
+
     def recording(self):
         """The session whose delete is in progress (its earlier transactions committed), or None."""
         row = self.conn.execute("SELECT session_id FROM %s" % SWITCH).fetchone()

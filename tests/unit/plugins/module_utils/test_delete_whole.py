@@ -149,7 +149,9 @@ def pruned(home, gateway):
     conn, schema, plan = planned(home)
     try:
         assert plan.delete_order == ["big", "small"]
-        return prune(conn, plan, schema, batch_size=BATCH, pause=0, result=PruneResult(), stop=gateway)
+        result = prune(conn, plan, schema, batch_size=BATCH, pause=0, result=PruneResult(), stop=gateway)
+        assert conn.execute("SELECT name FROM sqlite_temp_master").fetchall() == []  # its records dropped
+        return result
     finally:
         conn.close()
 
