@@ -287,3 +287,25 @@ def test_a_whole_run_beside_a_gateway_admitting_mid_delete_names_the_session_put
     after = snapshot(db, "big")
     after["admissions"].pop()  # the turn the gateway admitted
     assert after == before
+
+
+def test_a_run_failing_between_two_slices_puts_the_session_back_before_it_fails(home):
+    db = home / "state.db"
+    before = snapshot(db, "big")
+    calls = []
+
+    def stop():
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError("No space left on device")  # what a failed step between two transactions raises
+        return None
+
+    conn, schema, plan = planned(home)
+    result = PruneResult()
+    try:
+        with pytest.raises(OSError, match="No space left"):
+            prune(conn, plan, schema, batch_size=BATCH, pause=0, result=result, stop=stop)
+    finally:
+        conn.close()
+    assert snapshot(db, "big") == before and result.messages == 0
+    assert "the run failed before its last slice" in result.kept[0]["reason"]
