@@ -11,10 +11,10 @@ leaves that to chance (where the prune's transactions ended): on the same releas
 indexes grew by a quarter in one run and shrank to a third in the next. The reclaim's optimize,
 run when no other process holds the file, merges each index into one segment without them, and the
 index then gives its share back too. Beside a holder the estimate counts the indexes (their size
-is in their structure records, one row each) as keeping their size.
+is in their structure records, one row each) as keeping their size and growing by their markers.
 
-Every read is one short statement (at most a few thousand rows): safe beside a live gateway in
-rollback-journal mode, where each read holds back its commits while it runs.
+Every read is one short statement (a few hundred rows, or ranges sized by ``ranged_rows``): safe
+beside a live gateway in rollback-journal mode, where each read holds back its commits while it runs.
 """
 
 from __future__ import annotations
@@ -107,12 +107,16 @@ def pruned_bytes(conn, pruned, live_rollback=False):
     running at the bound is interrupted and its range read again in halves."""
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS hermes_ops_pruned (at INTEGER PRIMARY KEY, session_id TEXT)")
     try:
-        conn.execute("DELETE FROM temp.hermes_ops_pruned")
-        rows, at = [], 0
+        offsets, at = [], 0
         for sid in sorted(pruned):
-            rows.append((at, sid))
+            offsets.append((at, sid))
             at += max(1, pruned[sid])
-        conn.executemany("INSERT INTO temp.hermes_ops_pruned (at, session_id) VALUES (?, ?)", rows)
+        conn.execute("BEGIN")  # one transaction of the temporary database alone: state.db is not read
+        try:
+            conn.execute("DELETE FROM temp.hermes_ops_pruned")
+            conn.executemany("INSERT INTO temp.hermes_ops_pruned (at, session_id) VALUES (?, ?)", offsets)
+        finally:
+            conn.execute("COMMIT")
         sql = (
             "SELECT COALESCE(SUM(b), 0) FROM (SELECT %s AS b FROM messages WHERE session_id IN "
             "(SELECT session_id FROM temp.hermes_ops_pruned WHERE at >= ? AND at < ?))" % _row_bytes_sql(conn)

@@ -6,7 +6,8 @@ outputs per session of 300 to 20,000 bytes appended by the release's own ``appen
 transaction each, so both FTS5 indexes hold many segments as a gateway leaves them). Check mode runs
 on one copy, the real run on another, with a full VACUUM and, on a copy switched to
 ``auto_vacuum=INCREMENTAL``, with incremental steps; ``reclaim.bytes_freed`` of the two is compared.
-Run with ``-s`` for the table of the estimate against the run.
+Run with ``-s`` for the table of the estimate against the run (columns: release, journal mode, vacuum,
+sessions pruned, the file before, check mode's ``freed``, the run's, the difference).
 """
 
 import json
