@@ -233,9 +233,9 @@ def playbook_option_names(options):
     return ["- %s" % o.name for o in options.OPTIONS if o.role is not options.ROLE_NONE]
 
 
-def playbook_module_args(options):
+def playbook_module_args(options, args="hermes_ops_args"):
     return [
-        '%s: "{{ hermes_ops_args.%s | default(omit) }}"' % (o.name, o.name)
+        '%s: "{{ %s.%s | default(omit) }}"' % (o.name, args, o.name)
         for o in options.OPTIONS
         if o.role is not options.ROLE_NONE
     ]
@@ -325,6 +325,10 @@ def blocks(options, results):
         ("roles/session_maintenance/templates/maintenance.json.j2", "options"): role_config_keys(options),
         ("playbooks/maintain.yml", "option-names"): playbook_option_names(options),
         ("playbooks/maintain.yml", "module-args"): playbook_module_args(options),
+        ("roles/session_maintenance/tasks/run_now.yml", "option-names"): playbook_option_names(options),
+        ("roles/session_maintenance/tasks/run_now.yml", "module-args"): playbook_module_args(
+            options, "_session_maintenance_run_args"
+        ),
         ("README.md", "deletes"): readme_deletes(options),
         ("docs/getting_started.md", "options"): readme_options(options),
         ("roles/session_maintenance/README.md", "options"): role_readme_options(options),

@@ -746,16 +746,22 @@ def _retention(result, plan, opts):
     }
 
 
+def backup_words(p, opts):
+    """The backup taken, in a few words: why a whole-file copy was not (``backup_deferred``) is in the
+    result, not in the line."""
+    backup = p["backup"]
+    if backup:
+        deferred = " (whole-file deferred)" if p["backup_deferred"] else ""
+        return "backup=%s %s%s" % (backup.get("kind") or "file", _relative(backup["path"], p["home"]), deferred)
+    if p["backup_deferred"]:
+        return "no backup (whole-file deferred: the file is held)"
+    return "no backup (nothing changed)" if opts["backup"] else "no backup (backup is off)"
+
+
 def summary_details(p, opts):
     """What was done and why, after the seed's words: retention, backup, reclaim, stopped early."""
     words = [retention_words(p.get("retention"), opts, p["name"])]
-    backup = p["backup"]
-    if backup:
-        words.append("backup=%s %s" % (backup.get("kind") or "file", _relative(backup["path"], p["home"])))
-    if p["backup_deferred"]:
-        words.append("whole-file backup deferred: %s" % p["backup_deferred"])
-    elif not backup:
-        words.append("no backup (nothing changed)" if opts["backup"] else "no backup (backup is off)")
+    words.append(backup_words(p, opts))
     reclaim_ = p["reclaim"] or {}
     if reclaim_.get("action"):
         words.append("vacuum %s" % reclaim_["action"])

@@ -83,6 +83,8 @@ def test_single_server_dry_run_then_real_run(ansible_playbook, tmp_path):
     assert out.result("Maintain now (with --check, the exact dry run)")["changed"]
     assert (tmp_path / "install" / "bin" / "hermes-session-maintenance").is_file()
     assert sorted(p.name for p in (home / "backups").iterdir())  # a backup before the first change
+    # The run now is the scheduled run started now: its log has it.
+    assert "=== Session Maintenance Start ===" in (tmp_path / "install" / "log" / "maintenance.log").read_text()
 
 
 def test_fleet_dry_run(ansible_playbook, tmp_path):
@@ -102,3 +104,47 @@ def test_fleet_dry_run(ansible_playbook, tmp_path):
     assert digests(home) == before
     assert not (tmp_path / "install").exists()
     assert set(counts(out.result("Summary")["msg"])) == set(PROFILES)
+
+
+def selected(result):
+    """Per profile, the sessions the plan selected for the prune, by source."""
+    return {p["name"]: (p.get("retention") or {}).get("selected") for p in result["profiles"]}
+
+
+def test_single_server_keeps_what_maintain_keeps(ansible_playbook, tmp_path):
+    """Per-source retention reaches the example's run now exactly as it reaches maintain.yml."""
+    home = make_home(tmp_path / "hermes")
+    extra = local_vars(tmp_path, home)
+    rc, out = ansible_playbook(EXAMPLES / "single_server.yml", extra_vars=extra, check=True)
+    assert rc == 0, getattr(out, "text", out)
+    plain = selected(out.result("Keep the result (session_maintenance_result)")["ansible_facts"]["session_maintenance_result"])
+    assert any((s or {}).get("telegram") for s in plain.values())  # 90 days selects some old Telegram chats
+
+    extra["hermes_maintenance_prune_days_by_source"] = {"telegram": 365}
+    rc, out = ansible_playbook(EXAMPLES / "single_server.yml", extra_vars=extra, check=True)
+    assert rc == 0, getattr(out, "text", out)
+    example = selected(out.result("Keep the result (session_maintenance_result)")["ansible_facts"]["session_maintenance_result"])
+    rc, out = ansible_playbook("playbooks/maintain.yml", extra_vars=extra, check=True)
+    assert rc == 0, getattr(out, "text", out)
+    maintain = selected(out.result("Maintain"))
+    assert example == maintain
+    assert sum((s or {}).get("telegram", 0) for s in example.values()) < sum(
+        (s or {}).get("telegram", 0) for s in plain.values()
+    )
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("hermes_maintenance_prune_day", "hermes_maintenance_prune_days"), ("hermes_maintenance_usr", "hermes_maintenance_user")],
+)
+def test_single_server_typo_fails_before_anything_runs(ansible_playbook, tmp_path, typo, meant):
+    home = make_home(tmp_path / "hermes")
+    before = digests(home)
+    extra = dict(local_vars(tmp_path, home), **{typo: 30 if typo.endswith("day") else "hermes"})
+    rc, out = ansible_playbook(EXAMPLES / "single_server.yml", extra_vars=extra)
+    text = getattr(out, "text", out)
+    assert rc != 0, text
+    assert f"unknown variable {typo}: did you mean {meant}?" in text
+    assert digests(home) == before
+    assert not (tmp_path / "install").exists()
+    assert not (home / "backups").exists()
