@@ -124,9 +124,14 @@ def test_single_server_keeps_what_maintain_keeps(ansible_playbook, tmp_path):
     rc, out = ansible_playbook(EXAMPLES / "single_server.yml", extra_vars=extra, check=True)
     assert rc == 0, getattr(out, "text", out)
     example = selected(out.result("Keep the result (session_maintenance_result)")["ansible_facts"]["session_maintenance_result"])
+    sooner = "Say where Hermes's own auto-prune deletes sooner than the retention asked for"
+    (note,) = out.result(sooner)["msg"]  # the demo home has no config.yaml: Hermes's default, 90 days
+    assert "sessions.retention_days 90, Hermes default" in note and "(telegram 365d)" in note, note
+    assert "set sessions.auto_prune: false in config.yaml" in note and "hermes_maintenance_prune_days" in note, note
     rc, out = ansible_playbook("playbooks/maintain.yml", extra_vars=extra, check=True)
     assert rc == 0, getattr(out, "text", out)
     maintain = selected(out.result("Maintain"))
+    assert out.result(sooner)["msg"] == [note]
     assert example == maintain
     assert sum((s or {}).get("telegram", 0) for s in example.values()) < sum(
         (s or {}).get("telegram", 0) for s in plain.values()

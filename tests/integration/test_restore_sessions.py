@@ -331,10 +331,8 @@ def test_restore_sessions_runs_on_the_hosts_chosen(ansible_playbook, tmp_path):
     assert rc != 0 and "add -e hermes_restore_confirm=true" in getattr(out, "text", out)
     assert session_ids(db) == before
 
-    rc, out = ansible_playbook(
-        "playbooks/restore_sessions.yml", extra_vars=dict(play, hermes_restore_list=True, hermes_restore_backup=None,
-                                                          hermes_restore_sources=None), args=("-i", str(inventory))
-    )  # fmt: skip
+    listing = {"hermes_restore_home": str(home), "hermes_maintenance_become": False, "hermes_restore_list": True}
+    rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=listing, args=("-i", str(inventory)))
     assert rc == 0, getattr(out, "text", out)
     assert session_ids(db) == before
 
@@ -359,8 +357,10 @@ def test_undo_as_documented_finds_the_archive(ansible_playbook, live):
     assert named == archived
     text = "\n".join(out.result("Result")["msg"])
     shown = [sid for sid in archived if sid in text]
-    assert len(shown) == min(30, 20 * len(entry["missing"])) and shown
-    assert any(title and title in text for _source, title in archived.values())
+    assert shown and len(shown) == sum(min(20, len(e["ids"])) for e in entry["missing"])
+    for sid in shown:  # id, messages, title where it has one
+        title = archived[sid][1]
+        assert ("    %s (" % sid) in text and (not title or "): %s" % title in text), sid
 
     one = sorted(archived)[0]
     newest = dict(play, hermes_restore_backup="newest")
