@@ -117,13 +117,17 @@ def test_single_server_keeps_what_maintain_keeps(ansible_playbook, tmp_path):
     extra = local_vars(tmp_path, home)
     rc, out = ansible_playbook(EXAMPLES / "single_server.yml", extra_vars=extra, check=True)
     assert rc == 0, getattr(out, "text", out)
-    plain = selected(out.result("Keep the result (session_maintenance_result)")["ansible_facts"]["session_maintenance_result"])
+    plain = selected(
+        out.result("Keep the result (session_maintenance_result)")["ansible_facts"]["session_maintenance_result"]
+    )
     assert any((s or {}).get("telegram") for s in plain.values())  # 90 days selects some old Telegram chats
 
     extra["hermes_maintenance_prune_days_by_source"] = {"telegram": 365}
     rc, out = ansible_playbook(EXAMPLES / "single_server.yml", extra_vars=extra, check=True)
     assert rc == 0, getattr(out, "text", out)
-    example = selected(out.result("Keep the result (session_maintenance_result)")["ansible_facts"]["session_maintenance_result"])
+    example = selected(
+        out.result("Keep the result (session_maintenance_result)")["ansible_facts"]["session_maintenance_result"]
+    )
     sooner = "Say where Hermes's own auto-prune deletes sooner than the retention asked for"
     (note,) = out.result(sooner)["msg"]  # the demo home has no config.yaml: Hermes's default, 90 days
     assert "sessions.retention_days 90, Hermes default" in note and "(telegram 365d)" in note, note
@@ -140,7 +144,10 @@ def test_single_server_keeps_what_maintain_keeps(ansible_playbook, tmp_path):
 
 @pytest.mark.parametrize(
     ("typo", "meant"),
-    [("hermes_maintenance_prune_day", "hermes_maintenance_prune_days"), ("hermes_maintenance_usr", "hermes_maintenance_user")],
+    [
+        ("hermes_maintenance_prune_day", "hermes_maintenance_prune_days"),
+        ("hermes_maintenance_usr", "hermes_maintenance_user"),
+    ],
 )
 def test_single_server_typo_fails_before_anything_runs(ansible_playbook, tmp_path, typo, meant):
     home = make_home(tmp_path / "hermes")

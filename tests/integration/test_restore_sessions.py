@@ -316,18 +316,22 @@ def test_restore_sessions_runs_on_the_hosts_chosen(ansible_playbook, tmp_path):
     the listing, which changes nothing, runs anywhere."""
     home = tmp_path / "home"
     db = str(make_big_rollback_home(home, 24, 4, seed=12))
-    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "allow_unknown_schema": True})["profiles"][0]
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "allow_unknown_schema": True})["profiles"][
+        0
+    ]
     assert profile["backup"]["kind"] == "file" and profile["sessions_pruned"] == 12, profile
     inventory = tmp_path / "inventory.ini"
     inventory.write_text("h1 ansible_connection=local\nh2 ansible_connection=local\n")
-    play = {"hermes_restore_home": str(home), "hermes_maintenance_become": False,
-            "hermes_restore_backup": "newest", "hermes_restore_sources": ["cli", "telegram", "discord", "cron"]}  # fmt: skip
+    play = {"hermes_restore_home": str(home), "hermes_maintenance_become": False, "hermes_restore_backup": "newest",
+            "hermes_restore_sources": ["cli", "telegram", "discord", "cron"]}  # fmt: skip
     before = session_ids(db)
 
     rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=play, args=("-i", str(inventory)))
     text = getattr(out, "text", out)
     assert rc != 0 and "on every host it runs on, here 3 (" in text and "choose the host with -l HOST" in text, text
-    rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=play, args=("-i", str(inventory), "-l", "h1,h2"))
+    rc, out = ansible_playbook(
+        "playbooks/restore_sessions.yml", extra_vars=play, args=("-i", str(inventory), "-l", "h1,h2")
+    )
     assert rc != 0 and "add -e hermes_restore_confirm=true" in getattr(out, "text", out)
     assert session_ids(db) == before
 
@@ -336,7 +340,9 @@ def test_restore_sessions_runs_on_the_hosts_chosen(ansible_playbook, tmp_path):
     assert rc == 0, getattr(out, "text", out)
     assert session_ids(db) == before
 
-    rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=play, args=("-i", str(inventory), "-l", "h1"))
+    rc, out = ansible_playbook(
+        "playbooks/restore_sessions.yml", extra_vars=play, args=("-i", str(inventory), "-l", "h1")
+    )
     assert rc == 0, getattr(out, "text", out)
     done = out.result("Restore the sessions", host="h1")
     assert done["sessions_restored"] > 0 and session_ids(db) > before

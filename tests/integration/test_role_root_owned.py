@@ -75,6 +75,17 @@ def _apply(ansible_playbook, h, **extra):
     return out
 
 
+def cron_daemon_running():
+    """A process named cron, crond or cronie runs on this machine (read from /proc)."""
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() in ("cron", "crond", "cronie"):
+                return True
+        except OSError:
+            continue  # the process ended meanwhile
+    return False
+
+
 def _ls(path):
     st = os.lstat(str(path))
     return (stat.filemode(st.st_mode), pwd.getpwuid(st.st_uid).pw_name, st.st_gid)
@@ -316,7 +327,14 @@ def test_upgrade_from_the_per_user_install_and_absent_removes_both(ansible_playb
     entry = f"{CRON_NAME}\n0 4 1 * * {old_wrapper} >/dev/null\n"
     subprocess.run(["crontab", "-u", USER, "-"], input=entry, text=True, check=True)
 
-    _apply(ansible_playbook, h, hermes_maintenance_scheduler="cron")
+    out = _apply(ansible_playbook, h, hermes_maintenance_scheduler="cron")
+    # Whether the entry will fire is said, as the host's processes have it.
+    said = out.result("Say whether cron will run the maintenance")["msg"]
+    if cron_daemon_running():
+        assert said.startswith("cron will run the maintenance on localhost: "), said
+    else:
+        assert said.startswith("The crontab entry is installed, but the schedule will not fire on localhost: "), said
+        assert "Start it and enable it at boot" in said, said
     assert not (h.data / "lib").exists() and not (h.data / "bin").exists()
     assert not (h.data / "maintenance.json").exists()
     assert "an older run" in (h.data / "log" / "maintenance.log").read_text()
