@@ -241,17 +241,6 @@ def playbook_module_args(options, args="hermes_ops_args"):
     ]
 
 
-def readme_options(options):
-    lines = ["| option | modules | type | default | what |", "| --- | --- | --- | --- | --- |"]
-    for option in options.OPTIONS:
-        where = "both" if option.scope == options.SHARED else "`session_maintenance`"
-        lines.append(
-            "| `%s` | %s | %s | %s | %s |"
-            % (option.name, where, option.type, shown_default(option), cell(option.doc[0]))
-        )
-    return lines
-
-
 # The options whose defaults decide what a run deletes, for the README's plain statement of them.
 DELETING_OPTIONS = (
     "zombie_days",
@@ -330,7 +319,6 @@ def blocks(options, results):
             options, "_session_maintenance_run_args"
         ),
         ("README.md", "deletes"): readme_deletes(options),
-        ("docs/getting_started.md", "options"): readme_options(options),
         ("roles/session_maintenance/README.md", "options"): role_readme_options(options),
         ("docs/architecture.md", "options"): architecture_options(options),
         ("docs/architecture.md", "results"): architecture_results(options, results),
