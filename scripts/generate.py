@@ -455,6 +455,7 @@ def matrix_blocks(matrix):
         (".ci/run", "matrix-pythons"): ['matrix_pythons="%s"' % " ".join(pythons)],
         ("scripts/sanity.sh", "sanity-pythons"): ['default_pythons="%s %s"' % (oldest, newest)],
         ("requirements-dev.txt", "ansible-core"): ["ansible-core==" + main["release"]],
+        ("requirements/demo.txt", "ansible-core"): ["ansible-core==" + main["release"]],
         ("requirements/ee.txt", "ansible-core"): ["ansible-core==" + main["release"]],
         ("meta/runtime.yml", "requires-ansible"): [
             'requires_ansible: ">=%s,<%s"' % (admitted["min"], admitted["below"])
