@@ -12,6 +12,7 @@ home (*root*), the restore works as that user: every file in the home stays the 
 """
 
 import os
+import re
 import shutil
 import sqlite3
 import textwrap
@@ -377,6 +378,18 @@ def test_undo_as_documented_finds_the_archive(ansible_playbook, live):
     assert done["archive"]["path"] == archive
     assert done["notes"][0].startswith("no whole-file backup of profile default in ")
     assert "its newest archive, %s" % os.path.basename(archive) in done["msg"]
+
+    # The report says what was taken instead of a whole-file backup, and when one comes.
+    rc, out = ansible_playbook(
+        "playbooks/report.yml",
+        extra_vars={"hermes_maintenance_homes": [home], "hermes_maintenance_become": False,
+                    "hermes_report_markdown": "", "hermes_report_csv": ""},
+    )  # fmt: skip
+    assert rc == 0, getattr(out, "text", out)
+    (row,) = [line for line in out.result("Print the table")["msg"] if "| default " in line]
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert re.fullmatch(r"none, archive 0\.\d days", cells[6]), cells
+    assert cells[7].startswith("the newest copy is an archive of deleted rows: the next whole-file backup comes"), cells
 
     writer_summary = writer.stop()
     assert writer_summary["failed"] == 0, writer_summary
