@@ -207,6 +207,23 @@ def test_engine_wrapper_and_config_are_roots_and_the_user_cannot_write_them(ansi
         assert _ls(LIB / "lib" / "hermes_ops" / name) == ("-rw-r--r--", "root", 0)
 
 
+def test_run_now_is_the_users_scheduled_run(ansible_playbook, host):
+    """hermes_maintenance_run_now as root: the installed wrapper runs as the Hermes user, as cron would,
+    so the log and the metrics file are the user's own."""
+    h = host
+    metrics = h.base / "metrics"
+    out = _apply(ansible_playbook, h, hermes_maintenance_scheduler="none", hermes_maintenance_run_now=True,
+                 hermes_maintenance_metrics_dir=str(metrics))  # fmt: skip
+    lines = out.result("Say what was done, per profile")["msg"]
+    assert {line.split(":", 1)[0] for line in lines} == {"default", "work"}, lines
+    assert all(" pruned=1 " in line for line in lines), lines  # the 29-day-old session of each profile
+    log = h.data / "log" / "maintenance.log"
+    assert _ls(log)[1] == USER and "=== Session Maintenance Start ===" in log.read_text()
+    prom = metrics / ("hermes_ops_%s.prom" % USER)
+    assert _ls(prom)[1] == USER and "hermes_ops_last_run_sessions_pruned" in prom.read_text()
+    assert not (metrics / "hermes_ops_root.prom").exists()
+
+
 def test_root_never_imports_what_the_user_planted(ansible_playbook, host):
     h = host
     _apply(ansible_playbook, h)
