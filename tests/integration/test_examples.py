@@ -7,6 +7,8 @@ then does, profile by profile; the real run also installs the runner (scheduler 
 no crontab of the machine running the tests is touched). fleet/fleet.yml with its
 group_vars, the inventory's group `hermes_hosts` holding localhost: the dry run over the role
 and maintain.yml writes nothing and predicts every profile. Both are first syntax-checked.
+Each is also run with per-source retention (single_server.yml's run now keeps exactly what
+maintain.yml keeps) and with a misspelt variable (it fails at once, naming it, nothing written).
 Everything lives under tmp_path, for the user running the tests (no become).
 """
 
@@ -160,3 +162,35 @@ def test_single_server_typo_fails_before_anything_runs(ansible_playbook, tmp_pat
     assert digests(home) == before
     assert not (tmp_path / "install").exists()
     assert not (home / "backups").exists()
+
+
+@pytest.mark.parametrize("typo", ["hermes_maintenance_prune_day", "hermes_maintenance_usr"])
+def test_fleet_typo_fails_before_anything_runs(ansible_playbook, tmp_path, typo):
+    home = make_home(tmp_path / "hermes")
+    before = digests(home)
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"hermes_hosts": {"hosts": {"localhost": None}}}))
+    extra = dict(local_vars(tmp_path, home), **{typo: 30 if typo.endswith("day") else "hermes"})
+    rc, out = ansible_playbook(EXAMPLES / "fleet" / "fleet.yml", extra_vars=extra, args=("-i", str(inventory)))
+    text = getattr(out, "text", out)
+    assert rc != 0 and f"unknown variable {typo}: did you mean " in text, text
+    assert digests(home) == before and not (tmp_path / "install").exists()
+
+
+def test_fleet_dry_run_keeps_by_source(ansible_playbook, tmp_path):
+    """The fleet's maintain.yml run reads per-source retention from the same variables as the role."""
+    home = make_home(tmp_path / "hermes")
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"hermes_hosts": {"hosts": {"localhost": None}}}))
+    runs = {}
+    for name, by_source in (("plain", None), ("telegram", {"telegram": 365})):
+        extra = local_vars(tmp_path, home)
+        if by_source:
+            extra["hermes_maintenance_prune_days_by_source"] = by_source
+        rc, out = ansible_playbook(
+            EXAMPLES / "fleet" / "fleet.yml", extra_vars=extra, check=True, args=("-i", str(inventory))
+        )
+        assert rc == 0, getattr(out, "text", out)
+        runs[name] = selected(out.result("Maintain"))
+    telegram = {name: sum((s or {}).get("telegram", 0) for s in run.values()) for name, run in runs.items()}
+    assert telegram["telegram"] < telegram["plain"], telegram
