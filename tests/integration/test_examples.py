@@ -194,3 +194,28 @@ def test_fleet_dry_run_keeps_by_source(ansible_playbook, tmp_path):
         runs[name] = selected(out.result("Maintain"))
     telegram = {name: sum((s or {}).get("telegram", 0) for s in run.values()) for name, run in runs.items()}
     assert telegram["telegram"] < telegram["plain"], telegram
+
+
+def test_a_run_now_with_maintain_is_logged_and_measured_like_the_scheduled_one(ansible_playbook, tmp_path):
+    """Where the role is installed, maintain.yml's run goes to the job's log and metrics file too."""
+    home = make_home(tmp_path / "hermes")
+    metrics = tmp_path / "metrics"
+    extra = dict(local_vars(tmp_path, home), hermes_maintenance_metrics_dir=str(metrics))
+    rc, out = ansible_playbook(EXAMPLES / "single_server.yml", extra_vars=extra)
+    assert rc == 0, getattr(out, "text", out)
+    log = tmp_path / "install" / "log" / "maintenance.log"
+    prom = metrics / ("hermes_ops_%s.prom" % getpass.getuser())
+    assert log.read_text().count("=== Session Maintenance Start ===") == 1 and prom.is_file()
+    first = prom.read_text()
+
+    rc, out = ansible_playbook("playbooks/maintain.yml", extra_vars=extra, check=True)
+    assert rc == 0, getattr(out, "text", out)
+    assert log.read_text().count("=== Session Maintenance Start === (dry run)") == 1
+    assert prom.read_text() == first  # a dry run writes no metrics
+
+    rc, out = ansible_playbook("playbooks/maintain.yml", extra_vars=extra)
+    assert rc == 0, getattr(out, "text", out)
+    text = log.read_text()
+    assert text.count("=== Session Maintenance Start ===") == 3, text
+    assert all(line.split(" ", 1)[1] in text for line in out.result("Summary")["msg"])  # its lines, as printed
+    assert prom.read_text() != first and "hermes_ops_last_run_sessions_pruned" in prom.read_text()
