@@ -219,3 +219,20 @@ def test_a_run_now_with_maintain_is_logged_and_measured_like_the_scheduled_one(a
     assert text.count("=== Session Maintenance Start ===") == 3, text
     assert all(line.split(" ", 1)[1] in text for line in out.result("Summary")["msg"])  # its lines, as printed
     assert prom.read_text() != first and "hermes_ops_last_run_sessions_pruned" in prom.read_text()
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_single_server_reports_a_failed_profile_after_its_summary(ansible_playbook, tmp_path, check):
+    home = make_home(tmp_path / "hermes")
+    broken = home / "profiles" / "broken"
+    broken.mkdir()
+    (broken / "state.db").write_bytes(b"not a database\n")
+    rc, out = ansible_playbook(EXAMPLES / "single_server.yml", extra_vars=local_vars(tmp_path, home), check=check)
+    assert rc != 0, getattr(out, "text", out)
+    lines = out.result("Say what was done, per profile")["msg"]
+    assert set(counts(lines)) == set(PROFILES)  # the others were maintained (or predicted)
+    assert any(line.startswith("broken: FAILED") for line in lines), lines
+    said = out.result("Fail when maintenance failed")["msg"]
+    assert said.startswith("maintenance failed on localhost: "), said
+    # check mode: the module's message names the profile; a run: the runner's summary line did
+    assert ("broken (" in said) if check else said.endswith("its summary line above says why"), said
