@@ -49,7 +49,7 @@ help: ## list targets
 
 # ---------------------------------------------------------------------------- setup
 
-setup: $(STAMP) collection-link ## create .venv (the pinned controller tools; all `make demo` needs)
+setup: $(STAMP) collection-link ## create .venv (the pinned controller and contributor tools)
 
 $(STAMP): requirements-dev.txt requirements/constraints.txt
 	@bash scripts/setup_venv.sh "$(PYTHON)" $(VENV) $(STAMP)
@@ -268,10 +268,18 @@ prepare-images: ## lane (root, podman): the fleet's and the fresh-machine job's 
 
 # ------------------------------------------------------------------------ use/build
 
-demo: $(STAMP) collection-link ## run playbooks/demo.yml against a generated demo Hermes home on localhost
+# The demo's own venv: ansible-core alone (requirements/demo.txt), not the contributors' tools.
+DEMO_VENV := build/demo-venv
+DEMO_STAMP := $(DEMO_VENV)/.setup-stamp
+
+$(DEMO_STAMP): requirements/demo.txt requirements/constraints.txt
+	@bash scripts/setup_venv.sh "$(PYTHON)" $(DEMO_VENV) $(DEMO_STAMP) requirements/demo.txt
+
+demo: $(DEMO_STAMP) collection-link ## run playbooks/demo.yml against a generated demo Hermes home on localhost (needs ansible-core only)
 	@mkdir -p build/ansible-tmp
 	@echo "+ ansible-playbook -i localhost, -c local playbooks/demo.yml (the collection from build/collections)"
-	@$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i localhost, -c local playbooks/demo.yml
+	@$(ANSIBLE_ENV) ANSIBLE_PYTHON_INTERPRETER=$(CURDIR)/$(DEMO_VENV)/bin/python \
+		$(CURDIR)/$(DEMO_VENV)/bin/ansible-playbook -i localhost, -c local playbooks/demo.yml
 
 changelog: $(STAMP) ## write CHANGELOG.md/.rst for galaxy.yml's version (preview; fragments kept)
 	@bash scripts/changelog.sh $(BIN)/antsibull-changelog --write

@@ -233,23 +233,12 @@ def playbook_option_names(options):
     return ["- %s" % o.name for o in options.OPTIONS if o.role is not options.ROLE_NONE]
 
 
-def playbook_module_args(options):
+def playbook_module_args(options, args="hermes_ops_args"):
     return [
-        '%s: "{{ hermes_ops_args.%s | default(omit) }}"' % (o.name, o.name)
+        '%s: "{{ %s.%s | default(omit) }}"' % (o.name, args, o.name)
         for o in options.OPTIONS
         if o.role is not options.ROLE_NONE
     ]
-
-
-def readme_options(options):
-    lines = ["| option | modules | type | default | what |", "| --- | --- | --- | --- | --- |"]
-    for option in options.OPTIONS:
-        where = "both" if option.scope == options.SHARED else "`session_maintenance`"
-        lines.append(
-            "| `%s` | %s | %s | %s | %s |"
-            % (option.name, where, option.type, shown_default(option), cell(option.doc[0]))
-        )
-    return lines
 
 
 # The options whose defaults decide what a run deletes, for the README's plain statement of them.
@@ -325,8 +314,11 @@ def blocks(options, results):
         ("roles/session_maintenance/templates/maintenance.json.j2", "options"): role_config_keys(options),
         ("playbooks/maintain.yml", "option-names"): playbook_option_names(options),
         ("playbooks/maintain.yml", "module-args"): playbook_module_args(options),
+        ("roles/session_maintenance/tasks/run_now.yml", "option-names"): playbook_option_names(options),
+        ("roles/session_maintenance/tasks/run_now.yml", "module-args"): playbook_module_args(
+            options, "_session_maintenance_run_args"
+        ),
         ("README.md", "deletes"): readme_deletes(options),
-        ("docs/getting_started.md", "options"): readme_options(options),
         ("roles/session_maintenance/README.md", "options"): role_readme_options(options),
         ("docs/architecture.md", "options"): architecture_options(options),
         ("docs/architecture.md", "results"): architecture_results(options, results),
@@ -463,6 +455,7 @@ def matrix_blocks(matrix):
         (".ci/run", "matrix-pythons"): ['matrix_pythons="%s"' % " ".join(pythons)],
         ("scripts/sanity.sh", "sanity-pythons"): ['default_pythons="%s %s"' % (oldest, newest)],
         ("requirements-dev.txt", "ansible-core"): ["ansible-core==" + main["release"]],
+        ("requirements/demo.txt", "ansible-core"): ["ansible-core==" + main["release"]],
         ("requirements/ee.txt", "ansible-core"): ["ansible-core==" + main["release"]],
         ("meta/runtime.yml", "requires-ansible"): [
             'requires_ansible: ">=%s,<%s"' % (admitted["min"], admitted["below"])

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Create or complete the controller venv: `make setup` (the Makefile's stamp rule).
 #
-#   scripts/setup_venv.sh PYTHON VENV STAMP
+#   scripts/setup_venv.sh PYTHON VENV STAMP [REQUIREMENTS]
+#
+# REQUIREMENTS: what to install (default requirements-dev.txt; `make demo` gives requirements/demo.txt).
 #
 # PYTHON is any Python 3.12 to 3.14 (ansible-core 2.21's controller range). A venv left
 # half made by an interrupted run (no working pip, or made by another Python X.Y) is
 # removed and made again; otherwise the pinned install is simply run again, which
 # completes whatever an interrupted run left out. The stamp is written last, so it
 # exists only after a set-up that finished. Prints one line per package installed; pip's
-# full output is in build/logs/setup.log.
+# full output is in build/logs/setup.log (setup-VENV.log with REQUIREMENTS).
 set -euo pipefail
-python=$1 venv=$2 stamp=$3
-log=build/logs/setup.log
+python=$1 venv=$2 stamp=$3 requirements=${4:-requirements-dev.txt}
+log=build/logs/setup${4:+-$(basename "$venv")}.log
 mkdir -p build/logs
 
 if [ -z "$python" ] || ! command -v "$python" >/dev/null 2>&1; then
@@ -25,6 +27,11 @@ case "$version" in
     3.12 | 3.13 | 3.14) ;;
     *) echo "error: $python is Python $version; the controller (ansible-core 2.21) needs Python 3.12 to 3.14 (PYTHON=...)" >&2; exit 1 ;;
 esac
+if [ "$requirements" = requirements-dev.txt ] && [ "$version" = 3.12 ]; then
+    echo "error: $python is Python 3.12; the contributor tools of requirements-dev.txt pin Sphinx 9.2, which needs 3.13" >&2
+    echo "       or later (PYTHON=/path/to/python3.13). make demo needs ansible-core alone and runs on 3.12." >&2
+    exit 1
+fi
 if ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
     echo "error: $python (Python $version) cannot create virtual environments: its venv/ensurepip module is missing." >&2
     echo "       Debian/Ubuntu: apt-get install python$version-venv (or python3-venv); then run make again" >&2
@@ -55,9 +62,9 @@ pip_install() {
     fi
 }
 : >"$log"
-echo "setup: pinned tools into $venv (requirements-dev.txt, requirements/constraints.txt; full log: $log)"
+echo "setup: pinned tools into $venv ($requirements, requirements/constraints.txt; full log: $log)"
 pip_install -c requirements/constraints.txt pip
-pip_install -r requirements-dev.txt
+pip_install -r "$requirements"
 "$venv/bin/python" -m pip check >>"$log" 2>&1 || { tail -n 20 "$log" >&2; echo "error: pip check failed in $venv" >&2; exit 1; }
 touch "$stamp"
 # sed -n 1p reads all of it: `head -1` closed the pipe early and ansible printed a BrokenPipe traceback.

@@ -75,6 +75,7 @@ PLAYBOOK_VARIABLES = (
     "hermes_restore_sources",
     "hermes_restore_match",
     "hermes_restore_list",
+    "hermes_restore_all",  # restore_sessions.yml: an archive's every session, without a selection
 )
 
 _KNOWN = None

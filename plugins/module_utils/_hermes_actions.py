@@ -38,7 +38,7 @@ def plan_actions(conn, db_path, opts, schema, plan, preflight, *, backup_due, me
     actions.backup_due = bool(backup_due)
     if backup_due and preflight["live_rollback"]:
         # A whole-file copy would block every commit of the gateway for as long as it takes.
-        actions.backup_deferred = deferred_reason(preflight)
+        actions.backup_deferred = deferred_reason(preflight, archived=bool(plan.delete_order))
         actions.backup = ARCHIVE if plan.delete_order else None
     elif backup_due:
         actions.backup = FILE
@@ -60,12 +60,18 @@ def payload_bytes_saved(plan):
     return max(0, payloads.bytes - sum(len(item[3].encode()) for item in payloads.items))
 
 
-def deferred_reason(preflight):
+def deferred_reason(preflight, archived):
+    """Why no whole-file backup, what is kept instead (``archived``: the run deletes rows, archived
+    first) and when the whole-file backup comes."""
     return (
         "state.db is in rollback-journal mode (journal_mode=%s) and %d other process(es) hold it: a whole-file "
-        "copy would block every commit of the gateway for as long as it takes; the rows to prune were archived "
-        "instead. A run with no holder (maintain.yml with hermes_gateway_service) takes the whole-file backup"
-        % (preflight["journal_mode"], preflight["holders"])
+        "copy would block every commit of the gateway for as long as it takes; %s. A run with no holder "
+        "(maintain.yml with hermes_gateway_service) takes the whole-file backup"
+        % (
+            preflight["journal_mode"],
+            preflight["holders"],
+            "the rows to prune are archived instead" if archived else "nothing is deleted, so nothing is archived",
+        )
     )
 
 

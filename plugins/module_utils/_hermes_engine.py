@@ -245,6 +245,28 @@ class ProfileLock:
         self.release()
 
 
+def hermes_retention(home, opts):
+    """Hermes's own auto-prune (config.yaml) beside this run's retentions (``opts`` of the profile):
+    where Hermes prunes sooner, its retention wins, whatever the collection keeps."""
+    setting = auto_prune_setting(home)
+    days = setting["retention_days"]
+    longer = {}
+    if setting["auto_prune"] is True and isinstance(days, (int, float)) and not isinstance(days, bool):
+        wanted = dict(opts["prune_days_by_source"], prune_days=float(opts["prune_days"]))
+        longer = {key: value for key, value in sorted(wanted.items()) if float(value) > float(days)}
+    note = None
+    if longer:
+        note = (
+            "Hermes's own auto-prune (sessions.retention_days %s, %s) deletes ended sessions after %s days, before "
+            "this collection's longer retention (%s) applies: to keep them, set sessions.auto_prune: false in "
+            "config.yaml; else set hermes_maintenance_prune_days (and _by_source) to at most %s"
+            % (days, setting["source"], days, ", ".join("%s %gd" % (k, float(v)) for k, v in longer.items()), days)
+        )
+    return dict(
+        auto_prune=setting["auto_prune"], retention_days=days, source=setting["source"], longer=longer, note=note
+    )
+
+
 def maintain_profile(home, name, db_path, opts, check_mode, now):
     """Lock, preflight, plan, back up, apply, reclaim: one profile, never raising."""
     result = new_profile_result(home, name, db_path)
@@ -256,6 +278,7 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
         st = check_db_file(db_path)
         _check_owner(db_path, st, opts)
         result["database_backend"] = backend = database_backend(home, db_path)
+        result["hermes_retention"] = hermes_retention(home, opts)
         if backend["backend"] != "sqlite":
             raise ProfileSkipped(_elsewhere(backend))  # before the lock: nothing is written
         lock = ProfileLock(db_path, check_mode=check_mode)
@@ -747,21 +770,26 @@ def _retention(result, plan, opts):
     }
 
 
+def backup_words(p, opts):
+    """The backup taken, in a few words: why a whole-file copy was not (``backup_deferred``) is in the
+    result, not in the line."""
+    backup = p["backup"]
+    if backup:
+        return "backup=%s %s" % (backup.get("kind") or "file", _relative(backup["path"], p["home"]))
+    if p["backup_deferred"]:
+        return "no backup (whole-file deferred: the file is held)"
+    return "no backup (nothing changed)" if opts["backup"] else "no backup (backup is off)"
+
+
 def summary_details(p, opts):
     """What was done and why, after the seed's words: retention, backup, reclaim, stopped early."""
     words = [retention_words(p.get("retention"), opts, p["name"])]
-    backup = p["backup"]
-    if backup:
-        words.append("backup=%s %s" % (backup.get("kind") or "file", _relative(backup["path"], p["home"])))
-    if p["backup_deferred"]:
-        words.append("whole-file backup deferred: %s" % p["backup_deferred"])
-    elif not backup:
-        words.append("no backup (nothing changed)" if opts["backup"] else "no backup (backup is off)")
+    words.append(backup_words(p, opts))
     reclaim_ = p["reclaim"] or {}
     if reclaim_.get("action"):
         words.append("vacuum %s" % reclaim_["action"])
-    elif reclaim_.get("skipped_reason"):
-        words.append("vacuum skipped: %s" % reclaim_["skipped_reason"])
+    elif reclaim_.get("skipped_reason"):  # its first clause; what to do about it is in the result
+        words.append("vacuum skipped: %s" % reclaim_["skipped_reason"].split("; ")[0])
     files = p.get("file_retention")
     if files and (files["removed"] or files["skipped"] or files["errors"]):
         words.append("files removed=%d (%s)%s%s" % (
@@ -838,11 +866,13 @@ def profile_info(home, name, db_path, opts, check_mode, now):
             litestream=litestream_tables(db.conn),
             hermes_auto_maintenance=dict(auto_maintenance_meta(db.conn), config=auto_prune_setting(home)),
         )
-        backups = list_backups(backups_of(home, opts["backup_dir"]), name)
-        info["newest_backup"] = (
-            {"path": backups[0][0], "age_days": round((now - backups[0][1]) / DAY, 2)} if backups else None
-        )
+        backup_dir = backups_of(home, opts["backup_dir"])
+        backups, archives = list_backups(backup_dir, name), list_archives(backup_dir, name)
+        info["newest_backup"] = _newest(backups, now)
         info["backups"] = len(backups)
+        # Where a whole-file backup could not be taken beside the gateway: the archives kept instead.
+        info["newest_archive"] = _newest(archives, now)
+        info["archives"] = len(archives)
         root = os.path.dirname(db_path)
         info["home_files"] = inventory(root, session_ids(db.conn), skip=("profiles",) if name == "default" else ())
         plan = build_plan(db.conn, schema, opts, now, sessions_dir(db_path), short_reads=live_rollback)
@@ -858,6 +888,11 @@ def profile_info(home, name, db_path, opts, check_mode, now):
         if db is not None:
             db.close()
     return info
+
+
+def _newest(stamped, now):
+    """The newest of ``stamped`` (path, unix time; newest first) as {"path", "age_days"}, or None."""
+    return {"path": stamped[0][0], "age_days": round((now - stamped[0][1]) / DAY, 2)} if stamped else None
 
 
 def gather_info(options):

@@ -35,6 +35,13 @@ PROFILE_METRICS = (
     ("schema_version", "gauge", "Hermes schema_version of state.db (0 when unreadable)."),
     ("backups", "gauge", "Backups this collection keeps of the profile."),
     ("backup_newest_timestamp_seconds", "gauge", "Unix time of the newest backup (absent: none)."),
+    (
+        "archives",
+        "gauge",
+        "Archives of deleted rows this collection keeps of the profile (taken instead of a whole-file backup "
+        "beside a gateway holding a rollback-journal state.db).",
+    ),
+    ("archive_newest_timestamp_seconds", "gauge", "Unix time of the newest archive (absent: none)."),
     ("last_run_zombies_closed", "gauge", "Zombie sessions the last run closed."),
     ("last_run_sessions_pruned", "gauge", "Sessions the last run pruned."),
     ("last_run_messages_pruned", "gauge", "Messages the last run pruned."),
@@ -145,6 +152,7 @@ def profile_figures(profile, info, now):
         "wal_size_bytes": info.get("wal_bytes", _file_size(path + "-wal")),
         "schema_version": info.get("schema_version") or profile.get("schema_version") or 0,
         "backups": info.get("backups", 0),
+        "archives": info.get("archives", 0),
         "last_run_zombies_closed": profile.get("zombies_closed") or 0,
         "last_run_sessions_pruned": profile.get("sessions_pruned") or 0,
         "last_run_messages_pruned": profile.get("messages_pruned") or 0,
@@ -154,9 +162,11 @@ def profile_figures(profile, info, now):
     for key in ("sessions", "messages", "open_sessions", "prunable_sessions", "prunable_messages"):
         if info.get(key) is not None:
             figures[key] = info[key]
-    newest = info.get("newest_backup")
-    if newest and newest.get("age_days") is not None:
-        figures["backup_newest_timestamp_seconds"] = round(now - float(newest["age_days"]) * 86400.0)
+    for key, metric in (("newest_backup", "backup_newest_timestamp_seconds"),
+                        ("newest_archive", "archive_newest_timestamp_seconds")):  # fmt: skip
+        newest = info.get(key)
+        if newest and newest.get("age_days") is not None:
+            figures[metric] = round(now - float(newest["age_days"]) * 86400.0)
     return figures
 
 

@@ -108,6 +108,13 @@ PROFILE_FIELDS = (
         "library). V(backend) is V(sqlite), or V(postgres) and the profile is V(skipped) untouched; V(source) is "
         "the file that said so.",
     )),
+    Field("hermes_retention", "dict", returned="when the file was found", doc=(
+        "Hermes's own auto-prune as the home's C(config.yaml) sets it (else Hermes's default). V(auto_prune), "
+        "V(retention_days), V(source), and V(longer), the retentions of this run longer than Hermes's "
+        "(V(prune_days), or a source of V(prune_days_by_source), with their days), whose sessions Hermes deletes "
+        "at its V(retention_days) first (empty when Hermes's prune is off or no shorter), and V(note), a sentence "
+        "saying so and what to set (null when V(longer) is empty).",
+    )),
     Field("catalogue", "dict", returned="when the schema was read", doc=(
         "The file's own catalogue, matched against the objects this collection knows. V(unknown) (foreign keys "
         "to C(sessions)/C(messages) and triggers on their deletes or updates it does not know, and tables, views "
@@ -292,6 +299,11 @@ INFO_PROFILE_FIELDS = (
     Field("sqlite", "dict", doc=("The SQLite that read the profile, as RV(sqlite).",)),
     Field("newest_backup", "dict", doc=("Newest backup of this collection (V(path), V(age_days)), or null.",)),
     Field("backups", "int", doc=("Number of this collection's backups of the profile.",)),
+    Field("newest_archive", "dict", doc=(
+        "Newest archive of the rows a run deleted (V(path), V(age_days)), kept instead of a whole-file backup beside "
+        "a gateway holding a rollback-journal C(state.db); or null.",
+    )),
+    Field("archives", "int", doc=("Number of this collection's archives of the profile.",)),
     Field("home_files", "dict", doc=(
         "Every file of the profile's home (the directory holding its C(state.db); the default profile's leaves "
         "out C(profiles/)), by kind, read-only. V(kinds) maps each kind found to V(count) (items, where a "

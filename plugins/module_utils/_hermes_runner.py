@@ -36,6 +36,9 @@ these runner keys:
 
 The option ``metrics_dir`` is the runner's to act on, as it is the module's: after each real
 run (not a dry run) it writes Prometheus metrics to METRICS_DIR/hermes_ops_<user>.prom.
+
+``--record RESULT`` runs nothing: it logs and measures the result of a run made elsewhere
+(``maintain.yml``'s run now, as the Hermes user), so every run shows in the job's log and metrics.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -339,7 +342,26 @@ def build_parser():
     parser.add_argument(
         "--allow-root", action="store_true", help="allow running as root on a home owned by another user"
     )
+    parser.add_argument(
+        "--record",
+        metavar="RESULT",
+        help="run nothing: log RESULT (a JSON file of a run made elsewhere, such as maintain.yml's; - for stdin) "
+        "and write its metrics, as for a run of this job",
+    )
     return parser
+
+
+def _recorded(path):
+    """The result of a run made elsewhere (the module's, maintain.yml's), to log and measure here."""
+    try:
+        handle = sys.stdin if path == "-" else open(path)
+        with handle:
+            result = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("--record %s: not a readable run result: %s" % (path, exc)) from None
+    if not isinstance(result, dict) or not isinstance(result.get("profiles"), list):
+        raise ConfigError("--record %s: not a run result (no profiles)" % path)
+    return result
 
 
 def _raw_settings(path):
@@ -391,7 +413,9 @@ def main(argv=None):
 
     started = _stamp()
     try:
-        result = run_maintenance(options, check_mode=args.dry_run)
+        result = _recorded(args.record) if args.record else run_maintenance(options, check_mode=args.dry_run)
+    except ConfigError as exc:
+        return _config_error(runner, str(exc), args.dry_run)
     except OPTION_ERRORS as exc:
         where = (f"config {args.config}") if args.config else "options"
         return _config_error(runner, f"{where}: {exc}", args.dry_run)

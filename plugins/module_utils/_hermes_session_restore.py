@@ -127,8 +127,8 @@ def resolve_backup(backup, backup_dir, profile):
         found = list_backups(backup_dir, profile)
         if not found:
             raise MaintenanceError(
-                "no whole-file backup of profile %s in %s (hermes-ops_%s_<time>.db[.gz]): nothing was restored"
-                % (profile, backup_dir, profile)
+                "no whole-file backup (hermes-ops_%s_<time>.db[.gz]) and no archive (hermes-ops-archive_%s_<time>.db) "
+                "of profile %s in %s: nothing was restored" % (profile, profile, profile, backup_dir)
             )
         return found[0][0]
     path = backup if os.path.isabs(backup) else os.path.join(backup_dir, backup)
@@ -756,8 +756,11 @@ def restore_selected(
     home = os.path.abspath(os.path.expanduser(home))
     db_path = _profile_db(home, profile)
     backup_dir = backups_of(home, backup_dir)
+    fallback = None
     if archive is not None:
         source = {"kind": "archive", "path": resolve_archive(archive, backup_dir)}
+    elif backup == NEWEST and not list_backups(backup_dir, profile) and list_archives(backup_dir, profile):
+        source, fallback = _newest_archive_instead(backup_dir, profile, select)
     else:
         source = {"kind": "file", "path": resolve_backup(backup, backup_dir, profile)}
     source.update(profile=profile, backup_dir=backup_dir)
@@ -769,7 +772,27 @@ def restore_selected(
         if fd is not None:
             os.close(fd)
     result["db"] = db_path
+    if fallback:
+        result["notes"].insert(0, fallback)
     return result
+
+
+def _newest_archive_instead(backup_dir, profile, select):
+    """For V(newest) where the profile has no whole-file backup: its newest archive (the rows a prune
+    deleted, kept when a whole-file backup could not be taken beside the gateway), with the note that
+    says so. A selection stays required, as from a backup: newest never means every session."""
+    path = list_archives(backup_dir, profile)[0][0]
+    if not select or select == selection():
+        raise MaintenanceError(
+            "no whole-file backup of profile %s in %s; its newest archive is %s: name what to bring back from it "
+            "(sessions, active_after/active_before, sources, match; list_missing shows what it holds); "
+            "nothing was restored" % (profile, backup_dir, os.path.basename(path))
+        )
+    note = (
+        "no whole-file backup of profile %s in %s: the sessions come from its newest archive, %s (the rows a prune "
+        "deleted, kept instead of a whole-file backup)" % (profile, backup_dir, os.path.basename(path))
+    )
+    return {"kind": "archive", "path": path}, note
 
 
 def restore_from_archive(
@@ -790,17 +813,23 @@ def restore_from_archive(
 
 
 def _missing(src, dst, scope):
-    """What ``src`` holds of ``scope`` that state.db lacks, per (UTC day it started, source)."""
+    """What ``src`` holds of ``scope`` that state.db lacks, per (UTC day it started, source), each
+    group naming its sessions (``ids``: id, title, messages; oldest first)."""
     absent = set(scope) - _present(dst, scope)
     counts = dict(src.execute("SELECT session_id, COUNT(*) FROM messages GROUP BY session_id").fetchall())
+    title = "title" if "title" in columns(src, "sessions") else "NULL"
     groups = {}
-    for sid, source, started in src.execute("SELECT id, source, started_at FROM sessions"):
+    rows = src.execute("SELECT id, source, started_at, %s FROM sessions ORDER BY started_at, id" % title)
+    for sid, source, started, name in rows:
         if sid not in absent:
             continue
         day = time.strftime("%Y-%m-%d", time.gmtime(started)) if isinstance(started, (int, float)) else "unknown"
-        entry = groups.setdefault((day, source), {"day": day, "source": source, "sessions": 0, "messages": 0})
+        entry = groups.setdefault(
+            (day, source), {"day": day, "source": source, "sessions": 0, "messages": 0, "ids": []}
+        )
         entry["sessions"] += 1
         entry["messages"] += counts.get(sid, 0)
+        entry["ids"].append({"id": sid, "title": name, "messages": counts.get(sid, 0)})
     missing = [groups[key] for key in sorted(groups, key=lambda k: (k[0], str(k[1])))]
     return {
         "missing": missing,
@@ -849,7 +878,8 @@ def _list_work(db_path, backup_dir, profile, busy_timeout):
 def list_missing(home, profile, backup_dir=None, busy_timeout=BUSY_TIMEOUT):
     """For every whole-file backup and archive of the profile (newest first): what it holds that
     state.db no longer has, as {"path", "kind", "created_at", "schema_version", "sessions",
-    "messages", "missing": [{"day", "source", "sessions", "messages"}], "sessions_missing",
+    "messages", "missing": [{"day", "source", "sessions", "messages", "ids": [{"id", "title",
+    "messages"}]}], "sessions_missing",
     "messages_missing"} (or "error" for a file that fails the checks). Reads only."""
     home = os.path.abspath(os.path.expanduser(home))
     db_path = _profile_db(home, profile)

@@ -347,6 +347,15 @@ profiles:
           the file that said so.
       returned: when the file was found
       type: dict
+    hermes_retention:
+      description:
+        - Hermes's own auto-prune as the home's C(config.yaml) sets it (else Hermes's default). V(auto_prune),
+          V(retention_days), V(source), and V(longer), the retentions of this run longer than Hermes's
+          (V(prune_days), or a source of V(prune_days_by_source), with their days), whose sessions Hermes deletes at
+          its V(retention_days) first (empty when Hermes's prune is off or no shorter), and V(note), a sentence
+          saying so and what to set (null when V(longer) is empty).
+      returned: when the file was found
+      type: dict
     catalogue:
       description:
         - The file's own catalogue, matched against the objects this collection knows. V(unknown) (foreign keys to

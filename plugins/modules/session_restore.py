@@ -70,6 +70,9 @@ options:
     description:
       - The whole-file backup to restore from, as a path, a file name in O(backup_dir), or V(newest) (the profile's
         newest backup).
+      - Where the profile has no whole-file backup (beside a gateway holding a rollback-journal file maintenance
+        keeps an archive of the rows it deletes instead), V(newest) takes its newest archive, and the first of
+        RV(notes) says so; a selection is still needed.
     type: str
   sessions:
     description:
@@ -270,15 +273,15 @@ backups:
     - With O(list_missing=true), every backup and archive of the profile, newest first, with V(path), V(kind)
       (V(file) or V(archive)), V(created_at), V(schema_version), V(sessions) and V(messages) it holds, and what of
       that C(state.db) no longer has, V(sessions_missing), V(messages_missing) and V(missing), a list of V(day)
-      (the UTC day a session started), V(source), V(sessions) and V(messages); or V(error) for a file that fails
-      the checks.
+      (the UTC day a session started), V(source), V(sessions), V(messages) and V(ids) (each session's V(id),
+      V(title) and V(messages)); or V(error) for a file that fails the checks.
   returned: list_missing
   type: list
   elements: dict
 listing:
   description:
     - With O(list_missing=true), RV(backups) as text, a line per file and under it one per day and source with its
-      sessions and messages.
+      sessions and messages, then a line per session (id, messages, title; the first 20 of each day and source).
   returned: list_missing
   type: list
   elements: str
@@ -419,6 +422,10 @@ def restore_payloads(module, p, db):
     module.exit_json(changed=changed, db=result["db"], tool_payloads=payloads, msg=msg)
 
 
+# Sessions named per day and source in the listing's text (the result names them all).
+LISTED_PER_GROUP = 20
+
+
 def predicted(sessions):
     return [dict(s, present=True, messages_missing=0) for s in sessions]
 
@@ -466,8 +473,20 @@ def listing(files):
             "%s (%s): %d session(s), %d message(s) that state.db no longer has"
             % (name, entry["kind"], entry["sessions_missing"], entry["messages_missing"])
         )
-        out += ["  %s %s: %d session(s), %d message(s)" % (e["day"], e["source"], e["sessions"], e["messages"])
-                for e in entry["missing"]]  # fmt: skip
+        for e in entry["missing"]:
+            out.append("  %s %s: %d session(s), %d message(s)" % (e["day"], e["source"], e["sessions"], e["messages"]))
+            out += session_lines(e.get("ids", []))
+    return out
+
+
+def session_lines(ids):
+    """A group's sessions, one line each (id, messages, title), the first LISTED_PER_GROUP of them."""
+    out = [
+        "    %s (%d message(s))%s" % (s["id"], s["messages"], ": %s" % s["title"] if s.get("title") else "")
+        for s in ids[:LISTED_PER_GROUP]
+    ]
+    if len(ids) > LISTED_PER_GROUP:
+        out.append("    ... and %d more (every id is in backups[].missing[].ids)" % (len(ids) - LISTED_PER_GROUP))
     return out
 
 

@@ -194,6 +194,14 @@ profiles:
     backups:
       description: Number of this collection's backups of the profile.
       type: int
+    newest_archive:
+      description:
+        - Newest archive of the rows a run deleted (V(path), V(age_days)), kept instead of a whole-file backup
+          beside a gateway holding a rollback-journal C(state.db); or null.
+      type: dict
+    archives:
+      description: Number of this collection's archives of the profile.
+      type: int
     home_files:
       description:
         - Every file of the profile's home (the directory holding its C(state.db); the default profile's leaves out

@@ -30,7 +30,8 @@ then a ``PlaybookOutput`` (a dict)::
                              "skipped": n, "rescued": n, "ignored": n}}}
 
 with helpers ``out.result("task name")`` (that task's result for localhost; the last run of a
-task with that name), ``out.results("task name")`` (all of them), ``out.tasks()`` and
+task with that name, a role's task of that name where the play has none),
+``out.results("task name")`` (all of them), ``out.tasks()`` and
 ``out.text`` (stdout + stderr, to print on failure). When ansible-playbook stops before the
 playbook ends (syntax error, unknown module, bad option) no JSON is written and ``out`` is
 the text (a ``str``) instead.
@@ -77,7 +78,13 @@ class PlaybookOutput(dict):
         return [task for play in self.get("plays", []) for task in play.get("tasks", [])]
 
     def results(self, task_name, host="localhost"):
-        return [t["hosts"][host] for t in self.tasks() if t.get("name") == task_name and host in t.get("hosts", {})]
+        """Results of the tasks named ``task_name``; where the play has none, of a role's task of
+        that name (recorded as ``ROLE : NAME``)."""
+        ran = [t for t in self.tasks() if host in t.get("hosts", {})]
+        named = [t for t in ran if t.get("name") == task_name]
+        if not named:
+            named = [t for t in ran if (t.get("name") or "").endswith(" : " + task_name)]
+        return [t["hosts"][host] for t in named]
 
     def result(self, task_name, host="localhost"):
         found = self.results(task_name, host)

@@ -12,6 +12,7 @@ home (*root*), the restore works as that user: every file in the home stays the 
 """
 
 import os
+import re
 import shutil
 import sqlite3
 import textwrap
@@ -190,8 +191,15 @@ def test_restore_sessions_playbook_beside_a_live_hermes(ansible_playbook, live, 
         assert text in results[name]["msg"], (name, results[name]["msg"])
     assert session_ids(db) == before and archived[2] not in before
 
-    # Every session of the archive: the two already there are counted, the rest put back.
+    # Every session of the archive only when asked for: without a selection nor the flag, nothing.
     rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=dict(play, hermes_restore_archive=archive))
+    assert rc != 0 and "add -e hermes_restore_all=true" in getattr(out, "text", out)
+    assert session_ids(db) == before
+
+    # Every session of the archive: the two already there are counted, the rest put back.
+    rc, out = ansible_playbook(
+        "playbooks/restore_sessions.yml", extra_vars=dict(play, hermes_restore_archive=archive, hermes_restore_all=True)
+    )
     assert rc == 0, getattr(out, "text", out)
     everything = out.result("Restore the sessions")
     assert (everything["sessions_restored"], everything["sessions_present"]) == (len(archived) - 2, 2)
@@ -225,7 +233,7 @@ def test_restore_sessions_as_root_writes_only_the_users_files(ansible_playbook):
         os.chmod(str(home), 0o700)
         os.unlink(db + ".auto-maintenance.lock")  # the restore creates it again: as the user, or the test fails
         play = {"hermes_restore_home": str(home), "hermes_maintenance_become": False,
-                "hermes_restore_archive": os.path.basename(archive)}  # fmt: skip
+                "hermes_restore_archive": os.path.basename(archive), "hermes_restore_all": True}  # fmt: skip
         rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=play, check=True)
         assert rc == 0, getattr(out, "text", out)
         assert out.result("Restore the sessions")["sessions_restored"] == 10
@@ -302,3 +310,87 @@ def test_undo_a_prune_from_a_whole_file_backup_with_the_playbook(ansible_playboo
     assert rc != 0 and "restores nothing: leave hermes_restore_sources out" in getattr(out, "text", out)
     assert db_problems(db) == []
     assert [n for n in os.listdir(os.path.dirname(backup)) if n.startswith(".hermes-ops-restore_")] == []
+
+
+def test_restore_sessions_runs_on_the_hosts_chosen(ansible_playbook, tmp_path):
+    """On an inventory of several hosts a restore needs -l, and with several hosts chosen a confirmation;
+    the listing, which changes nothing, runs anywhere."""
+    home = tmp_path / "home"
+    db = str(make_big_rollback_home(home, 24, 4, seed=12))
+    profile = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "allow_unknown_schema": True})["profiles"][
+        0
+    ]
+    assert profile["backup"]["kind"] == "file" and profile["sessions_pruned"] == 12, profile
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text("h1 ansible_connection=local\nh2 ansible_connection=local\n")
+    play = {"hermes_restore_home": str(home), "hermes_maintenance_become": False, "hermes_restore_backup": "newest",
+            "hermes_restore_sources": ["cli", "telegram", "discord", "cron"]}  # fmt: skip
+    before = session_ids(db)
+
+    rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=play, args=("-i", str(inventory)))
+    text = getattr(out, "text", out)
+    assert rc != 0 and "on every host it runs on, here 3 (" in text and "choose the host with -l HOST" in text, text
+    rc, out = ansible_playbook(
+        "playbooks/restore_sessions.yml", extra_vars=play, args=("-i", str(inventory), "-l", "h1,h2")
+    )
+    assert rc != 0 and "add -e hermes_restore_confirm=true" in getattr(out, "text", out)
+    assert session_ids(db) == before
+
+    listing = {"hermes_restore_home": str(home), "hermes_maintenance_become": False, "hermes_restore_list": True}
+    rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=listing, args=("-i", str(inventory)))
+    assert rc == 0, getattr(out, "text", out)
+    assert session_ids(db) == before
+
+    rc, out = ansible_playbook(
+        "playbooks/restore_sessions.yml", extra_vars=play, args=("-i", str(inventory), "-l", "h1")
+    )
+    assert rc == 0, getattr(out, "text", out)
+    done = out.result("Restore the sessions", host="h1")
+    assert done["sessions_restored"] > 0 and session_ids(db) > before
+
+
+def test_undo_as_documented_finds_the_archive(ansible_playbook, live):
+    """Beside the live gateway the prune kept an archive, no whole-file backup: the listing names its sessions
+    (id, title, source), and hermes_restore_backup=newest takes the archive, saying so."""
+    home, db, archive, writer = live["home"], live["db"], live["archive"], live["writer"]
+    archived = {r[0]: (r[1], r[2]) for r in query(archive, "SELECT id, source, title FROM sessions")}
+    play = {"hermes_restore_home": home, "hermes_maintenance_become": False}
+
+    rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=dict(play, hermes_restore_list=True))
+    assert rc == 0, getattr(out, "text", out)
+    (entry,) = out.result("List what the backups hold that state.db no longer has")["backups"]
+    assert entry["kind"] == "archive" and entry["sessions_missing"] == len(archived) == 30
+    named = {s["id"]: (e["source"], s["title"]) for e in entry["missing"] for s in e["ids"]}
+    assert named == archived
+    text = "\n".join(out.result("Result")["msg"])
+    shown = [sid for sid in archived if sid in text]
+    assert shown and len(shown) == sum(min(20, len(e["ids"])) for e in entry["missing"])
+    for sid in shown:  # id, messages, title where it has one
+        title = archived[sid][1]
+        assert ("    %s (" % sid) in text and (not title or "): %s" % title in text), sid
+
+    one = sorted(archived)[0]
+    newest = dict(play, hermes_restore_backup="newest")
+    rc, out = ansible_playbook("playbooks/restore_sessions.yml", extra_vars=dict(newest, hermes_restore_sessions=[one]))
+    assert rc == 0, getattr(out, "text", out)
+    done = out.result("Restore the sessions")
+    assert done["sessions_restored"] == 1 and one in session_ids(db)
+    assert done["archive"]["path"] == archive
+    assert done["notes"][0].startswith("no whole-file backup of profile default in ")
+    assert "its newest archive, %s" % os.path.basename(archive) in done["msg"]
+
+    # The report says what was taken instead of a whole-file backup, and when one comes.
+    rc, out = ansible_playbook(
+        "playbooks/report.yml",
+        extra_vars={"hermes_maintenance_homes": [home], "hermes_maintenance_become": False,
+                    "hermes_report_markdown": "", "hermes_report_csv": ""},
+    )  # fmt: skip
+    assert rc == 0, getattr(out, "text", out)
+    (row,) = [line for line in out.result("Print the table")["msg"] if "| default " in line]
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert re.fullmatch(r"none, archive 0\.\d days", cells[6]), cells
+    assert cells[7].startswith("the newest copy is an archive of deleted rows: the next whole-file backup comes"), cells
+
+    writer_summary = writer.stop()
+    assert writer_summary["failed"] == 0, writer_summary
+    assert db_problems(db) == []

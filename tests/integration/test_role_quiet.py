@@ -91,6 +91,9 @@ def test_first_check_diff_is_short_and_every_run_is_quiet(ansible_playbook, host
         extra = _defaults(h)
         _quiet(*ansible_playbook("playbooks/maintain.yml", extra_vars=extra, check=True))
         _quiet(*ansible_playbook("playbooks/maintain.yml", extra_vars=extra))
+        # Both runs are in the scheduled job's log, written as the Hermes user.
+        log = h.data / "log" / "maintenance.log"
+        assert log.read_text().count("=== Session Maintenance Start ===") == 2 and log.stat().st_uid == h.uid
         report = {"hermes_report_markdown": str(tmp_path / "r.md"), "hermes_report_csv": str(tmp_path / "r.csv")}
         _quiet(*ansible_playbook("playbooks/report.yml", extra_vars=dict(extra, **report)))
     finally:

@@ -75,6 +75,17 @@ def _apply(ansible_playbook, h, **extra):
     return out
 
 
+def cron_daemon_running():
+    """A process named cron, crond or cronie runs on this machine (read from /proc)."""
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() in ("cron", "crond", "cronie"):
+                return True
+        except OSError:
+            continue  # the process ended meanwhile
+    return False
+
+
 def _ls(path):
     st = os.lstat(str(path))
     return (stat.filemode(st.st_mode), pwd.getpwuid(st.st_uid).pw_name, st.st_gid)
@@ -194,6 +205,23 @@ def test_engine_wrapper_and_config_are_roots_and_the_user_cannot_write_them(ansi
     for name in copied:
         assert (LIB / "lib" / "hermes_ops" / name).read_bytes() == (source / name).read_bytes()
         assert _ls(LIB / "lib" / "hermes_ops" / name) == ("-rw-r--r--", "root", 0)
+
+
+def test_run_now_is_the_users_scheduled_run(ansible_playbook, host):
+    """hermes_maintenance_run_now as root: the installed wrapper runs as the Hermes user, as cron would,
+    so the log and the metrics file are the user's own."""
+    h = host
+    metrics = h.base / "metrics"
+    out = _apply(ansible_playbook, h, hermes_maintenance_scheduler="none", hermes_maintenance_run_now=True,
+                 hermes_maintenance_metrics_dir=str(metrics))  # fmt: skip
+    lines = out.result("Say what was done, per profile")["msg"]
+    assert {line.split(":", 1)[0] for line in lines} == {"default", "work"}, lines
+    assert all(" pruned=1 " in line for line in lines), lines  # the 29-day-old session of each profile
+    log = h.data / "log" / "maintenance.log"
+    assert _ls(log)[1] == USER and "=== Session Maintenance Start ===" in log.read_text()
+    prom = metrics / ("hermes_ops_%s.prom" % USER)
+    assert _ls(prom)[1] == USER and "hermes_ops_last_run_sessions_pruned" in prom.read_text()
+    assert not (metrics / "hermes_ops_root.prom").exists()
 
 
 def test_root_never_imports_what_the_user_planted(ansible_playbook, host):
@@ -316,7 +344,14 @@ def test_upgrade_from_the_per_user_install_and_absent_removes_both(ansible_playb
     entry = f"{CRON_NAME}\n0 4 1 * * {old_wrapper} >/dev/null\n"
     subprocess.run(["crontab", "-u", USER, "-"], input=entry, text=True, check=True)
 
-    _apply(ansible_playbook, h, hermes_maintenance_scheduler="cron")
+    out = _apply(ansible_playbook, h, hermes_maintenance_scheduler="cron")
+    # Whether the entry will fire is said, as the host's processes have it.
+    said = out.result("Say whether cron will run the maintenance")["msg"]
+    if cron_daemon_running():
+        assert said.startswith("cron will run the maintenance on localhost: "), said
+    else:
+        assert said.startswith("The crontab entry is installed, but the schedule will not fire on localhost: "), said
+        assert "Start it and enable it at boot" in said, said
     assert not (h.data / "lib").exists() and not (h.data / "bin").exists()
     assert not (h.data / "maintenance.json").exists()
     assert "an older run" in (h.data / "log" / "maintenance.log").read_text()

@@ -31,7 +31,8 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_archive i
     list_archives,
     restore_sessions,
 )
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_metrics import profile_figures
 from hermes_fixtures import hermes_python, zombie_base
 
 FULL = os.environ.get("HERMES_LIVE_SIZE", "reduced") == "full"
@@ -126,6 +127,17 @@ def test_live_rollback_run_archives_prunes_and_restores(base_db, tmp_path):
     assert backup["sessions"] == profile["sessions_pruned"] and backup["messages"] == profile["messages_pruned"]
     assert "rollback-journal" in profile["backup_deferred"]
     assert list_archives(os.path.join(home, "backups"), "default")[0][0] == archive
+    # What was taken instead is said where the operator looks: the summary line (short, no reason in
+    # it), the report's facts and the metrics.
+    line = result["summary"][0]
+    assert "; backup=archive backups/hermes-ops-archive_default_" in line, line
+    assert "archived instead" not in line and len(line) <= 220, line
+    assert "the rows to prune are archived instead" in profile["backup_deferred"]
+    info = gather_info(dict(OPTIONS, hermes_home=[home]))["profiles"][0]
+    assert (info["backups"], info["archives"], info["newest_archive"]["path"]) == (0, 1, archive)
+    figures = profile_figures(profile, info, time.time())
+    assert (figures["backups"], figures["archives"]) == (0, 1)
+    assert abs(figures["archive_newest_timestamp_seconds"] - time.time()) < 600
     assert os.stat(archive).st_mode & 0o777 == 0o600
     assert db_problems(archive) == []
     check_writer(db, writer, summary, t0, t1)

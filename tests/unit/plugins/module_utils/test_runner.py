@@ -271,3 +271,25 @@ def test_summary_names_the_holder_that_kept_vacuum_from_running(tmp_path, home, 
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_record_logs_a_run_made_elsewhere_and_refuses_what_is_not_one(tmp_path, home, capsys):
+    """--record: the result of a run made elsewhere (maintain.yml's) goes to the log as this job's run,
+    nothing is run again; a file that is no run result is a configuration error, logged, nothing run."""
+    log = tmp_path / "maintenance.log"
+    cfg = _config(tmp_path, hermes_home=[str(home)], prune_days=90, log_file=str(log), syslog=False)
+    result = runner.run_maintenance({"hermes_home": [str(home)], "prune_days": 90}, check_mode=True)
+    recorded = tmp_path / "result.json"
+    recorded.write_text(json.dumps(result))
+    before = _digests(home)
+    rc, lines, err = _run(capsys, ["--config", cfg, "--record", str(recorded), "--dry-run"])
+    assert rc == 0, err
+    assert [line.split(" ", 1)[1] for line in lines[1:-1]] == result["summary"]
+    assert _digests(home) == before
+    text = log.read_text()
+    assert text.startswith("=== Session Maintenance Start === (dry run)") and all(s in text for s in result["summary"])
+
+    recorded.write_text(json.dumps({"msg": "not a run"}))
+    rc, _lines, err = _run(capsys, ["--config", cfg, "--record", str(recorded)])
+    assert rc == runner.EXIT_CONFIG and "not a run result (no profiles)" in err
+    assert "ERROR --record %s: not a run result" % recorded in log.read_text()
