@@ -31,6 +31,7 @@ TIMING_MODULES = (
     "test_contention",
     "test_crash_safety",
     "test_identity_guards",
+    "test_live_gateway",
     "test_live_hermes",
     "test_live_rollback",
     "test_live_writer",
