@@ -90,11 +90,12 @@ export UV_HTTP_TIMEOUT=${UV_HTTP_TIMEOUT:-${PIP_DEFAULT_TIMEOUT:-60}}
 # Each release installs in its own background job (HERMES_VENV_JOBS at a time, default 3: part
 # of each install waits on the registry); the results are reported in order.
 install_one() {  # install_one VERSION: 0 when its venv imports hermes_state
-    local ver=$1 dest="$venv_dir/hermes-$1" package log="$venv_dir/hermes-$1.install.log"
+    local ver=$1 dest="$venv_dir/hermes-$1" package log="$venv_dir/hermes-$1.install.log" extras
     rm -rf "$dest"
     package="$(package_for "$ver")"
+    read -r -a extras <<<"$(extras_for "$ver")"
     if "$py" -m venv "$dest" >"$log" 2>&1 \
-        && install_into "$dest/bin/python" "$package" $(extras_for "$ver") >>"$log" 2>&1 \
+        && install_into "$dest/bin/python" "$package" "${extras[@]}" >>"$log" 2>&1 \
         && "$dest/bin/python" -c 'import hermes_state' >>"$log" 2>&1; then
         rm -f "$log"
     else
@@ -113,7 +114,8 @@ for ver in "${versions[@]}"; do
     if [ -x "$dest/bin/python" ] && "$dest/bin/python" -c 'import hermes_state' >/dev/null 2>&1; then
         if ! has_extras "$ver"; then  # a venv made before an extra was added gets it, nothing else
             echo "hermes-$ver: adding $(extras_for "$ver") ..."
-            install_into "$dest/bin/python" $(extras_for "$ver") || rc=1
+            read -r -a extras <<<"$(extras_for "$ver")"
+            install_into "$dest/bin/python" "${extras[@]}" || rc=1
         fi
         echo "hermes-$ver: ok ($dest)"
         continue
