@@ -83,11 +83,12 @@ def pragma(conn, name):
     return conn.execute("PRAGMA %s" % name).fetchone()[0]
 
 
-def decide(conn, db_path, mode, threshold_percent, auto_vacuum, replica=None, after_prune=None):
+def decide(conn, db_path, mode, threshold_percent, auto_vacuum, replica=None, after_prune=None, alone=False):
     """Return (action, reason): action is 'full', 'incremental' or None with a reason.
 
     ``after_prune`` (a ``predict_free_pages`` answer): the rule is applied to the free pages the
-    prune is expected to leave rather than to those the file has now.
+    prune is expected to leave rather than to those the file has now. ``alone``: the decision for a
+    service window, where no other process will hold the file (the disk must still have room).
     """
     free, pages = pragma(conn, "freelist_count"), pragma(conn, "page_count")
     if after_prune is not None:
@@ -119,7 +120,7 @@ def decide(conn, db_path, mode, threshold_percent, auto_vacuum, replica=None, af
                 % (after_prune["percent_now"], 100 * after_prune["share"], percent, threshold_percent)
             )
         return None, "free pages are %.1f%% of the file, below vacuum_threshold %s%%" % (percent, threshold_percent)
-    blocked = full_vacuum_blocked(db_path)
+    blocked = _room_refusal(db_path) if alone else full_vacuum_blocked(db_path)
     if blocked:
         return None, blocked
     return "full", None
@@ -212,16 +213,38 @@ def predict_free_pages(conn, messages_pruned, messages_total):
     }
 
 
-def plan_reclaim(conn, db_path, options, schema, *, messages_pruned, messages_total):
+def plan_reclaim(conn, db_path, options, schema, *, messages_pruned, messages_total, window=False):
     """The reclaim decision for one profile, taken before any write (check mode reports it, the run
-    executes it): ``{"mode", "action", "skipped_reason", "free_pages_predicted"}``."""
+    executes it): ``{"mode", "action", "skipped_reason", "free_pages_predicted", "in_window"}``.
+
+    ``window`` (a service window is configured): a full VACUUM that only a holder of the file keeps
+    out is planned for the window (``in_window``, and ``held``: the holder's reason, for when the
+    window does not open)."""
     after_prune = predict_free_pages(conn, messages_pruned, messages_total) if messages_pruned else None
-    action, reason = decide(
-        conn, db_path, options["vacuum_mode"], options["vacuum_threshold"], schema["auto_vacuum"],
-        schema.get("litestream"), after_prune=after_prune,
-    )  # fmt: skip
+
+    def rule(alone=False):
+        return decide(
+            conn, db_path, options["vacuum_mode"], options["vacuum_threshold"], schema["auto_vacuum"],
+            schema.get("litestream"), after_prune=after_prune, alone=alone,
+        )  # fmt: skip
+
+    action, reason = rule()
     free = after_prune["free_pages"] if after_prune else pragma(conn, "freelist_count")
-    return {"mode": options["vacuum_mode"], "action": action, "skipped_reason": reason, "free_pages_predicted": free}
+    decision = {
+        "mode": options["vacuum_mode"], "action": action, "skipped_reason": reason, "free_pages_predicted": free,
+        "in_window": False,
+    }  # fmt: skip
+    if action is None and window and holders(db_path) and rule(alone=True)[0] == "full":
+        decision.update(action="full", skipped_reason=None, in_window=True, held=reason)
+    return decision
+
+
+def window_declined(decision, why):
+    """A full VACUUM planned for a window that does not open: skipped as without a window, and why."""
+    if decision.get("in_window"):
+        decision.update(
+            action=None, in_window=False, skipped_reason="%s; the service window: %s" % (decision.pop("held"), why)
+        )
 
 
 def full_vacuum_blocked(db_path):
@@ -247,6 +270,8 @@ def reclaim(conn, db_path, options, schema, decision, *, pruned, stop=None):
     report["free_pages_before_vacuum"] = pragma(conn, "freelist_count")
     replica = schema.get("litestream")
     action = decision["action"]
+    if decision.get("in_window"):  # the gateway holds the file now: the VACUUM waits for the window
+        action, report["action"], report["skipped_reason"] = None, None, "left for the service window"
     if action == "full":
         blocked = full_vacuum_blocked(db_path)
         if blocked:  # the world changed since the plan: never VACUUM under a holder or on a full disk

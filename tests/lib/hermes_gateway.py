@@ -29,6 +29,7 @@ import signal
 import socket
 import sqlite3
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -461,3 +462,62 @@ def wait_settled(db_path, timeout=90.0):
             pass  # busy, or the table not made yet
         time.sleep(0.5)
     raise RuntimeError("the gateway's start-up maintenance did not run on %s in %.0f s" % (db_path, timeout))
+
+
+# ---------------------------------------------------------------------------- a process supervisor
+
+
+def configured_port(home):
+    """The API server's port written in ``home/.env``."""
+    for line in (Path(home) / ".env").read_text().splitlines():
+        if line.startswith("API_SERVER_PORT="):
+            return int(line.split("=", 1)[1])
+    raise RuntimeError("no API_SERVER_PORT in %s/.env" % home)
+
+
+def supervisor_start(home, release=RELEASE, timeout=90.0):
+    """Start the gateway of a configured ``home`` detached from the caller (as a service manager
+    does) and return once it answers /health: what a ``gateway_start_command`` does."""
+    log = Path(home) / "gateway-test.log"
+    proc = spawn_gateway(home, log, release)
+    wait_healthy(configured_port(home), timeout, proc, log)
+    return proc.pid
+
+
+def supervisor_stop(home, timeout=45.0):
+    """SIGTERM the gateway ``gateway.pid`` names and return once it is gone (SIGKILL after
+    ``timeout``): what a ``gateway_stop_command`` does. True when there was one."""
+    pid = gateway_pid(home)
+    if pid is None or not _alive(pid):
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            os.killpg(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    return True
+
+
+def _alive(pid):
+    """Whether ``pid`` runs (a zombie waiting for its parent's wait counts as gone)."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def supervisor_argv(action, home):
+    """``[python, this file, action, home]``: a stop or start command the engine can run."""
+    return [sys.executable, os.path.abspath(__file__), action, str(home)]
+
+
+if __name__ == "__main__":  # the supervisor: hermes_gateway.py start|stop HOME
+    _action, _home = sys.argv[1], sys.argv[2]
+    if _action == "start":
+        supervisor_start(_home)
+    elif _action == "stop":
+        supervisor_stop(_home)
+    else:
+        sys.exit("usage: hermes_gateway.py start|stop HOME")

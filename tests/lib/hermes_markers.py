@@ -36,6 +36,7 @@ TIMING_MODULES = (
     "test_live_rollback",
     "test_live_writer",
     "test_restore_sessions",
+    "test_service_window",
     "test_session_restore",
     "test_writer_turn",
 )
