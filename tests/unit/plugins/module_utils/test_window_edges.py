@@ -1,0 +1,127 @@
+"""The service window's refusals and failures, without a gateway (test_service_window.py runs the
+real one): operator mistakes named at the start, root never running what the Hermes user can
+write, a step interrupted and rolled back at the bound, and the gateway started again (its drain
+marker removed first) when the stop fails. A holder is a real process with state.db open.
+"""
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+from hermes_reliability import db_problems
+from hermes_reliability import query as q
+from hermes_rollback import RELEASE, make_big_rollback_home
+
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_window as window
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import normalize_options
+from hermes_fixtures import hermes_python
+
+needs_release = pytest.mark.skipif(hermes_python(RELEASE) is None, reason="no hermes-%s venv" % RELEASE)
+
+
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"gateway_stop_command": ["/bin/true"]}, "gateway_stop_command and gateway_start_command go together"),
+        (
+            {
+                "gateway_service": "hermes-gateway",
+                "gateway_stop_command": ["/bin/true"],
+                "gateway_start_command": ["/bin/true"],
+            },
+            "not both",
+        ),  # fmt: skip
+        ({"gateway_stop_command": ["systemctl", "stop"], "gateway_start_command": ["/bin/true"]}, "absolute path"),
+        ({"gateway_stop_command": ["/bin/true", ""], "gateway_start_command": ["/bin/true"]}, "non-empty strings"),
+        ({"gateway_service": "../hermes-gateway"}, "gateway_service must be a systemd unit name"),
+        ({"gateway_service": "hermes-gateway", "max_downtime": 0}, "max_downtime must be at least 1"),
+    ],
+)
+def test_operator_mistakes_are_named(tmp_path, options, words):
+    with pytest.raises(MaintenanceError, match=words):
+        normalize_options(dict(options, hermes_home=[str(tmp_path)]))
+
+
+def test_root_runs_nothing_the_hermes_user_can_write(tmp_path):
+    agent_uid, agent_gid = 64713, 64713
+    program = tmp_path / "bin" / "stop-gateway"
+    program.parent.mkdir()
+    program.write_text("#!/bin/sh\nexit 0\n")
+    program.chmod(0o755)
+    os.chmod(str(tmp_path), 0o755)
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the directory to another uid")
+    assert window.agent_writable(str(program), agent_uid, agent_gid) is None
+    os.chown(str(program.parent), agent_uid, agent_gid)
+    assert "belongs to uid %d" % agent_uid in window.agent_writable(str(program), agent_uid, agent_gid)
+    os.chown(str(program.parent), 0, agent_gid)
+    os.chmod(str(program.parent), 0o775)
+    assert "group %d may write" % agent_gid in window.agent_writable(str(program), agent_uid, agent_gid)
+    os.chmod(str(program.parent), 0o755)
+    os.chmod(str(program), 0o757)
+    assert "anyone may write" in window.agent_writable(str(program), agent_uid, agent_gid)
+
+
+@pytest.fixture
+def small_home(tmp_path):
+    home = tmp_path / "home"
+    db = str(make_big_rollback_home(home, 200, 50, seed=7, now=time.time()))
+    pages = q(db, "PRAGMA page_count")[0][0]
+    conn = sqlite3.connect(db)  # free pages inside the file, as a prune beside the gateway leaves them
+    conn.execute("DELETE FROM messages WHERE session_id IN (SELECT id FROM sessions WHERE ended_at IS NOT NULL)")
+    conn.commit()
+    conn.close()
+    assert q(db, "PRAGMA freelist_count")[0][0] > 0 and q(db, "PRAGMA page_count")[0][0] == pages
+    return str(home), db
+
+
+@needs_release
+def test_a_step_past_the_bound_is_interrupted_and_rolled_back(small_home):
+    home, db = small_home
+    before = (os.path.getsize(db), q(db, "PRAGMA freelist_count")[0][0], q(db, "SELECT COUNT(*) FROM messages"))
+    opts = normalize_options({"hermes_home": [home], "gateway_service": "hermes-gateway"})
+    report = window.window_steps(home, db, opts, [window.VACUUM_FULL], deadline=time.time() - 1)
+    assert report["done"] == [] and "interrupted at the bound" in report["reason"], report
+    after = (os.path.getsize(db), q(db, "PRAGMA freelist_count")[0][0], q(db, "SELECT COUNT(*) FROM messages"))
+    assert after == before and q(db, "PRAGMA auto_vacuum")[0][0] == 0
+    assert db_problems(db) == []
+    # with time enough, the same step switches the file and gives the pages back
+    report = window.window_steps(home, db, opts, [window.VACUUM_FULL], deadline=time.time() + 60)
+    assert report["done"] == [window.VACUUM_FULL] and report["reason"] is None
+    assert report["file"]["auto_vacuum"] == 2 and report["file"]["free_pages"] == 0
+    assert report["bytes_after"] < report["bytes_before"]
+
+
+HOLD = "import sqlite3, sys, time\nc = sqlite3.connect(sys.argv[1])\nc.execute('SELECT 1 FROM sessions LIMIT 1')\n" \
+    "print('ready', flush=True)\ntime.sleep(120)\n"  # fmt: skip
+
+
+@needs_release
+def test_the_gateway_is_started_again_when_the_stop_fails(small_home, tmp_path):
+    home, db = small_home
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, db], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        seen, started = tmp_path / "seen.json", tmp_path / "started"
+        stop = ["/bin/sh", "-c", 'cp "$0/.drain_request.json" "$1"; exit 3', home, str(seen)]
+        start = ["/bin/sh", "-c", 'test ! -e "$0/.drain_request.json" && touch "$1"', home, str(started)]
+        opts = normalize_options(
+            {"hermes_home": [home], "gateway_stop_command": stop, "gateway_start_command": start, "max_downtime": 8}
+        )
+        report = window.run_window(opts, [(home, db, [window.VACUUM_FULL])], lambda fn, *a: fn(*a), None)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert report["opened"] and report["reason"].startswith("not stopped: /bin/sh -c"), report
+    assert "exited with 3" in report["reason"] and report["profiles"] == {}
+    marker = json.loads(seen.read_text())
+    assert marker["action"] == "drain" and marker["epoch"] == window.instantiation_epoch()
+    assert started.exists(), "the start command did not run, or ran before the drain marker was removed"
+    assert report["gateway_back"] and report["downtime_s"] < 8
+    assert not os.path.exists(os.path.join(home, window.DRAIN_FILE))
+    assert q(db, "PRAGMA auto_vacuum")[0][0] == 0
