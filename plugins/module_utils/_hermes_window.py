@@ -65,6 +65,10 @@ def check_window_options(opts):
             continue
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and a for a in argv):
             return "%s must be a list of non-empty strings, the program first (got %r)" % (name, argv)
+        if len(argv[0].split()) > 1:
+            return "%s: %r is a command line; give an argv list, the program first (%r)" % (
+                name, argv[0], argv[0].split(),
+            )  # fmt: skip
         if not os.path.isabs(argv[0]):
             return "%s: the program must be an absolute path, so no PATH chooses it (got %r)" % (name, argv[0])
     service = opts["gateway_service"]
@@ -312,6 +316,8 @@ def _run(argv, timeout):
     for name in ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS", "HOME"):
         if name in os.environ:
             env[name] = os.environ[name]
+    if os.geteuid() != 0:  # `systemctl --user` from cron or a timer, where no login set it
+        env.setdefault("XDG_RUNTIME_DIR", "/run/user/%d" % os.geteuid())
     try:
         return subprocess.run(
             argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, env=env, check=False

@@ -38,6 +38,10 @@ needs_release = pytest.mark.skipif(hermes_python(RELEASE) is None, reason="no he
         ),  # fmt: skip
         ({"gateway_stop_command": ["systemctl", "stop"], "gateway_start_command": ["/bin/true"]}, "absolute path"),
         ({"gateway_stop_command": ["/bin/true", ""], "gateway_start_command": ["/bin/true"]}, "non-empty strings"),
+        (
+            {"gateway_stop_command": ["/usr/bin/supervisorctl stop hermes"], "gateway_start_command": ["/bin/true"]},
+            "is a command line; give an argv list",
+        ),
         ({"gateway_service": "../hermes-gateway"}, "gateway_service must be a systemd unit name"),
         ({"gateway_service": "hermes-gateway", "max_downtime": 0}, "max_downtime must be at least 1"),
     ],
