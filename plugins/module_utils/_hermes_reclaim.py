@@ -14,7 +14,7 @@ import sqlite3
 import tempfile
 import time
 
-from ._hermes_apply import turn_after_commit
+from ._hermes_apply import ROLLBACK_COMMIT_TIME, hard_bound, turn_after_commit
 from ._hermes_db import (
     MB,
     WAL_BUDGET,
@@ -30,7 +30,10 @@ from ._hermes_db import (
 
 MERGE_PAGES = 256  # FTS5 'merge' work per transaction: a bounded write-lock hold
 MERGE_MAX_STEPS = 2000
-INCREMENTAL_PAGES = 1000  # pages freed per incremental_vacuum step (30-80 ms here, see docs/benchmarks.md)
+INCREMENTAL_PAGES = 1000  # pages freed per incremental_vacuum step without a time bound (30-80 ms here)
+INCREMENTAL_FIRST = 200  # pages of the first timed step, before the rate per page is known
+INCREMENTAL_MOST = 4000  # pages of one timed step at most
+INCREMENTAL_PROGRESS = 100  # SQLite VM steps between two looks at the clock (a page is a few of them)
 AUTO_VACUUM_INCREMENTAL = 2
 
 
@@ -139,16 +142,60 @@ def _dir(path):
     return os.path.dirname(os.path.abspath(path)) or "."
 
 
-def incremental_vacuum(conn, pause, stop=None):
-    """Free pages in short steps; ``executescript`` runs the pragma to completion."""
-    steps = 0
+def incremental_vacuum(conn, pause, stop=None, bound=None):
+    """Free pages in short steps, each its own write transaction with the gateway's turn after it;
+    ``executescript`` runs the pragma to completion. Returns (steps, retries).
+
+    ``bound`` (seconds, the prune's: ``batch_time`` plus the COMMIT's allowance in rollback-journal
+    mode): each step takes as many pages as fit in 0.8 x the bound at the rate per page of the last
+    one (INCREMENTAL_FIRST to start), and a step still running at the prune's hard bound is
+    interrupted, rolled back by SQLite, and retried with half the pages: pages moved from the end
+    of a file whose cache the gateway's commits keep emptying cost a read each, so a fixed count
+    cannot keep a lock hold within a writer's polls. None: INCREMENTAL_PAGES a step, untimed.
+    """
+    steps = retries = 0
+    pages = INCREMENTAL_FIRST if bound else INCREMENTAL_PAGES
+    hard = hard_bound(bound) if bound else None
+    began = [0.0]
     wait = turn_after_commit(conn, pause)
-    while pragma(conn, "freelist_count") > 0 and steps < 100000 and not (stop and stop()):
-        began = time.monotonic()
-        conn.executescript("PRAGMA incremental_vacuum(%d);" % INCREMENTAL_PAGES)
-        steps += 1
-        wait(time.monotonic() - began)
-    return steps
+    if hard:
+        conn.set_progress_handler(lambda: 1 if time.monotonic() - began[0] > hard else 0, INCREMENTAL_PROGRESS)
+    try:
+        while pragma(conn, "freelist_count") > 0 and steps < 100000 and not (stop and stop()):
+            began[0] = time.monotonic()
+            try:
+                conn.executescript("PRAGMA incremental_vacuum(%d);" % pages)
+            except sqlite3.OperationalError as exc:
+                if not hard or "interrupt" not in str(exc):
+                    raise
+                retries, pages = retries + 1, max(1, pages // 2)
+                wait(time.monotonic() - began[0])
+                continue
+            held = time.monotonic() - began[0]
+            steps += 1
+            if bound:
+                pages = next_pages(pages, held, bound)
+            wait(held)
+    finally:
+        if hard:
+            conn.set_progress_handler(None, 0)
+    return steps, retries
+
+
+def next_pages(pages, held, bound):
+    """The next step's pages: 0.8 x the bound at the last step's rate, at most 4 times as many."""
+    per_page = held / float(pages)
+    fit = int(0.8 * bound / per_page) if per_page > 0 else INCREMENTAL_MOST
+    return max(1, min(fit, 4 * pages, INCREMENTAL_MOST))
+
+
+def step_bound(options, db_path):
+    """The incremental_vacuum's bound: the prune's (``batch_time``, plus the COMMIT's allowance in
+    rollback-journal mode); None when batch_time is 0 (no bound asked for)."""
+    batch_time = float(options["batch_time"])
+    if not batch_time:
+        return None
+    return batch_time + (0.0 if is_wal_file(db_path) else ROLLBACK_COMMIT_TIME)
 
 
 def full_vacuum(conn, switch_to_incremental):
@@ -277,7 +324,9 @@ def reclaim(conn, db_path, options, schema, decision, *, pruned, stop=None):
         if blocked:  # the world changed since the plan: never VACUUM under a holder or on a full disk
             action, report["action"], report["skipped_reason"] = None, None, blocked
     if action == "incremental":
-        incremental_vacuum(conn, options["batch_pause"], stop)
+        report["incremental_steps"], report["incremental_retries"] = incremental_vacuum(
+            conn, options["batch_pause"], stop, bound=step_bound(options, db_path)
+        )
     elif action == "full":
         full_vacuum(conn, options["vacuum_switch_incremental"])
     report["stopped_early"] = stop() if stop else None

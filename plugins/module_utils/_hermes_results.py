@@ -172,7 +172,9 @@ PROFILE_FIELDS = (
         "V(skipped_reason), V(free_pages_predicted) (the free pages the plan expects after the prune, which the "
         "vacuum rule is applied to), V(in_window) (the full VACUUM waits for the service window), V(fts_merge_steps), "
         "and after a real run V(free_pages_before_vacuum) (measured), "
-        "V(stopped_early) and V(checkpoint) (null when none was run; V(checkpoint_skipped_reason) says why).",
+        "V(stopped_early), V(incremental_steps) and V(incremental_retries) (the C(incremental_vacuum) steps, each "
+        "sized to O(batch_time), and those interrupted at the hard bound and retried with fewer pages) and "
+        "V(checkpoint) (null when none was run; V(checkpoint_skipped_reason) says why).",
     )),
     Field("window", "dict", initial=None, doc=(
         "Null without a service window (O(gateway_service), O(gateway_stop_command)). Else V(opened) (in check "
