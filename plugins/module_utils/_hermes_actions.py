@@ -58,7 +58,10 @@ def plan_actions(conn, db_path, opts, schema, plan, preflight, *, backup_due, me
 def plan_service_window(actions, opts, db_path, plan):
     """The window for the steps that need the file alone; a VACUUM planned for a window that does not
     open is skipped as it is without one."""
-    actions.window = plan_window(opts, actions.reclaim, db_path, elision=bool(plan.payloads and plan.payloads.items))
+    actions.window = plan_window(
+        opts, actions.reclaim, db_path,
+        elision=bool(plan.payloads and plan.payloads.items), backup_deferred=bool(actions.backup_deferred),
+    )  # fmt: skip
     if not (actions.window and actions.window["opened"]):
         window_declined(actions.reclaim, actions.window["reason"] if actions.window else None)
     actions.reclaim.pop("held", None)

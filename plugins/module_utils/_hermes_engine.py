@@ -705,7 +705,12 @@ def service_window(opts, profiles):
             return run_as_owner(owner.pw_uid, fn, *args)
         return fn(*args)
 
-    report = run_window(opts, [(p["home"], p["path"], p["window"]["steps"]) for p in planned], as_owner, owner)
+    entries = [
+        {"home": p["home"], "path": p["path"], "name": p["name"], "steps": p["window"]["steps"],
+         "backup_dir": backups_of(p["home"], opts["backup_dir"])}
+        for p in planned
+    ]  # fmt: skip
+    report = run_window(opts, entries, as_owner, owner)
     for p in planned:
         _window_result(p, report)
 
@@ -718,6 +723,10 @@ def _window_result(p, report):
     )  # fmt: skip
     if not report["opened"]:
         p["reclaim"]["skipped_reason"] = "the service window did not open: %s" % report["reason"]
+    if done.get("backup"):
+        p["window"]["backup"] = done["backup"]["path"]
+        p["backups_removed"] = (p.get("backups_removed") or []) + done["backup"]["removed"]
+        p["changed"] = True
     if "vacuum_full" in done["done"]:
         freed = max(0, done["bytes_before"] - done["bytes_after"])
         p["reclaim"].update(action="full", skipped_reason=None, bytes_freed=p["reclaim"]["bytes_freed"] + freed)

@@ -27,13 +27,15 @@ import tempfile
 import time
 from datetime import datetime, timezone
 
-from ._hermes_db import MB, file_size, holders, open_rw
-from ._hermes_inspect import inspect_schema
+from ._hermes_backup import apply_retention, take_backup
+from ._hermes_db import MB, MaintenanceError, file_size, holders, open_rw
+from ._hermes_inspect import inspect_schema, quick_check
 from ._hermes_payloads import fts_optimize
 from ._hermes_reclaim import checkpoint, full_vacuum, full_vacuum_blocked, pragma
 
 DRAIN_FILE = ".drain_request.json"
 STATE_FILE = "gateway_state.json"
+BACKUP = "backup"  # the whole-file backup a live rollback-journal run defers (quick_check first)
 VACUUM_FULL = "vacuum_full"
 FTS_OPTIMIZE = "fts_optimize"
 # A full VACUUM's speed on the slowest host it was timed on (2 shared cores: a 0.7 GB 0.22.2 file in
@@ -82,17 +84,21 @@ def estimate_seconds(steps, db_bytes):
     return RESTART_ALLOWANCE + sum(db_bytes / float(VACUUM_BYTES_PER_SECOND) for _step in steps)
 
 
-def plan_window(opts, reclaim, db_path, *, elision):
+def plan_window(opts, reclaim, db_path, *, elision, backup_deferred=False):
     """Whether this profile's run opens a window and for what: ``{"opened", "reason", "steps",
     "estimate_s", "downtime_s"}`` (None when no window is configured). ``reclaim`` is the plan's
     reclaim decision (a full VACUUM planned ``in_window``); ``elision``: tool payloads are elided,
-    and beside a holder FTS5's optimize after it needs the file alone."""
+    and beside a holder FTS5's optimize after it needs the file alone; ``backup_deferred``: the
+    whole-file backup was due and the live run takes an archive instead, so a window that opens
+    takes it first (never opened for it alone)."""
     if not configured(opts):
         return None
     held = bool(holders(db_path))
     steps = [VACUUM_FULL] if reclaim.get("in_window") else []
     if elision and held:
         steps.append(FTS_OPTIMIZE)
+    if steps and backup_deferred:
+        steps.insert(0, BACKUP)
     window = {"opened": False, "reason": None, "steps": steps, "estimate_s": None, "downtime_s": None}
     if not steps:
         window["reason"] = "no step needs the file alone" if held else "nothing holds state.db: no window needed"
@@ -108,8 +114,8 @@ def plan_window(opts, reclaim, db_path, *, elision):
 
 
 def window_words(window, check_mode):
-    """The summary's words for a profile's window (empty without one)."""
-    if not window or (not window["steps"] and not window["reason"]):
+    """The summary's words for a profile's window (none without one, nor when nothing needs it)."""
+    if not window or not window["steps"]:
         return []
     if not window["opened"]:
         return ["no service window: %s" % window["reason"]]
@@ -125,16 +131,20 @@ def window_words(window, check_mode):
 # ---------------------------------------------------------------------------- the steps, as the file's owner
 
 
-def window_steps(home, db_path, opts, steps, deadline):
-    """Run ``steps`` on ``db_path`` with the gateway stopped, each interrupted at ``deadline`` (epoch
-    seconds). Returns ``{"done", "reason", "bytes_before", "bytes_after"}``; never raises."""
-    report = {"done": [], "reason": None, "bytes_before": _db_bytes(db_path), "bytes_after": None}
+def window_steps(entry, opts, deadline):
+    """Run ``entry``'s steps on its ``path`` with the gateway stopped, each interrupted at ``deadline``
+    (epoch seconds). Returns ``{"done", "reason", "bytes_before", "bytes_after", "file", "backup"}``;
+    never raises. A failed step ends the steps (the backup's failure keeps the VACUUM out)."""
+    db_path = entry["path"]
+    report = {"done": [], "reason": None, "bytes_before": _db_bytes(db_path), "bytes_after": None, "backup": None}
     conn = None
     try:
         conn = open_rw(db_path, float(opts["busy_timeout"]))
         conn.set_progress_handler(lambda: 1 if time.time() > deadline else 0, 10000)
-        for step in steps:
-            if step == VACUUM_FULL:
+        for step in entry["steps"]:
+            if step == BACKUP:
+                report["backup"] = _whole_file_backup(conn, entry, opts)
+            elif step == VACUUM_FULL:
                 blocked = full_vacuum_blocked(db_path)
                 if blocked:
                     report["reason"] = "no VACUUM: %s" % blocked
@@ -142,9 +152,11 @@ def window_steps(home, db_path, opts, steps, deadline):
                 full_vacuum(conn, opts["vacuum_switch_incremental"])
                 checkpoint(conn, db_path)
             elif step == FTS_OPTIMIZE:
-                schema = inspect_schema(conn, home)
+                schema = inspect_schema(conn, entry["home"])
                 fts_optimize(conn, schema["fts"], lambda _took: None, None)
             report["done"].append(step)
+    except MaintenanceError as exc:
+        report["reason"] = str(exc)
     except sqlite3.OperationalError as exc:
         interrupted = "interrupt" in str(exc)
         report["reason"] = (
@@ -158,6 +170,20 @@ def window_steps(home, db_path, opts, steps, deadline):
     report["bytes_after"] = _db_bytes(db_path)
     report["file"] = _pages(db_path)
     return report
+
+
+def _whole_file_backup(conn, entry, opts):
+    """quick_check (nothing else holds the file now), the verified copy, then the backup retention."""
+    quick_check(conn, entry["path"])
+    backup = take_backup(
+        conn, entry["path"], entry["backup_dir"], entry["name"], compress=opts["backup_compress"], must_contain={},
+        busy_timeout=float(opts["busy_timeout"]),
+    )  # fmt: skip
+    backup["removed"] = apply_retention(
+        entry["backup_dir"], entry["name"], keep_days=opts["backup_keep_days"], keep_count=opts["backup_keep_count"],
+        now=time.time(), keep_path=backup["path"],
+    )  # fmt: skip
+    return backup
 
 
 def _db_bytes(db_path):
@@ -356,18 +382,18 @@ def agent_writable(path, uid, gid):
 
 
 def run_window(opts, entries, as_owner, owner):
-    """Open one window for ``entries`` (``(home, db_path, steps)``, each a profile that planned one):
-    drain, stop, the steps (``as_owner(fn, *args)`` runs one as the files' owner), then always
-    start again and check the gateway is back. Returns ``{"opened", "reason", "downtime_s",
-    "gateway_back", "profiles": {db_path: window_steps' report}}``."""
+    """Open one window for ``entries`` (each a profile that planned one: ``{"home", "path", "name",
+    "backup_dir", "steps"}``): drain, stop, the steps (``as_owner(fn, *args)`` runs one as the
+    files' owner), then always start again and check the gateway is back. Returns ``{"opened",
+    "reason", "downtime_s", "gateway_back", "profiles": {path: window_steps' report}}``."""
     report = {"opened": False, "reason": None, "downtime_s": None, "gateway_back": None, "profiles": {}}
     control = GatewayControl(opts, owner)
     refused = control.refusal()
     if refused:
         report["reason"] = refused
         return report
-    homes = sorted({home for home, _path, _steps in entries})
-    paths = [path for _home, path, _steps in entries]
+    homes = sorted({entry["home"] for entry in entries})
+    paths = [entry["path"] for entry in entries]
     began = time.time()
     report["opened"] = True
     deadline = began + float(opts["max_downtime"]) - START_RESERVE
@@ -383,8 +409,8 @@ def run_window(opts, entries, as_owner, owner):
         if not _wait(lambda: not any(holders(p) for p in paths), STOP_WAIT):
             report["reason"] = "the gateway stopped but state.db is still held: no step run"
             return report
-        for home, path, steps in entries:
-            report["profiles"][path] = as_owner(window_steps, home, path, opts, steps, deadline)
+        for entry in entries:
+            report["profiles"][entry["path"]] = as_owner(window_steps, entry, opts, deadline)
     finally:
         for home in homes:
             as_owner(clear_drain_marker, home)

@@ -12,6 +12,7 @@ failed one again: in the window requests fail fast (Hermes's drain answers 503, 
 closed) and succeed on retry, none fails after, and every turn answered is in the file.
 """
 
+import os
 import time
 
 import pytest
@@ -79,7 +80,9 @@ def test_window_switches_to_incremental_while_clients_retry(supervised):
     pid_before = gateway_pid(home)
     predicted = run_maintenance(window_options(home), check_mode=True)["profiles"][0]
     assert predicted["status"] == "ok", predicted["error"]
-    assert predicted["window"]["opened"] and predicted["window"]["steps"] == ["vacuum_full"], predicted["window"]
+    # the whole-file backup a live rollback-journal run defers comes first in the window
+    steps = ["backup", "vacuum_full"]
+    assert predicted["window"]["opened"] and predicted["window"]["steps"] == steps, predicted["window"]
     assert predicted["reclaim"]["action"] == "full" and predicted["reclaim"]["in_window"]
     with Client(port, retry=True) as client:
         time.sleep(2.0)
@@ -90,10 +93,16 @@ def test_window_switches_to_incremental_while_clients_retry(supervised):
     profile = result["profiles"][0]
     assert profile["status"] == "ok", profile["error"]
     window = profile["window"]
-    assert window["opened"] and window["done"] == ["vacuum_full"] and window["gateway_back"], window
+    assert window["opened"] and window["done"] == steps and window["gateway_back"], window
     assert window["reason"] is None, window["reason"]
     assert 0 < window["downtime_s"] <= 120 and window["auto_vacuum"] == 2
     assert gateway_pid(home) not in (None, pid_before), "the supervisor did not start a new gateway"
+    assert profile["backup"]["kind"] == "archive" and "rollback-journal" in profile["backup_deferred"]
+    whole = window["backup"]
+    assert os.path.basename(whole).startswith("hermes-ops_default_") and os.stat(whole).st_mode & 0o777 == 0o600
+    assert db_problems(whole) == [] and q(whole, "PRAGMA auto_vacuum")[0][0] == 0  # the file as it was before
+    sessions = q(whole, "SELECT COUNT(*) FROM sessions")[0][0]  # the client's go on being added
+    assert profile["after"]["sessions"] <= sessions <= q(db, "SELECT COUNT(*) FROM sessions")[0][0]
     # the prune ran beside the live gateway, the VACUUM in the window
     assert profile["preflight"]["live_rollback"] and profile["sessions_pruned"] > 0
     assert profile["reclaim"]["action"] == "full" and profile["reclaim"]["bytes_freed"] > 0

@@ -89,13 +89,14 @@ def test_a_step_past_the_bound_is_interrupted_and_rolled_back(small_home):
     home, db = small_home
     before = (os.path.getsize(db), q(db, "PRAGMA freelist_count")[0][0], q(db, "SELECT COUNT(*) FROM messages"))
     opts = normalize_options({"hermes_home": [home], "gateway_service": "hermes-gateway"})
-    report = window.window_steps(home, db, opts, [window.VACUUM_FULL], deadline=time.time() - 1)
+    entry = {"home": home, "path": db, "name": "default", "backup_dir": None, "steps": [window.VACUUM_FULL]}
+    report = window.window_steps(entry, opts, deadline=time.time() - 1)
     assert report["done"] == [] and "interrupted at the bound" in report["reason"], report
     after = (os.path.getsize(db), q(db, "PRAGMA freelist_count")[0][0], q(db, "SELECT COUNT(*) FROM messages"))
     assert after == before and q(db, "PRAGMA auto_vacuum")[0][0] == 0
     assert db_problems(db) == []
     # with time enough, the same step switches the file and gives the pages back
-    report = window.window_steps(home, db, opts, [window.VACUUM_FULL], deadline=time.time() + 60)
+    report = window.window_steps(entry, opts, deadline=time.time() + 60)
     assert report["done"] == [window.VACUUM_FULL] and report["reason"] is None
     assert report["file"]["auto_vacuum"] == 2 and report["file"]["free_pages"] == 0
     assert report["bytes_after"] < report["bytes_before"]
@@ -117,7 +118,8 @@ def test_the_gateway_is_started_again_when_the_stop_fails(small_home, tmp_path):
         opts = normalize_options(
             {"hermes_home": [home], "gateway_stop_command": stop, "gateway_start_command": start, "max_downtime": 8}
         )
-        report = window.run_window(opts, [(home, db, [window.VACUUM_FULL])], lambda fn, *a: fn(*a), None)
+        entry = {"home": home, "path": db, "name": "default", "backup_dir": None, "steps": [window.VACUUM_FULL]}
+        report = window.run_window(opts, [entry], lambda fn, *a: fn(*a), None)
     finally:
         holder.kill()
         holder.wait()
