@@ -299,8 +299,9 @@ def full_vacuum_blocked(db_path):
     disk filled), else None: these are re-checked right before it runs."""
     others = holders(db_path)
     if others:
-        return "held open by %s: a full VACUUM would stall or break it; run maintain.yml's service window" % (
-            describe_holders(others)
+        return (
+            "held open by %s: a full VACUUM would stall or break it; allow a window (gateway_service) or run "
+            "maintain.yml's" % describe_holders(others)
         )
     return _room_refusal(db_path)
 

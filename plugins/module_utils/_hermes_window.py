@@ -398,31 +398,51 @@ def run_window(opts, entries, as_owner, owner):
     report["opened"] = True
     deadline = began + float(opts["max_downtime"]) - START_RESERVE
     try:
-        for home in homes:
-            as_owner(write_drain_marker, home)
-        if not wait_drained(homes, min(DRAIN_WAIT, float(opts["max_downtime"]) / 4)):
-            report["reason"] = "the gateway did not say it drained in time; stopped all the same"
-        failed = control.stop()
-        if failed:
-            report["reason"] = "not stopped: %s" % failed
-            return report
-        if not _wait(lambda: not any(holders(p) for p in paths), STOP_WAIT):
-            report["reason"] = "the gateway stopped but state.db is still held: no step run"
-            return report
-        for entry in entries:
-            report["profiles"][entry["path"]] = as_owner(window_steps, entry, opts, deadline)
+        report["reason"] = _drain_stop_and_steps(control, entries, opts, as_owner, deadline, report["profiles"])
+    except Exception as exc:  # whatever failed in the window, the gateway is started again below
+        report["reason"] = "the window failed: %s: %s" % (type(exc).__name__, exc)
     finally:
-        for home in homes:
-            as_owner(clear_drain_marker, home)
+        left = _clear_markers(homes, as_owner)
         failed = control.start()
         back = not failed and _wait(lambda: control.active() and any(holders(p) for p in paths), BACK_WAIT)
-        report["gateway_back"] = back
+        report["gateway_back"] = back and not left
         report["downtime_s"] = round(time.time() - began, 1)
-        if not back:
+        if not report["gateway_back"]:
             report["reason"] = "the gateway is NOT back: %s" % (
-                failed or "no holder on state.db %.0f s after the start" % BACK_WAIT
+                left or failed or "no holder on state.db %.0f s after the start" % BACK_WAIT
             )
     return report
+
+
+def _drain_stop_and_steps(control, entries, opts, as_owner, deadline, reports):
+    """The window's work up to the start: None, or what went wrong (the steps are left out then)."""
+    homes = sorted({entry["home"] for entry in entries})
+    paths = [entry["path"] for entry in entries]
+    reason = None
+    for home in homes:
+        as_owner(write_drain_marker, home)
+    if not wait_drained(homes, min(DRAIN_WAIT, float(opts["max_downtime"]) / 4)):
+        reason = "the gateway did not say it drained in time; stopped all the same"
+    failed = control.stop()
+    if failed:
+        return "not stopped: %s" % failed
+    if not _wait(lambda: not any(holders(p) for p in paths), STOP_WAIT):
+        return "the gateway stopped but state.db is still held: no step run"
+    for entry in entries:
+        reports[entry["path"]] = as_owner(window_steps, entry, opts, deadline)
+    return reason
+
+
+def _clear_markers(homes, as_owner):
+    """Remove every home's drain marker before the start (a gateway finding one stays draining);
+    what could not be removed, in words, or None."""
+    left = []
+    for home in homes:
+        try:
+            as_owner(clear_drain_marker, home)
+        except Exception as exc:  # the start comes next whatever happened here
+            left.append("%s: %s" % (os.path.join(home, DRAIN_FILE), exc))
+    return ("the drain marker stays, so the gateway refuses new turns: remove %s" % "; ".join(left)) if left else None
 
 
 def _wait(condition, timeout):

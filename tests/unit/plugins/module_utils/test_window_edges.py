@@ -1,7 +1,8 @@
-"""The service window's refusals and failures, without a gateway (test_service_window.py runs the
-real one): operator mistakes named at the start, root never running what the Hermes user can
-write, a step interrupted and rolled back at the bound, and the gateway started again (its drain
-marker removed first) when the stop fails. A holder is a real process with state.db open.
+"""The service window's plan, refusals and failures, without a gateway (test_service_window.py
+runs the real one): check mode's window and its words, operator mistakes named at the start,
+root never running what the Hermes user can write, a step interrupted and rolled back at the
+bound, and the gateway started again (its drain marker removed first) when the stop fails. A
+holder is a real process with state.db open.
 """
 
 import json
@@ -18,7 +19,7 @@ from hermes_rollback import RELEASE, make_big_rollback_home
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_window as window
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import normalize_options
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import normalize_options, run_maintenance
 from hermes_fixtures import hermes_python
 
 needs_release = pytest.mark.skipif(hermes_python(RELEASE) is None, reason="no hermes-%s venv" % RELEASE)
@@ -131,3 +132,37 @@ def test_the_gateway_is_started_again_when_the_stop_fails(small_home, tmp_path):
     assert report["gateway_back"] and report["downtime_s"] < 8
     assert not os.path.exists(os.path.join(home, window.DRAIN_FILE))
     assert q(db, "PRAGMA auto_vacuum")[0][0] == 0
+
+
+@needs_release
+def test_check_mode_says_whether_a_window_would_open_and_for_what(small_home):
+    home, db = small_home
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, db], stdout=subprocess.PIPE, text=True)
+    commands = {"gateway_stop_command": ["/bin/true"], "gateway_start_command": ["/bin/true"]}
+    options = dict(commands, hermes_home=[home], allow_unknown_schema=True, prune_days=7)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        fits = run_maintenance(dict(options, max_downtime=120), check_mode=True)
+        short = run_maintenance(dict(options, max_downtime=5), check_mode=True)
+        without = run_maintenance(dict(options, gateway_stop_command=None, gateway_start_command=None), True)
+    finally:
+        holder.kill()
+        holder.wait()
+    profile = fits["profiles"][0]
+    assert profile["preflight"]["live_rollback"] and profile["backup_deferred"]
+    assert profile["window"]["opened"] and profile["window"]["steps"] == ["backup", "vacuum_full"]
+    assert profile["reclaim"]["action"] == "full" and profile["reclaim"]["in_window"]
+    assert "service window would open for backup, vacuum_full" in fits["summary"][0]
+    # the same plan with too little downtime allowed: no window, the VACUUM skipped for both reasons
+    profile = short["profiles"][0]
+    assert not profile["window"]["opened"] and "more than max_downtime 5" in profile["window"]["reason"]
+    assert profile["reclaim"]["action"] is None and not profile["reclaim"]["in_window"]
+    assert "held open by" in profile["reclaim"]["skipped_reason"]
+    assert "the service window: estimated" in profile["reclaim"]["skipped_reason"]
+    assert "no service window: estimated" in short["summary"][0]
+    # without a window configured nothing of it shows
+    profile = without["profiles"][0]
+    assert profile["window"] is None and profile["reclaim"]["action"] is None
+    assert "in_window" in profile["reclaim"] and "allow a window (gateway_service)" in without["summary"][0]
+    assert "service window" not in without["summary"][0]
+    assert q(db, "PRAGMA auto_vacuum")[0][0] == 0  # check mode wrote nothing
