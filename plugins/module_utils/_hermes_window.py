@@ -46,6 +46,7 @@ VACUUM_BYTES_PER_SECOND = 20 * MB
 RESTART_ALLOWANCE = 20.0
 START_RESERVE = 10.0  # of max_downtime, kept for the start and the check that the gateway is back
 DRAIN_WAIT = 30.0  # at most, for the turns in flight to finish (the gateway's own SIGTERM wait)
+DRAIN_NOTICE = 5.0  # for the gateway to say it is draining (its watcher reads the marker every second)
 STOP_WAIT = 45.0  # for the gateway to let go of state.db after the stop command
 BACK_WAIT = 90.0  # for the gateway to hold state.db again after the start command
 SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # where root looks for systemctl, never the caller's PATH
@@ -103,10 +104,10 @@ def plan_window(opts, reclaim, db_path, *, elision, backup_deferred=False):
     if not steps:
         window["reason"] = "no step needs the file alone" if held else "nothing holds state.db: no window needed"
         return window
-    window["estimate_s"] = round(estimate_seconds(steps, file_size(db_path)), 1)
-    if window["estimate_s"] > float(opts["max_downtime"]):
+    window["estimate_s"] = estimate = round(estimate_seconds(steps, file_size(db_path)), 1)
+    if estimate > float(opts["max_downtime"]):
         window["reason"] = "estimated %.0f s for %s, more than max_downtime %s s" % (
-            window["estimate_s"], " and ".join(steps), opts["max_downtime"],
+            estimate, " and ".join(steps), opts["max_downtime"],
         )  # fmt: skip
         return window
     window["opened"] = True
@@ -120,7 +121,7 @@ def window_words(window, check_mode):
     if not window["opened"]:
         return ["no service window: %s" % window["reason"]]
     if check_mode:
-        return ["service window would open for %s (~%.0f s)" % (", ".join(window["steps"]), window["estimate_s"])]
+        return ["service window would open for %s (~%.0f s)" % (", ".join(window["steps"]), window["estimate_s"] or 0)]
     done = window.get("done") or []
     words = "service window %.1f s: %s" % (window["downtime_s"] or 0.0, ", ".join(done) or "nothing done")
     if window["reason"]:
@@ -266,12 +267,18 @@ def gateway_state(home):
 
 
 def wait_drained(homes, timeout):
-    """Wait until every home's gateway says ``draining`` with no turn in flight; True when it did."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Wait until every home's gateway says ``draining`` with no turn in flight; True when it did.
+
+    A gateway that has not said ``draining`` DRAIN_NOTICE seconds after the marker (its watcher
+    reads it every second) has no drain contract (before 0.22, or no ``gateway_state.json``): the
+    stop comes at once, and the gateway's own SIGTERM wait lets the turns in flight finish."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
         states = [gateway_state(home) for home in homes]
         if all(state == "draining" and not active for state, active in states):
             return True
+        if time.monotonic() - began > DRAIN_NOTICE and not any(state == "draining" for state, _n in states):
+            return False
         time.sleep(0.2)
     return False
 

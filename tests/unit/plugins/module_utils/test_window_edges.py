@@ -20,8 +20,10 @@ from hermes_rollback import RELEASE, make_big_rollback_home
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_window as window
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import normalize_options, run_maintenance
-from hermes_fixtures import hermes_python
+from hermes_fixtures import APPEND_MESSAGES, build_home, copy_db, hermes_python, run_release_code, terminal_dump
 
+RELEASE_LAYOUT = "hermes-" + RELEASE
+DAY = 86400.0
 needs_release = pytest.mark.skipif(hermes_python(RELEASE) is None, reason="no hermes-%s venv" % RELEASE)
 
 
@@ -166,3 +168,66 @@ def test_check_mode_says_whether_a_window_would_open_and_for_what(small_home):
     assert "in_window" in profile["reclaim"] and "allow a window (gateway_service)" in without["summary"][0]
     assert "service window" not in without["summary"][0]
     assert q(db, "PRAGMA auto_vacuum")[0][0] == 0  # check mode wrote nothing
+
+
+def payload_home(base):
+    """A 0.22.2 home whose bytes are mostly old tool output (as test_tool_payloads.py builds it)."""
+    now = time.time()
+    specs = [dict(id="old-%d" % i, started_days_ago=60, ended_days_ago=50, messages=2) for i in range(6)]
+    db = build_home(base / "home", RELEASE_LAYOUT, specs, now=now)
+    rows = [
+        [spec["id"], "tool", terminal_dump(spec["id"], i, 24000 + 97 * i), "terminal", now - (55 - i) * DAY]
+        for spec in specs
+        for i in range(12)
+    ]
+    plan = base / "append.json"
+    plan.write_text(json.dumps(rows))
+    proc = run_release_code(hermes_python(RELEASE), APPEND_MESSAGES, db, str(plan))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return str(base / "home"), str(db)
+
+
+def fts_bytes(db):
+    return q(db, "SELECT SUM(pgsize) FROM dbstat WHERE name LIKE 'messages_fts%'")[0][0]
+
+
+@needs_release
+def test_fts_optimize_after_an_elision_beside_a_holder_runs_in_the_window(tmp_path):
+    home, db = payload_home(tmp_path)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    copy_db(db, alone / "state.db")
+    options = dict(allow_unknown_schema=True, prune_days=365, tool_payload_days=30, vacuum_mode="never")
+    by_itself = run_maintenance(dict(options, hermes_home=[str(alone)]))["profiles"][0]
+    assert by_itself["tool_payloads"]["elided"] > 0 and by_itself["tool_payloads"]["fts_optimize_steps"] > 0
+    # the "gateway": a process holding state.db, stopped and started again by the window's commands
+    pidfile = tmp_path / "holder.pid"
+    start = ["/bin/sh", "-c", '"$1" -c "$2" "$3" >/dev/null 2>&1 & echo $! > "$0"', str(pidfile), sys.executable,
+             HOLD, db]  # fmt: skip
+    stop = ["/bin/sh", "-c", 'kill "$(cat "$0")"', str(pidfile)]
+    subprocess.run(start, check=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not window.holders(db) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        options.update(gateway_stop_command=stop, gateway_start_command=start, hermes_home=[home])
+        predicted = run_maintenance(options, check_mode=True)["profiles"][0]
+        profile = run_maintenance(options)["profiles"][0]
+        assert window.holders(db), "the start command did not bring the holder back"
+    finally:
+        subprocess.run(stop, check=False)
+    assert predicted["window"]["steps"] == ["backup", "fts_optimize"] and predicted["window"]["opened"]
+    assert profile["status"] == "ok", profile["error"]
+    assert profile["window"]["done"] == ["backup", "fts_optimize"] and profile["window"]["gateway_back"]
+    payloads = profile["tool_payloads"]
+    assert payloads["elided"] == by_itself["tool_payloads"]["elided"] and payloads["fts_optimize_stopped"] == []
+    # the index ends as small as the run with no holder leaves it
+    assert fts_bytes(db) <= 1.1 * fts_bytes(str(alone / "state.db")), (
+        fts_bytes(db),
+        fts_bytes(str(alone / "state.db")),
+    )
+    assert db_problems(db) == []
+    print(
+        "\nFTS after an elision: %d bytes, optimized in the window; %d with no holder (%d elided, downtime %.1f s)"
+        % (fts_bytes(db), fts_bytes(str(alone / "state.db")), payloads["elided"], profile["window"]["downtime_s"])
+    )
