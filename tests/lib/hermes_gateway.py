@@ -154,8 +154,9 @@ class StubModel:
 # ---------------------------------------------------------------------------- the gateway
 
 
-def write_gateway_config(home, model_url, port):
-    """config.yaml and .env of an offline gateway (0600: the key is a secret)."""
+def write_gateway_config(home, model_url, port, extra=""):
+    """config.yaml and .env of an offline gateway (0600: the key is a secret); ``extra``: more
+    config.yaml lines (``sessions: {auto_prune: false}``, say)."""
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
     config = (
@@ -164,7 +165,7 @@ def write_gateway_config(home, model_url, port):
         "model_catalog: {enabled: false}\n"
         "updates: {check: false}\n"
         "plugins: {auto_update_check_hours: 0}\n"
-    ) % (json.dumps(model_url), MODEL_KEY, port)
+    ) % (json.dumps(model_url), MODEL_KEY, port) + extra
     env = "API_SERVER_KEY=%s\nAPI_SERVER_HOST=127.0.0.1\nAPI_SERVER_PORT=%d\n" % (API_KEY, port)
     for name, text in (("config.yaml", config), (".env", env)):
         path = home / name
