@@ -79,6 +79,14 @@ def size(db):
     return os.path.getsize(db) + (os.path.getsize(db + "-wal") if os.path.exists(db + "-wal") else 0)
 
 
+def free_pages(db):
+    conn = sqlite3.connect("file:%s?mode=ro" % db, uri=True, timeout=30)
+    try:
+        return conn.execute("PRAGMA freelist_count").fetchone()[0]
+    finally:
+        conn.close()
+
+
 def month(home, db, twin, port):
     """One month: the live run beside the gateway with its client, then the twin's run."""
     options = {
@@ -103,8 +111,9 @@ def month(home, db, twin, port):
         "alone_freed": twin_before - size(twin),
         "live_status": live["status"],
         "pruned": (live["sessions_pruned"], alone["sessions_pruned"]),
-        "reclaim": "%s %s/%s"
-        % (live["reclaim"]["action"], alone["reclaim"]["action"], live["reclaim"].get("stopped_early") or ""),
+        "reclaim": "%s / %s" % (live["reclaim"]["action"], alone["reclaim"]["action"]),
+        "free_after": (free_pages(db), free_pages(twin)),
+        "fts_merge_steps": (live["reclaim"]["fts_merge_steps"], alone["reclaim"]["fts_merge_steps"]),
         "window": "%s %.1f s" % ("+".join(window.get("done") or []), window["downtime_s"])
         if window.get("downtime_s")
         else "none",
@@ -147,15 +156,16 @@ def main():
                 supervisor_stop(home)
         print(
             "| month | pruned live / no holder | given back live | with no holder | live / no holder "
-            "| vacuum live / no holder | window | failed in it | after | lost |"
+            "| vacuum live / no holder | free pages after | FTS merge steps | window | failed in it | after | lost |"
         )
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for number, row in enumerate(rows, 1):
             ratio = row["live_freed"] / float(row["alone_freed"]) if row["alone_freed"] else float("nan")
             print(
-                "| %d | %d / %d | %.1f MB | %.1f MB | %.2f | %s | %s | %d | %d | %d |"
+                "| %d | %d / %d | %.1f MB | %.1f MB | %.2f | %s | %d / %d | %d / %d | %s | %d | %d | %d |"
                 % (number, row["pruned"][0], row["pruned"][1], row["live_freed"] / 1e6, row["alone_freed"] / 1e6,
-                   ratio, row["reclaim"], row["window"],
+                   ratio, row["reclaim"], row["free_after"][0], row["free_after"][1], row["fts_merge_steps"][0],
+                   row["fts_merge_steps"][1], row["window"],
                    row["failed_during"], row["failed_after"], row["lost"])
             )  # fmt: skip
         total_live, total_alone = sum(r["live_freed"] for r in rows), sum(r["alone_freed"] for r in rows)
