@@ -719,7 +719,7 @@ def _window_result(p, report):
     done = report["profiles"].get(p["path"]) or {"done": [], "reason": None}
     p["window"].update(
         opened=report["opened"], downtime_s=report["downtime_s"], gateway_back=report["gateway_back"],
-        done=done["done"], reason=report["reason"] or done["reason"],
+        done=done["done"], reason="; ".join(why for why in (report["reason"], done["reason"]) if why) or None,
     )  # fmt: skip
     if not report["opened"]:
         p["reclaim"]["skipped_reason"] = "the service window did not open: %s" % report["reason"]

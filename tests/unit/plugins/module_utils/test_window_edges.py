@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from hermes_reliability import db_problems
+from hermes_reliability import chown_tree, db_problems, user_with_dir
 from hermes_reliability import query as q
 from hermes_rollback import RELEASE, make_big_rollback_home
 
@@ -231,3 +231,42 @@ def test_fts_optimize_after_an_elision_beside_a_holder_runs_in_the_window(tmp_pa
         "\nFTS after an elision: %d bytes, optimized in the window; %d with no holder (%d elided, downtime %.1f s)"
         % (fts_bytes(db), fts_bytes(str(alone / "state.db")), payloads["elided"], profile["window"]["downtime_s"])
     )
+
+
+@needs_release
+@pytest.mark.root
+def test_as_root_the_window_works_as_the_owner_and_stops_and_starts_as_root(tmp_path):
+    # a user of its own: other test runs switch to hermes-ops-t1 at the same time, and their workers
+    # (no exec after the switch) look like possible holders to that user
+    with user_with_dir("hermes-ops-win", "hermes-ops-window-") as (uid, gid, base):
+        home = base / "home"
+        db = str(make_big_rollback_home(home, 200, 50, seed=11, now=time.time()))
+        chown_tree(home, uid, gid)
+        pidfile, seen = tmp_path / "holder.pid", tmp_path / "seen"
+        # the "gateway" runs as the owner, as Hermes's does (root's descriptors are hidden from the owner)
+        owner = ["/usr/bin/setpriv", "--reuid=%d" % uid, "--regid=%d" % gid, "--clear-groups", "/usr/bin/python3"]
+        start = ["/bin/sh", "-c", '"$@" >/dev/null 2>&1 & echo $! > "$0"', str(pidfile)] + owner + ["-c", HOLD, db]
+        # the stop records who runs it and who owns the drain marker it finds
+        stop = ["/bin/sh", "-c", 'echo "$(id -u) $(stat -c %u "$1/.drain_request.json")" > "$2"; kill "$(cat "$0")"',
+                str(pidfile), str(home), str(seen)]  # fmt: skip
+        subprocess.run(start, check=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not window.holders(db) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            options = dict(allow_unknown_schema=True, prune_days=7, hermes_home=[str(home)])
+            result = run_maintenance(dict(options, gateway_stop_command=stop, gateway_start_command=start))
+        finally:
+            subprocess.run(["/bin/sh", "-c", 'kill "$(cat "$0")"', str(pidfile)], check=False)
+        profile = result["profiles"][0]
+        assert profile["status"] == "ok", profile["error"]
+        assert profile["window"]["done"] == ["backup", "vacuum_full"] and profile["window"]["gateway_back"], profile[
+            "window"
+        ]
+        assert seen.read_text().split() == ["0", str(uid)]  # root stops; the marker is the owner's
+        assert not os.path.exists(os.path.join(str(home), window.DRAIN_FILE))
+        backup = profile["window"]["backup"]
+        for path in (db, backup):
+            st = os.stat(path)
+            assert (st.st_uid, st.st_mode & 0o777) == (uid, 0o600), path
+        assert q(db, "PRAGMA auto_vacuum")[0][0] == 2 and db_problems(db) == []
