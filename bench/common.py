@@ -16,7 +16,7 @@ PLOTS = REPO / "docs" / "benchmarks"  # the page's PNGs
 
 MB = 1024 * 1024
 MSGS_PER_SESSION = 100
-# Issue 26's targets for a run beside a gateway that writes every 20 ms (docs/benchmarks.md's table).
+# The targets for a run beside a gateway that writes every 20 ms (docs/benchmarks.md's table).
 TARGETS = {"stall": 0.250, "rows_ratio": 0.6, "backup_ratio": 0.8, "rss_mb": 100}
 IDLE_ROWS_RATIO = 0.9  # beside a gateway that holds the file but does not write (--writer-interval 3600)
 

@@ -86,7 +86,7 @@ and peak RSS are the worst over all rounds.
 
 The machine is shared: compare the ratios measured side by side and the control writer, not
 absolute times across runs."""
-LARGE_PER_GB = 1.3  # issue 26: a large file's whole run, per GB, within this of the 800k file's
+LARGE_PER_GB = 1.3  # a large file's whole run, per GB, within this of the 800k file's
 NOT_YET = {
     "idle": "prune rows/s beside a gateway that holds the file but does not write (`make bench-idle`, target "
     ">= 0.9x the release's; the engine's pacing opens up when no other connection commits, docs/architecture.md)",
@@ -96,7 +96,7 @@ NOT_YET = {
 
 
 def not_yet(docs):
-    """What issue 26 asks for that no results file holds yet (a line for the page, or none)."""
+    """What the targets ask for that no results file holds yet (a line for the page, or none)."""
     labels = {doc["name"][len(doc["mode"]) + 1 :] for doc in docs}
     missing = [text for name, text in NOT_YET.items() if name not in labels]
     if not missing:
@@ -631,7 +631,7 @@ def page(docs, page_dir=PAGE.parent, plots_dir=PLOTS, results_dir=RESULTS):
         "",
         "## Targets",
         "",
-        "Issue 26's targets for a run beside a gateway that writes every 20 ms; a missed one says by how much.",
+        "The targets for a run beside a gateway that writes every 20 ms; a missed one says by how much.",
         "The release's own prune is in the table for comparison: it stalls its writer for the whole prune.",
         "",
     ]

@@ -332,7 +332,7 @@ def sha256(path):
 
 
 def disk_refusals(workdir, base):
-    """Issue 26's refusal before any write on a disk that cannot hold the backup or a VACUUM: a copy
+    """The refusal before any write on a disk that cannot hold the backup or a VACUUM: a copy
     of ``base`` on a tmpfs only REFUSAL_MARGIN (or a quarter of the file) larger than it (mounted here: root), then
     ``run_maintenance`` twice, with no holder: the defaults (a backup beside the home), and with no
     backup and ``vacuum_mode: full`` (nothing old enough to prune, so the VACUUM is all it would do).

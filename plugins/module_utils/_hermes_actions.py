@@ -47,8 +47,8 @@ def plan_actions(conn, db_path, opts, schema, plan, preflight, *, backup_due, me
         actions.backup = FILE
     actions.reclaim = plan_reclaim(
         conn, db_path, opts, schema,
-        messages_pruned=plan.messages_pruned + payload_messages(conn, plan, messages_total),
-        messages_total=messages_total, window=window_configured(opts),
+        pruned=plan.messages, messages_total=messages_total, extra_bytes=payload_bytes_saved(plan),
+        live_rollback=preflight["live_rollback"], window=window_configured(opts),
     )  # fmt: skip
     plan_service_window(actions, opts, db_path, plan)
     actions.files, actions.stores = files, stores
@@ -67,20 +67,13 @@ def plan_service_window(actions, opts, db_path, plan):
     actions.reclaim.pop("held", None)
 
 
-def payload_messages(conn, plan, messages_total):
-    """The tool-payload elision as the reclaim estimate counts it: the share of the pages in use its
-    bytes take, in messages (the estimate's unit). Content bytes only, although both FTS indexes
-    shrink too: a low estimate, so the vacuum rule errs towards leaving the file as it is."""
+def payload_bytes_saved(plan):
+    """The content bytes the tool-payload elision takes out of the messages (its bodies less their
+    tombstones), which the reclaim estimate adds to the rows the prune deletes."""
     payloads = plan.payloads
-    if not payloads or not payloads.items or not messages_total:
+    if not payloads or not payloads.items:
         return 0
-    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-    pages = conn.execute("PRAGMA page_count").fetchone()[0] - conn.execute("PRAGMA freelist_count").fetchone()[0]
-    saved = payloads.bytes - sum(len(item[3].encode()) for item in payloads.items)
-    if pages <= 0:
-        return 0
-    share = min(1.0, float(saved) / (pages * page_size))
-    return int(round(share * (messages_total - plan.messages_pruned)))
+    return max(0, payloads.bytes - sum(len(item[3].encode()) for item in payloads.items))
 
 
 def deferred_reason(preflight):
@@ -128,7 +121,9 @@ def report_plan(result, plan, actions, backup_dir, name, compress=False):
     if actions.reclaim["action"]:  # estimates: see estimated_bytes_freed
         after["free_pages"] = 0
         after["page_count"] = before["page_count"] - actions.reclaim["free_pages_predicted"]
-        after["db_bytes"] = max(0, before["db_bytes"] - result["reclaim"]["bytes_freed"])
+        after["db_bytes"] = max(0, before["db_bytes"] - actions.reclaim["free_pages_predicted"] * before["page_size"])
+        if actions.reclaim["action"] == "full":
+            after["wal_bytes"] = 0
     else:
         after["free_pages"] = actions.reclaim["free_pages_predicted"]
     result["after"] = after
@@ -136,10 +131,12 @@ def report_plan(result, plan, actions, backup_dir, name, compress=False):
 
 def estimated_bytes_freed(before, reclaim):
     """What the planned vacuum is expected to give back: the free pages predicted after the prune
-    (none without a vacuum: a prune alone leaves its pages free inside the file)."""
+    (none without a vacuum: a prune alone leaves its pages free inside the file), and the -wal a
+    full VACUUM's TRUNCATE checkpoint empties (it runs only when no other process holds the file)."""
     if not reclaim["action"]:
         return 0
-    return reclaim["free_pages_predicted"] * before["page_size"]
+    wal = before["wal_bytes"] if reclaim["action"] == "full" else 0
+    return reclaim["free_pages_predicted"] * before["page_size"] + wal
 
 
 def human_size(nbytes):

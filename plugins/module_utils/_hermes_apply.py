@@ -22,6 +22,7 @@ from ._hermes_fence import FenceRefused, local_conversations
 from ._hermes_fence import check as fence_check
 from ._hermes_fence import retire as fence_retire
 from ._hermes_plan import ORPHAN_REAP, leased_conversation, live_leases, routed_sessions
+from ._hermes_undo import SessionUndo
 
 ZOMBIE_CHUNK = 200
 # What a transaction's time bound allows on top of batch_time for its COMMIT in rollback-journal
@@ -93,11 +94,13 @@ class PruneResult:
         self.left_alone = set()  # sessions that stopped qualifying while we worked
         self.stopped = None  # why the prune stopped before the end of its plan (the next run goes on)
         self.refused = []  # {"session", "by", "message"}: deletes Hermes's own store refused (trigger, RESTRICT)
+        self.kept = []  # {"session", "reason"}: sessions put back whole when they stopped qualifying mid-delete
 
     def add(self, other):
         for name in ("sessions", "messages", "orphaned", "transcripts", "prompts"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.refused += other.refused
+        self.kept += other.kept
 
 
 def poll_gap(waited):
@@ -340,7 +343,11 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     # 257-301 ms covering its poll, measured alternately side by side; bench/notes/wal-0.19.md).
     turn = WriterTurn(writing, pause) if writing else None
     result.transcripts += finish_pending(conn, pending)
-    queue = collections.deque(_batches(plan, max(1, int(batch_size))))
+    batch_size = max(1, int(batch_size))
+    queue = collections.deque(_batches(plan, batch_size))
+    # A session deleted in slices is recorded until its row goes, to be put back whole if refused.
+    sliced = any(plan.messages.get(sid, 0) > batch_size for sid in plan.delete_order)
+    schema["_undo"] = SessionUndo(conn, schema["tables"]) if sliced else None
     bound = (batch_time or 0.0) + (ROLLBACK_COMMIT_TIME if pause_after_commit and batch_time else 0.0)
     budget = LockBudget(bound, hard=hard_bound(bound) if bound else None)
     pacing = IdlePacing(conn, bound, pause)
@@ -351,6 +358,7 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
             while queue:
                 result.stopped = stop() if stop else None
                 if result.stopped:
+                    _abandon(conn, schema, result, "the run stopped before its last slice: %s" % result.stopped)
                     break
                 budget.seconds = pacing.bound()
                 if budget.hard:  # while the gateway is idle the bound grows, and the hard bound with it
@@ -392,10 +400,39 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
                 else:
                     time.sleep(max(paused, poll_gap(held) + 0.005) if pause_after_commit else paused)
                 pacing.observe()  # did the gateway commit during that transaction's turn?
+        except BaseException:
+            _abandon(conn, schema, result, "the run failed before its last slice")
+            raise
         finally:
             if budget.hard:
                 conn.set_progress_handler(None, 0)
+            if schema.get("_undo") is not None and not conn.in_transaction:
+                schema.pop("_undo").close()
     return result
+
+
+def _abandon(conn, schema, result, why):
+    """The prune ends with a session half deleted: put it back whole, in a transaction of its own."""
+    undo = schema.get("_undo")
+    if undo is None or conn.in_transaction or undo.recording() is None:
+        return
+    counts = PruneResult()
+    with write_transaction(conn):
+        _put_back(conn, schema, undo.recording(), counts, why)
+    result.add(counts)
+
+
+def _put_back(conn, schema, sid, counts, why):
+    """When ``sid``'s delete spans transactions and an earlier one committed: undo all of it in this
+    transaction and name the session in ``counts.kept``. Returns the note for a refusal's message."""
+    undo = schema.get("_undo")
+    if undo is None or undo.recording() != sid:
+        return ""
+    back = undo.put_back()
+    counts.messages -= back
+    note = "the %d messages its earlier transactions deleted were put back, and its fence removed" % back
+    counts.kept.append({"session": sid, "reason": "%s; %s" % (why, note)})
+    return "; " + note
 
 
 def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts):
@@ -419,23 +456,29 @@ def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts)
         routed = set() if fenced else routed_sessions(conn, schema)
         schema["_conversations"] = local_conversations(conn) if fenced else {}
         done, index = [], 0
+        whole = isinstance(batch, Whole)  # never interrupted, never split: it completes
         while index < len(batch):
-            take = budget.room(batch, index, counts.messages, plan)
+            take = len(batch) if whole else budget.room(batch, index, counts.messages, plan)
             if not take:
                 queue.appendleft(batch[index:])  # the rest waits for the next transaction
                 break
             group = []
             for offset in range(index, index + take):
                 sid, chunk = batch[offset]
-                budget.unit, budget.armed = offset, offset > 0  # the first session always completes
+                budget.unit, budget.armed = offset, offset > 0 and not whole  # the first session always completes
                 if sid in skipped or sid in routed or not _still_prunable(conn, sid, plan, schema, leased):
                     _skip_with_ancestors(sid, plan, skipped)
+                    _put_back(conn, schema, sid, counts, "resumed, written to or leased during its delete")
                     continue
                 group.append((sid, chunk))
+            if whole and len(group) < len(batch):  # one segment stays: so do the others
+                for sid, _chunk in group:
+                    _skip_with_ancestors(sid, plan, skipped)
+                group = []
             # Interrupted inside the group's statements: what came before it is retried on its own
             # (a first group of several is split in two instead; a single first session completes).
             budget.unit = index if index else take // 2
-            budget.armed = budget.unit > 0
+            budget.armed = budget.unit > 0 and not whole
             index += take
             if group:
                 done += _delete_group(conn, schema, group, has_prompts, counts, plan, skipped)
@@ -452,6 +495,12 @@ def _delete_group(conn, schema, group, has_prompts, counts, plan, skipped):
     group's statements, and its sessions are then deleted one at a time, so that only the refused
     one stays (``counts.refused``), with what depends on it (``skipped``). Returns the ids of the
     sessions deleted whole."""
+    undo = schema.get("_undo")
+    started = undo.recording() if undo else None
+    if len(group) > 1 and started in dict(group):  # its last transaction: on its own, recorded, first
+        rest = [entry for entry in group if entry[0] != started]
+        first = _delete_group(conn, schema, [(started, 0)], has_prompts, counts, plan, skipped)
+        return first + _delete_group(conn, schema, rest, has_prompts, counts, plan, skipped)
     whole = [sid for sid, chunk in group if not chunk]
     if len(whole) < 2 or len(whole) < len(group):  # one session, or a slice (alone in its batch: _batches)
         return [
@@ -490,7 +539,8 @@ def _delete_one(conn, schema, sid, chunk, has_prompts, counts, plan, skipped):
             raise
         conn.execute("ROLLBACK TO hermes_ops_session")
         conn.execute("RELEASE hermes_ops_session")
-        counts.refused.append({"session": sid, "by": refused_by, "message": str(exc)})
+        note = _put_back(conn, schema, sid, counts, "refused by %s during its delete" % refused_by)
+        counts.refused.append({"session": sid, "by": refused_by, "message": str(exc) + note})
         _skip_with_ancestors(sid, plan, skipped)
         return False
     conn.execute("RELEASE hermes_ops_session")
@@ -499,15 +549,43 @@ def _delete_one(conn, schema, sid, chunk, has_prompts, counts, plan, skipped):
 
 
 def _delete_session(conn, schema, sid, chunk, has_prompts, counts):
-    """One session's statements: ``chunk`` > 0 deletes only that many of its oldest messages."""
+    """One session's statements: ``chunk`` > 0 deletes only that many of its oldest messages.
+
+    A session deleted in slices gets its fence in the first (upstream's gateway admits nothing to a
+    retired session), is checked for new ledger work before each further one, and is recorded
+    (_hermes_undo) until its row goes in the last."""
+    undo = schema.get("_undo")
     if chunk:  # a slice of a session larger than batch_size, oldest messages first
+        first = undo.recording() != sid
+        if _fenced(schema):
+            _refuse_live_work(conn, schema, sid, first)
+        if first:
+            undo.start(sid)
+        undo.active(True)
+        if first and _fenced(schema):
+            fence_retire(conn, schema["tables"], [sid])
         counts.messages += conn.execute(
             "DELETE FROM messages WHERE id IN "
             "(SELECT id FROM messages WHERE session_id = ? ORDER BY timestamp, id LIMIT ?)",
             (sid, chunk),
         ).rowcount
+        undo.active(False)
         return
+    recorded = undo is not None and undo.recording() == sid
+    if recorded:
+        undo.active(True)
     _delete_sessions(conn, schema, [sid], has_prompts, counts)
+    if recorded:
+        undo.finish()
+
+
+def _refuse_live_work(conn, schema, sid, first):
+    """Before a slice: the ledger work the gateway admitted for ``sid`` since the plan refuses it
+    (FenceRefused), as what the fence leaves to Hermes does."""
+    guarded = LEDGER_GUARD in schema["catalogue"]["raises"].values()
+    if fence_check(conn, sid, schema.get("_conversations") or {}, guarded):
+        when = "since the plan" if first else "during its delete"
+        raise FenceRefused("the gateway admitted work for it %s (session_busy)" % when)
 
 
 def _delete_sessions(conn, schema, sids, has_prompts, counts):
@@ -529,20 +607,19 @@ def _delete_sessions(conn, schema, sids, has_prompts, counts):
                     part,
                 )
             ]
-        revision = ""
         if _fenced(schema):  # upstream's deletion fence, in this transaction, before the rows go
             conversations = schema.get("_conversations") or {}
             guarded = LEDGER_GUARD in schema["catalogue"]["raises"].values()
-            live = [sid for sid in part if fence_check(conn, sid, conversations, guarded)]
+            live = [sid for sid in part if fence_check(conn, sid, conversations, guarded, part)]
             fence_retire(conn, schema["tables"], [sid for sid in part if sid not in live])
-            if "runtime_revision" in schema["session_columns"]:
-                revision = ", runtime_revision = runtime_revision + 1"  # as upstream's delete does
         elif schema.get("catalogue", {}).get("ledger"):
             for sid in part:
                 retire_ledger(conn, schema, sid)
+        # A sweep orphans children as 0.22.2's prune_sessions does: no runtime_revision bump (upstream's
+        # retire_prunable at 4f64356 has none; only its explicit delete_in_transaction bumps it).
         counts.orphaned += conn.execute(
-            "UPDATE sessions SET parent_session_id = NULL%s WHERE parent_session_id IN (%s) AND id NOT IN (%s)"
-            % (revision, marks, marks),
+            "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN (%s) AND id NOT IN (%s)"
+            % (marks, marks),
             part + part,
         ).rowcount
         counts.messages += conn.execute("DELETE FROM messages WHERE session_id IN (%s)" % marks, part).rowcount
@@ -618,10 +695,26 @@ def finish_pending(conn, path):
     return removed
 
 
+class Whole(list):
+    """A batch deleted in one group of one transaction, never split: a local conversation's segments."""
+
+
 def _batches(plan, batch_size):
-    """Yield lists of (session id, chunk): chunk>0 deletes that many of its messages first."""
+    """Yield lists of (session id, chunk): chunk>0 deletes that many of its messages first. A local
+    conversation of several segments comes whole (``Whole``) where its first segment is."""
     batch, weight = [], 0
+    emitted = set()
     for sid in plan.delete_order:
+        if sid in emitted:
+            continue
+        whole = plan.conversations.get(sid)
+        if whole:
+            if batch:
+                yield batch
+                batch, weight = [], 0
+            emitted.update(whole)
+            yield Whole((member, 0) for member in plan.delete_order if member in set(whole))
+            continue
         count = plan.messages.get(sid, 0)
         while count > batch_size:  # a session larger than a batch: delete it in slices
             if batch:

@@ -34,7 +34,8 @@ _DELETE = ("DELETE",)
 WRITES = dict(
     {"sessions": ("DELETE", "UPDATE"), "messages": _DELETE, "system_prompts": _DELETE},
     **{t: _DELETE for t in ("session_model_usage", "telegram_dm_topic_bindings")},
-    **{t: _DELETE for t in ("session_admissions", "worker_executions", "worker_receipts")},
+    **{t: _DELETE for t in ("session_admissions", "worker_executions", "worker_receipts", "gateway_routing")},
+    state_meta=("INSERT", "UPDATE", "DELETE"),  # the deletion fence writes its tombstones and marker there
 )
 REFERENCED = ("sessions", "messages")
 
@@ -74,6 +75,11 @@ _BY_KEY = {(k.kind, k.table, k.name): k for k in KNOWN}
 TABLE = "table"
 VIEW = "view"
 KEY_FAMILY = "state_meta key family"
+SHAPE = "shape"  # a store whose objects are all known but do not fit together as any Hermes writes them
+NO_FENCE = (
+    "the gateway runtime ledger without a state_meta table (upstream's deletion fence, its retired marker "
+    "and tombstones, has nowhere to go)"
+)
 
 SUBJECT = "what the prune deletes (sessions and their messages, children first)"
 LEFT_AS_HERMES = "holds no row Hermes's own delete touches: left as Hermes's delete leaves it"
@@ -84,7 +90,9 @@ ROUTING = (
     "fence removes the entries naming the deleted session, as upstream's retire_routes does"
 )
 FENCE = "written and removed by the deletion fence in the deleting transaction (upstream retire_sessions)"
-GENERATIONS = "the deletion fence bumps the (source, session_key) counter of a deleted session"
+GENERATIONS = (
+    "a (source, session_key) counter: upstream's explicit delete bumps it, its sweep and a prune leave it alone"
+)
 LEDGER_EPOCH = "the gateway runtime's owner epoch: no session rows"
 SQLITE_INTERNAL = "SQLite's own bookkeeping"
 LITESTREAM = "Litestream's replication bookkeeping: no session rows (Litestream owns the checkpoints: _hermes_hazards)"
@@ -144,9 +152,9 @@ KEY_FAMILIES = (
     KnownName(KEY_FAMILY, "gateway.api.binding.v1.", FENCE + ": deleted", _FENCE_AT),
     KnownName(KEY_FAMILY, "gateway.api.conversation.v1.", FENCE + ": deleted when it resolves to the id", _FENCE_AT),
     KnownName(KEY_FAMILY, "gateway.local_policy.v1:", FENCE + ": deleted with its route; a conversation of "
-              "several segments is kept (Hermes sweeps it only whole)", _FENCE_AT),
-    KnownName(KEY_FAMILY, "gateway.media.retired.v1.", "retired media (written by Hermes's media retirement; a "
-              "session whose ledger carries media is kept)", _FENCE_AT),
+              "several segments goes only whole, in one transaction, as Hermes sweeps it", _FENCE_AT),
+    KnownName(KEY_FAMILY, "gateway.media.retired.v1.", "retired media: written by the deletion fence for each "
+              "media reference of a deleted session's admissions, as upstream's retire_media does", _FENCE_AT),
     KnownName(KEY_FAMILY, "gateway.hosted.output_cleanup.v1:", "a pending output cleanup keeps its session",
               "upstream main (hermes_state_mutation_retirement.py at 7014f55)"),
 )
@@ -201,6 +209,8 @@ def read_catalogue(conn):
             unknown.append(dict(entry, affects=affects, sql=sql or ""))
     ledger = any(k["rule"] == RUNTIME_LEDGER for k in known)
     unknown += _unknown_names(conn, unknown)
+    if ledger and "state_meta" not in tables:
+        unknown.append({"kind": SHAPE, "table": "state_meta", "name": NO_FENCE, "affects": "deletes"})
     return {"known": known, "unknown": unknown, "raises": raises, "ledger": ledger}
 
 
@@ -238,8 +248,10 @@ _FAMILY = re.compile(r"^(.*[.:])([^.:]+)$")
 
 
 def _unknown_families(conn):
-    """state_meta keys of no known family that name a session: by the id they end with, or by the
-    ``session_id`` of their JSON value. Listed per family (the key up to its last ``.`` or ``:``)."""
+    """state_meta keys of no known family that name a session: by the id they end with, by their
+    value (the id itself, as a string or a JSON string), or anywhere in their JSON value under a key
+    ending in ``session_id`` or ``session_ids`` (``session_id``, ``target_session_id``, nested in
+    objects and lists). Listed per family (the key up to its last ``.`` or ``:``)."""
     ids = {r[0] for r in conn.execute("SELECT id FROM sessions")}
     families = {}
     for key, value in conn.execute("SELECT key, value FROM state_meta"):
@@ -248,17 +260,33 @@ def _unknown_families(conn):
             continue
         head = _FAMILY.match(key)
         prefix, tail = (head.group(1), head.group(2)) if head else (key, None)
-        try:
-            value_id = json.loads(value).get("session_id")
-        except (TypeError, ValueError, AttributeError):
-            value_id = None
-        if tail in ids or value_id in ids:
+        if tail in ids or value in ids or _names_session(value, ids):
             families.setdefault(prefix, 0)
             families[prefix] += 1
     return [
         {"kind": KEY_FAMILY, "table": "state_meta", "name": prefix + "*", "rows": rows, "affects": "deletes"}
         for prefix, rows in sorted(families.items())
     ]
+
+
+def _names_session(raw, ids):
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return False
+    return value in ids if isinstance(value, str) else any(_session_values(value, ids))
+
+
+def _session_values(value, ids, named=False):
+    """The session ids a JSON value holds where a key names a session (``named``: under such a key)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _session_values(item, ids, str(key).endswith(("session_id", "session_ids")))
+    elif isinstance(value, list):
+        for item in value:
+            yield from _session_values(item, ids, named)
+    elif named and isinstance(value, str) and value in ids:
+        yield value
 
 
 def fully_known(catalogue):
@@ -272,6 +300,8 @@ def describe(obj):
         return "trigger %s on %s %s" % (obj["name"], obj["table"], obj["event"])
     if obj["kind"] in (TABLE, VIEW):
         return "%s %s" % (obj["kind"], obj["name"])
+    if obj["kind"] == SHAPE:
+        return obj["name"]
     if obj["kind"] == KEY_FAMILY:
         return "state_meta key family %s (%d rows naming sessions)" % (obj["name"], obj["rows"])
     return "foreign key %s.%s" % (obj["table"], obj["name"])

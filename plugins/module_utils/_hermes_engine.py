@@ -583,6 +583,7 @@ def _apply(result, conn, plan, schema, opts, actions, *, db_path, backup_dir, na
             prompts_collected=pruned.prompts,
             sessions_left_alone=len(pruned.left_alone),
             sessions_refused=pruned.refused,
+            sessions_kept=result.get("sessions_kept", []) + pruned.kept,
             changed=result["changed"] or bool(closed or pruned.sessions),
             deleted_by=(schema.get("deleter") or "engine") if pruned.sessions else None,
         )

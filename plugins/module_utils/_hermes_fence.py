@@ -8,6 +8,9 @@ NousResearch/hermes-agent; 7014f5521876 for the pending output cleanup), or "a l
 accounting/constructor backfill recreates the deleted row, and the same request is then admitted
 a second time". For each deleted id, before its rows go:
 
+* the media its admissions own are retired as upstream's ``retire_media`` does (a
+  ``gateway.media.retired.v1.<sha256 of the path>`` candidate each, which the gateway's
+  ``collect_retired_media`` releases);
 * its terminal ledger rows move into ``state_meta`` tombstones with the user's content stripped
   (admission payload ``{}``, lineage ``[]``; a stored turn result loses its transcript copies; a
   worker receipt keeps its result only for the closing ``execution.finish``);
@@ -15,12 +18,20 @@ a second time". For each deleted id, before its rows go:
 * the retired marker ``gateway.retired_session.v1.<id>`` is written, ``gateway.api.settings.v1.<id>``
   and the ``gateway_routing`` entries naming it are deleted, and so are its local receipts
   (creation policy, API binding, declared conversation key);
-* its ``conversation_generations`` counter is bumped, as upstream's delete does.
+* its ``conversation_generations`` counter is left alone, and its children lose their parent without
+  a ``runtime_revision`` bump: a prune is upstream's sweep (``retire_prunable``), not its explicit
+  ``delete_in_transaction``, which alone bumps both (and 0.22.2's own ``prune_sessions`` neither).
+  Hermes 0.22.2 derives a chat's prompt-cache scope from that counter: a bump would reset the
+  cache of a live chat sharing the deleted session's key.
 
 What the engine cannot do faithfully it does not half do: a session whose ledger is at work,
-whose ledger carries media or a hosted-room request, whose output cleanup is pending, or that is
-one segment of a local conversation of several, is kept and named with the reason (``reasons``,
-read by the plan, so check mode predicts it; ``check`` again inside the deleting transaction).
+whose ledger payload upstream's retire_media could not read, or that carries a hosted-room request
+(its documents are named by prompt text under the gateway's retained root), whose output cleanup
+is pending, is kept and named with the reason (``reasons``,
+read by the plan, so check mode predicts it; ``check`` again inside the deleting transaction). A
+local conversation of several segments (reset, compression) goes only whole, in one transaction,
+as upstream's sweep takes it (the plan keeps it whole or not at all; ``check`` refuses a segment
+deleted without the others).
 
 Standard library only, Python 3.8+, no Ansible imports.
 """
@@ -40,6 +51,7 @@ SETTINGS_PREFIX = "gateway.api.settings.v1."
 POLICY_PREFIX = "gateway.local_policy.v1:"
 API_BINDING_PREFIX = "gateway.api.binding.v1."
 API_DECLARED_PREFIX = "gateway.api.conversation.v1."
+MEDIA_RETIRED_PREFIX = "gateway.media.retired.v1."
 OUTPUT_CLEANUP_LIKE = "gateway.hosted.output_cleanup.v1:%"
 
 _TRANSCRIPT_FIELDS = ("messages", "last_reasoning", "tools")
@@ -49,10 +61,6 @@ _RECEIPT_SESSION_PATHS = (
     "$.result.target_message.session_id",
     "$.result.target_session_id",
     "$.result.previous_target_session_id",
-)
-_BUMP_GENERATION = (
-    "INSERT INTO conversation_generations (source, session_key, generation) VALUES (?, ?, 1) "
-    "ON CONFLICT(source, session_key) DO UPDATE SET generation = conversation_generations.generation + 1"
 )
 
 
@@ -81,27 +89,91 @@ def identity_key(principal_id, session_id, request_id):
     return IDENTITY_PREFIX + admission_fingerprint(session_id, {"principal": principal_id, "request": request_id})
 
 
-def _has_media(raw):
-    """A payload that carries media or attachments: upstream retires them through
-    gateway.session_ingress_media, which this engine does not reproduce."""
+def media_references(raw):
+    """The media an admission's payload owns, as upstream's retire_media reads them (hermes_state_media,
+    called by retire_terminal_receipts at 4f64356): ``attachments_v1.media``, ``native_text_v1.media``
+    (gateway.session_ingress_media.admission_media_references) and ``api_turn_v1.media``, each a
+    reference with its ``path``. Raises ValueError for a payload upstream's code could not read
+    (it would fail the delete): the session is then kept, named."""
     try:
         payload = json.loads(raw)
     except (TypeError, ValueError):
-        return True  # unreadable: upstream's retire_media would fail on it too
+        raise ValueError("its ledger payload is not JSON") from None
     if not isinstance(payload, dict):
-        return True
-    for key, value in payload.items():
-        if "media" in key or "attachment" in key:
-            return True
-        if isinstance(value, dict) and any("media" in k or "attachment" in k for k in value):
-            return True
-    return False
+        raise ValueError("its ledger payload is not a JSON object")
+    references = []
+    for holder in ("attachments_v1", "native_text_v1", "api_turn_v1"):
+        held = payload.get(holder, {})
+        media = held.get("media", ()) if isinstance(held, dict) else None
+        if not isinstance(media, (list, tuple)):
+            raise ValueError("its ledger payload's %s is not a media list" % holder)
+        references += media
+    for reference in references:
+        if not isinstance(reference, dict) or not isinstance(reference.get("path"), str):
+            raise ValueError("its ledger payload names media without a path")
+    return references
+
+
+def _media_problem(raw):
+    """Why upstream's retire_media could not retire this payload's media (None: it can)."""
+    try:
+        media_references(raw)
+    except ValueError as exc:
+        return "%s (upstream's retire_media could not retire it)" % exc
+    return None
+
+
+def _retire_media(conn, raw):
+    """Upstream retire_media: a ``gateway.media.retired.v1.<sha256 of the path>`` candidate per
+    reference, whose value is the reference (``json.dumps``, its default separators), so the
+    gateway's collect_retired_media releases the files once no row holds them."""
+    for reference in media_references(raw):
+        key = MEDIA_RETIRED_PREFIX + hashlib.sha256(reference["path"].encode("utf-8", "surrogatepass")).hexdigest()
+        conn.execute("INSERT OR IGNORE INTO state_meta(key, value) VALUES (?, ?)", (key, json.dumps(reference)))
+
+
+# The ledger columns the fence reads and writes (hermes_state_runtime.py at 4f64356): a table
+# without one of them has a shape this engine does not know.
+LEDGER_COLUMNS = {
+    "session_admissions": ("admission_id", "request_id", "principal_id", "target_session_id", "lineage_json",
+                           "payload_json", "status"),
+    "worker_executions": ("execution_id", "session_id", "status"),
+    "worker_receipts": ("execution_id", "sequence", "payload_digest", "result_json"),
+}  # fmt: skip
+
+
+def ledger_shape(conn, tables):
+    """Why the ledger's shape is not one the fence knows (None: it is): the columns it lacks."""
+    missing = []
+    for table, needed in LEDGER_COLUMNS.items():
+        if table in tables:
+            have = {r[1] for r in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))}
+            lacks = [c for c in needed if c not in have]
+            if lacks:
+                missing.append("%s has no %s" % (table, ", ".join(lacks)))
+    if not missing:
+        return None
+    return "the runtime ledger is of a shape this collection does not know (%s): its fence cannot be written" % (
+        "; ".join(missing)
+    )
+
+
+def _ledger_holders(conn, tables):
+    """Session id -> True for every session a ledger row names, by the ledger's foreign keys to sessions."""
+    held = set()
+    for table in LEDGER_COLUMNS:
+        if table not in tables:
+            continue
+        for fk in conn.execute("SELECT * FROM pragma_foreign_key_list(?)", (table,)).fetchall():
+            if fk[2] == "sessions":
+                column = '"%s"' % fk[3].replace('"', '""')
+                held.update(r[0] for r in conn.execute('SELECT DISTINCT %s FROM "%s"' % (column, table)))
+    return held
 
 
 _HOSTED = "a hosted-room request of its ledger: Hermes checks its output cleanup first"
-_MEDIA = "its ledger carries media, which Hermes retires with it (left to Hermes)"
 _CLEANUP = "its hosted output cleanup is pending"
-_SEGMENT = "one segment of a local conversation of %d (Hermes sweeps it only whole)"
+_SEGMENT = "one segment of a local conversation of %d, not deleted with all of it (Hermes sweeps it only whole)"
 
 
 def local_conversations(conn):
@@ -126,6 +198,10 @@ def reasons(conn, tables):
     """Session id -> why the fence keeps it, for every session the ledger, the hosted-room
     bookkeeping or a local conversation holds back. Reads only."""
     kept = {}
+    shape = ledger_shape(conn, tables)
+    if shape:  # what it holds cannot be read: every session it names stays, the others are pruned
+        kept.update(dict.fromkeys(_ledger_holders(conn, tables), shape))
+        tables = [t for t in tables if t not in LEDGER_COLUMNS]
     if "session_admissions" in tables:
         for sid, status, request_id, payload in conn.execute(
             "SELECT target_session_id, status, request_id, payload_json FROM session_admissions"
@@ -134,8 +210,8 @@ def reasons(conn, tables):
                 kept.setdefault(sid, "the gateway runtime ledger holds %s work for it (admission)" % status)
             elif str(request_id).startswith("hosted:"):
                 kept.setdefault(sid, _HOSTED)
-            elif _has_media(payload):
-                kept.setdefault(sid, _MEDIA)
+            elif _media_problem(payload):
+                kept.setdefault(sid, _media_problem(payload))
         for (sid,) in conn.execute(
             "SELECT DISTINCT j.value FROM session_admissions a, json_each(a.lineage_json) j "
             "WHERE a.status != 'terminal' AND json_valid(a.lineage_json)"
@@ -152,17 +228,39 @@ def reasons(conn, tables):
         ):
             if sid:
                 kept.setdefault(sid, _CLEANUP)
-        for sid, whole in local_conversations(conn).items():
-            if len(whole) > 1:
-                kept.setdefault(sid, _SEGMENT % len(whole))
     return kept
 
 
-def check(conn, sid, conversations, guarded):
+def check(conn, sid, conversations, guarded, together=()):
     """Inside the deleting transaction: True when ``sid`` has live ledger work (gained since the plan):
     it gets no fence, and the store's own guard trigger (``guarded``) refuses its delete, naming
     itself; without that trigger the fence refuses it. Raises FenceRefused for a session the fence
-    leaves to Hermes (``conversations``: ``local_conversations`` of this transaction)."""
+    leaves to Hermes (``conversations``: ``local_conversations`` of this transaction; a segment of
+    one goes only with all of it in ``together``, the ids deleted with it)."""
+    tables = _tables(conn)
+    shape = ledger_shape(conn, tables)
+    if shape and sid in _ledger_holders(conn, tables):
+        raise FenceRefused(shape)
+    if not shape and _check_ledger(conn, sid, guarded):
+        return True
+    if conn.execute(
+        "SELECT 1 FROM state_meta WHERE key LIKE ? AND json_valid(value) "
+        "AND json_extract(value, '$.state') IS NOT 'completed' "
+        "AND json_extract(value, '$.binding.admission.target_session_id') = ? LIMIT 1",
+        (OUTPUT_CLEANUP_LIKE, sid),
+    ).fetchone():
+        raise FenceRefused(_CLEANUP)
+    whole = conversations.get(sid, (sid,))
+    if len(whole) > 1 and not set(whole) <= set(together):
+        raise FenceRefused(_SEGMENT % len(whole))
+    return False
+
+
+def _tables(conn):
+    return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def _check_ledger(conn, sid, guarded):
     live = conn.execute(
         "SELECT status FROM session_admissions WHERE target_session_id = ? AND status != 'terminal' "
         "UNION ALL SELECT status FROM worker_executions WHERE session_id = ? AND status != 'terminal'",
@@ -177,18 +275,8 @@ def check(conn, sid, conversations, guarded):
     ):
         if str(request_id).startswith("hosted:"):
             raise FenceRefused(_HOSTED)
-        if _has_media(payload):
-            raise FenceRefused(_MEDIA)
-    if conn.execute(
-        "SELECT 1 FROM state_meta WHERE key LIKE ? AND json_valid(value) "
-        "AND json_extract(value, '$.state') IS NOT 'completed' "
-        "AND json_extract(value, '$.binding.admission.target_session_id') = ? LIMIT 1",
-        (OUTPUT_CLEANUP_LIKE, sid),
-    ).fetchone():
-        raise FenceRefused(_CLEANUP)
-    whole = conversations.get(sid, (sid,))
-    if len(whole) > 1:
-        raise FenceRefused(_SEGMENT % len(whole))
+        if _media_problem(payload):
+            raise FenceRefused(_media_problem(payload))
     return False
 
 
@@ -215,6 +303,7 @@ def _retire_ledger(conn, sid):
     cur = conn.execute("SELECT * FROM worker_executions WHERE session_id = ?", (sid,))
     workers = [_columns(cur, r) for r in cur.fetchall()]
     for row in admissions:
+        _retire_media(conn, row["payload_json"])
         row["payload_json"] = "{}"  # keep the digest for exact retries, not the user's input
         row["lineage_json"] = "[]"
         _compact_result(conn, row["admission_id"])
@@ -273,11 +362,20 @@ def _retire_routes(conn, sids, tables):
     for sid in sids:
         conn.execute("INSERT OR IGNORE INTO state_meta(key, value) VALUES (?, '{}')", (RETIRED_PREFIX + sid,))
         conn.execute("DELETE FROM state_meta WHERE key = ?", (SETTINGS_PREFIX + sid,))
-    if "gateway_routing" in tables:
-        targets = set(sids)
-        for scope, key, entry in conn.execute("SELECT scope, session_key, entry_json FROM gateway_routing").fetchall():
-            if _entry_session_id(entry) in targets:
-                conn.execute("DELETE FROM gateway_routing WHERE scope = ? AND session_key = ?", (scope, key))
+    for scope, key in routes_naming(conn, tables, sids):
+        conn.execute("DELETE FROM gateway_routing WHERE scope = ? AND session_key = ?", (scope, key))
+
+
+def routes_naming(conn, tables, sids):
+    """(scope, session_key) of the ``gateway_routing`` entries naming any of ``sids``."""
+    if "gateway_routing" not in tables:
+        return []
+    targets = set(sids)
+    return [
+        (scope, key)
+        for scope, key, entry in conn.execute("SELECT scope, session_key, entry_json FROM gateway_routing").fetchall()
+        if _entry_session_id(entry) in targets
+    ]
 
 
 def _policy_target(raw):
@@ -310,17 +408,12 @@ def _retire_local_receipts(conn, sids):
 def retire(conn, tables, sids):
     """The whole fence for ``sids``, in the caller's transaction, before their rows are deleted.
     Each id must have passed ``check`` in this transaction."""
-    for sid in sids:
-        _retire_ledger(conn, sid)
+    if not ledger_shape(conn, tables):  # else ``check`` let through only sessions no ledger row names
+        for sid in sids:
+            _retire_ledger(conn, sid)
     _retire_mutation_receipts(conn, sids)
     _retire_routes(conn, sids, tables)
     _retire_local_receipts(conn, sids)
-    if "conversation_generations" in tables:
-        for sid in sids:  # upstream's delete: _bump_conversation_generation(conn, sid, 'session_reset')
-            row = conn.execute("SELECT source, session_key FROM sessions WHERE id = ?", (sid,)).fetchone()
-            source, key = (str(v or "").strip() for v in row) if row else ("", "")
-            if source and key:
-                conn.execute(_BUMP_GENERATION, (source, key))
 
 
 def retired(conn, sids):

@@ -266,8 +266,9 @@ OPTIONS = (
         "O(batch_time), the gateway's turn between them); a session it refuses is kept and named in "
         "C(sessions_refused). Check mode runs it on a private scratch copy.",
         "V(auto) lets the engine delete where this collection knows every object of the file; where it does "
-        "not, the installed Hermes when O(hermes_python) is newer than every release this collection knows, else "
-        "the engine, refusing what those objects could affect and naming them.",
+        "not, the installed Hermes (O(hermes_python)) when its own delete publishes upstream's deletion fence "
+        "(asked of what it ships, not of its version), else the engine, refusing what those objects could "
+        "affect and naming them, and why the installed Hermes was not used.",
     )),
     Option("allow_empty_homes", "bool", default=False, doc=(
         "Accept a home that does not exist yet or holds no C(state.db) in it nor under C(profiles/) (a host where "

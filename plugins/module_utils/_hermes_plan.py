@@ -13,6 +13,7 @@ import os
 
 from ._hermes_catalogue import describe, ledgered_sessions, referenced_sessions
 from ._hermes_db import MaintenanceError
+from ._hermes_fence import local_conversations
 from ._hermes_fence import reasons as fence_reasons
 
 DAY = 86400.0
@@ -52,6 +53,7 @@ class Plan:
         self.orphaned = 0  # kept sessions whose parent is deleted
         self.bad_time_rows = 0
         self.transcripts = {}  # session id -> [file paths]
+        self.conversations = {}  # member id -> every id of its local conversation of several, all deleted
         self.prompts = 0  # system_prompts rows the prune leaves unreferenced
         self.now = 0.0
         self.zombie_cutoff = 0.0
@@ -254,6 +256,7 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
     protected |= set(why)
     plan.protected = dict(why, **{s.id: "its times are not unix seconds" for s in sessions.values() if s.bad})
     delegated_by = {kid.id: parent for parent, kids in delegates.items() for kid in kids}
+    conversations = _local_conversations(conn, schema)
     zombie_sources = set(options["zombie_sources"])
     zombies = set()
     for s in sessions.values():
@@ -275,6 +278,11 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
         for c in candidates:
             doomed |= units[c] if allowed is None else units[c] & allowed  # a delegate it keeps is orphaned
         blocked = {c for c in candidates if _blocked(units[c], sessions, protected, zombies, doomed, children)}
+        for c in candidates - blocked:
+            why_not = _not_whole(conversations.get(c), doomed, sessions, options.get("batch_size"))
+            if why_not:
+                blocked.add(c)
+                why.setdefault(c, why_not)
         if not blocked:
             break
         candidates -= blocked
@@ -284,6 +292,7 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
         for member in (units[c] & doomed) - {c}:
             plan.delegate_root.setdefault(member, c)
     plan.delete_order = _children_first(doomed, sessions)
+    plan.conversations = {sid: whole for sid, whole in conversations.items() if sid in doomed}
     for sid in plan.delete_order:
         plan.messages[sid] = sessions[sid].messages
         plan.parents[sid] = sessions[sid].parent
@@ -307,6 +316,33 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
         freed = {sessions[sid].prompt_hash for sid in doomed} - kept - {None}
         plan.prompts = len(freed)
     return plan
+
+
+def _local_conversations(conn, schema):
+    """Member id -> every id of its local conversation, for conversations of several segments on a
+    store under the deletion fence: upstream's sweep (retire_prunable, 4f64356) takes one only whole."""
+    catalogue = schema.get("catalogue") or {}
+    if not (catalogue.get("ledger") and "state_meta" in schema["tables"]):
+        return {}
+    return {sid: whole for sid, whole in local_conversations(conn).items() if len(whole) > 1}
+
+
+def _not_whole(whole, doomed, sessions, batch_size):
+    """Why a segment of the local conversation ``whole`` cannot go now (None: it goes with all of it,
+    in one transaction): a segment stays, or together they exceed ``batch_size`` messages."""
+    if not whole:
+        return None
+    if not set(whole) <= doomed:
+        return "one segment of a local conversation of %d whose other segments stay (Hermes sweeps it only whole)" % (
+            len(whole)
+        )
+    total = sum(sessions[sid].messages for sid in whole if sid in sessions)
+    if batch_size and total > int(batch_size):
+        return (
+            "one segment of a local conversation of %d with %d messages, more than batch_size: Hermes sweeps it "
+            "only whole, in one transaction" % (len(whole), total)
+        )
+    return None
 
 
 def _reasons_kept(conn, schema, sessions, leased):

@@ -27,6 +27,8 @@ from ._hermes_db import (
     wal_pending_bytes,
     write_transaction,
 )
+from ._hermes_estimate import predict_free_pages
+from ._hermes_payloads import fts_optimize
 
 MERGE_PAGES = 256  # FTS5 'merge' work per transaction: a bounded write-lock hold
 MERGE_MAX_STEPS = 2000
@@ -80,6 +82,20 @@ def fts_merge(conn, fts, pause, stop=None):
             if conn.total_changes - before < 2:  # FTS5's documented "no more work" signal
                 break
     return steps
+
+
+def fts_give_back(conn, db_path, fts, pause, stop=None):
+    """After a prune: FTS5's ordinary merge, then, when no other process holds the file, its incremental
+    optimize, which leaves each index one segment without the deleted rows' entries and delete markers.
+    The merge alone leaves them to where the prune's transactions ended (on one release-built file an
+    index grew by a quarter in one run and shrank to a third in the next), so the estimate of what a
+    vacuum gives back could not be planned on. Beside a holder each of its commits would start the
+    optimize one FTS5 level higher (see fts_optimize): the merge alone is run there. Returns the steps."""
+    steps = fts_merge(conn, fts, pause, stop)
+    if holders(db_path):
+        return steps
+    more, _stopped = fts_optimize(conn, fts, turn_after_commit(conn, pause), stop)
+    return steps + more
 
 
 def pragma(conn, name):
@@ -238,36 +254,25 @@ def checkpoint(conn, db_path, replica=None):
     return kind, None
 
 
-def predict_free_pages(conn, messages_pruned, messages_total):
-    """The free pages a prune of ``messages_pruned`` of ``messages_total`` messages is expected to leave.
-
-    Messages, their indexes and their FTS entries are nearly all of a state.db, so the prune is taken
-    to free that share of the pages in use. An estimate on figures known before any write, cheap and
-    safe beside a live gateway (no scan of the pages, no trial delete): the exact figure would take the
-    prune itself (its FTS segments depend on its transaction boundaries), and a trial run of it in a
-    transaction would block the gateway for its whole length. It runs high: FTS5 keeps a deleted row's
-    entries as tombstones until segments merge, and pages the deletes only thin out stay in use (half
-    of a 0.22.2 file's messages left 26% of its pages free, not 50%). Check mode and the run apply the
-    vacuum rule to this same figure, so they take the same decision.
-    """
-    free, pages = pragma(conn, "freelist_count"), pragma(conn, "page_count")
-    share = float(messages_pruned) / messages_total if messages_total else 0.0
-    share = min(1.0, max(0.0, share))
-    return {
-        "free_pages": free + int(round((pages - free) * share)),
-        "share": share,
-        "percent_now": 100.0 * free / pages if pages else 0.0,
-    }
-
-
-def plan_reclaim(conn, db_path, options, schema, *, messages_pruned, messages_total, window=False):
+def plan_reclaim(
+    conn, db_path, options, schema, *, pruned, messages_total, extra_bytes=0, live_rollback=False, window=False
+):
     """The reclaim decision for one profile, taken before any write (check mode reports it, the run
-    executes it): ``{"mode", "action", "skipped_reason", "free_pages_predicted", "in_window"}``.
+    executes it): ``{"mode", "action", "skipped_reason", "free_pages_predicted", "in_window"}``. ``pruned``:
+    session id -> message count of the sessions the prune deletes; ``extra_bytes``: what the run frees
+    besides (the tool-payload elision); ``live_rollback``: the estimate's reads are short ones. The vacuum
+    rule is applied to the free pages predicted after them.
 
     ``window`` (a service window is configured): a full VACUUM that only a holder of the file keeps
     out is planned for the window (``in_window``, and ``held``: the holder's reason, for when the
     window does not open)."""
-    after_prune = predict_free_pages(conn, messages_pruned, messages_total) if messages_pruned else None
+    after_prune = None
+    if pruned or extra_bytes:
+        optimized = not holders(db_path)  # as fts_give_back decides
+        after_prune = predict_free_pages(
+            conn, schema, pruned, messages_total,
+            extra_bytes=extra_bytes, fts_optimized=optimized, live_rollback=live_rollback,
+        )  # fmt: skip
 
     def rule(alone=False):
         return decide(
@@ -314,7 +319,7 @@ def reclaim(conn, db_path, options, schema, decision, *, pruned, stop=None):
         "free_pages_predicted": decision["free_pages_predicted"],
     }  # fmt: skip
     if pruned:
-        report["fts_merge_steps"] = fts_merge(conn, schema["fts"], options["batch_pause"], stop)
+        report["fts_merge_steps"] = fts_give_back(conn, db_path, schema["fts"], options["batch_pause"], stop)
     report["free_pages_before_vacuum"] = pragma(conn, "freelist_count")
     replica = schema.get("litestream")
     action = decision["action"]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import re
 import select
 import shutil
 import sqlite3
@@ -25,13 +24,11 @@ import tempfile
 import time
 
 from ._hermes_apply import PruneResult, WriterTurn, close_zombies, poll_gap, removals_durable, remove_files
-from ._hermes_db import MaintenanceError, commits_durable, writer_probe
+from ._hermes_db import MaintenanceError, commits_durable, write_transaction, writer_probe
+from ._hermes_fence import routes_naming
 from ._hermes_plan import live_leases, routed_sessions
 
 ENGINE, HERMES = "engine", "hermes"
-# The newest release whose store the engine knows (docs/compatibility.md); an installed Hermes
-# newer than it is the authority on a store the engine does not fully know (delete_with set to auto).
-NEWEST_KNOWN = (0, 22, 2)
 ANSWER_TIMEOUT = 300
 
 # Runs under the release's interpreter: which Hermes it is (its package's metadata, a release or a
@@ -121,19 +118,6 @@ def _check_python(python, what):
         raise MaintenanceError(
             "hermes_python %r is not an executable absolute path: point it at the python of Hermes" % (python,)
         )
-
-
-def version_tuple(version):
-    """``0.22.2.post1`` -> (0, 22, 2); a git install's ``0.22.5`` -> (0, 22, 5); None when unreadable."""
-    match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", version or "")
-    if not match:
-        return None
-    return tuple(int(part or 0) for part in match.groups())
-
-
-def newer_than_known(version):
-    found = version_tuple(version)
-    return found is not None and found > NEWEST_KNOWN
 
 
 class ReleaseDeleter:
@@ -248,7 +232,7 @@ def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause,
     whole is retried a session at a time, so that only the refused one stays (``result.refused``).
     ``remove`` false (check mode, on a copy): transcripts are counted, not removed.
     """
-    from ._hermes_apply import _skip_with_ancestors, _still_prunable  # the engine's own re-check
+    from ._hermes_apply import _fenced, _skip_with_ancestors, _still_prunable  # the engine's own re-check
 
     skipped = result.left_alone
     db_path = conn.execute("PRAGMA database_list").fetchone()[2]
@@ -257,6 +241,7 @@ def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause,
     turn = WriterTurn(writing, pause) if writing else None
     queue = collections.deque((sid, False) for sid in plan.delete_order)  # (session, to be deleted alone)
     cost = TransactionCost()
+    fenced = _fenced(schema)
     while queue:
         result.stopped = stop() if stop else None
         if result.stopped:
@@ -271,7 +256,9 @@ def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause,
                     break
                 batch.append(queue.popleft()[0])
                 rows += more
-        leased, routed = live_leases(conn, schema, time.time()), routed_sessions(conn, schema)
+        leased = live_leases(conn, schema, time.time())
+        # on a fenced store a route goes with its session, as with the engine (drop_routes below)
+        routed = set() if fenced else routed_sessions(conn, schema)
         ids = []
         for sid in batch:
             if sid in skipped or sid in routed or not _still_prunable(conn, sid, plan, schema, leased):
@@ -291,6 +278,8 @@ def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause,
                 if sid not in gone:
                     result.refused.append({"session": sid, "by": deleter.release, "message": answer["error"]})
                     _skip_with_ancestors(sid, plan, skipped)
+        if fenced and gone:
+            drop_routes(conn, schema["tables"], sorted(gone))  # a release whose delete left them
         result.sessions += len(gone)
         result.messages += answer["messages"]
         result.orphaned += answer["orphaned"]
@@ -309,6 +298,14 @@ def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause,
         elif remove:
             time.sleep(max(pause, poll_gap(held) + 0.005))
     return result
+
+
+def drop_routes(conn, tables, sids):
+    """The ``gateway_routing`` entries still naming sessions the release deleted, removed in a short
+    transaction of the engine's, as upstream's retire_routes does in its own delete."""
+    with write_transaction(conn):
+        for scope, key in routes_naming(conn, tables, sids):
+            conn.execute("DELETE FROM gateway_routing WHERE scope = ? AND session_key = ?", (scope, key))
 
 
 def release_prune_on_copy(conn, plan, schema, python, *, batch_size, batch_time, end_reason):
@@ -338,38 +335,84 @@ def release_prune_on_copy(conn, plan, schema, python, *, batch_size, batch_time,
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-_VERSION = (
+# Runs under the release's interpreter: who it is, and whether its own delete publishes upstream's
+# deletion fence: the module upstream keeps it in (hermes_state_mutation_retirement, read at 4f64356)
+# with retire_sessions and retire_prunable, called by SessionDB's delete_session, delete_sessions and
+# prune_sessions or by the functions they call (upstream's hermes_state_raw_delete at 0860dc1f).
+_CAPABILITY = (
     _FIND_RELEASE
     + r"""
-import json
-print(json.dumps({"release": release, "version": version}))
+import importlib, inspect, json, sys
+FENCE = ("retire_sessions", "retire_prunable")
+def calls_fence(fn, depth=3):
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    if any(name in fn.__code__.co_names for name in FENCE):
+        return True
+    if depth == 0:
+        return False
+    names = fn.__code__.co_names
+    scope = dict(vars(sys.modules[fn.__module__]))
+    for n in names:  # a module its body imports (Hermes's own only: nothing else is loaded for the probe)
+        if n not in scope and n.startswith("hermes_state"):
+            try:
+                scope[n] = importlib.import_module(n)
+            except Exception:
+                pass
+    for name in names:
+        target = scope.get(name)
+        found = [getattr(target, n, None) for n in names] if inspect.ismodule(target) else [target]
+        if any(inspect.isfunction(f) and f is not fn and calls_fence(f, depth - 1) for f in found):
+            return True
+    return False
+why = None
+try:
+    fence = importlib.import_module("hermes_state_mutation_retirement")
+    missing = [n for n in FENCE if not callable(getattr(fence, n, None))]
+    if missing:
+        why = "its hermes_state_mutation_retirement has no %s" % ", ".join(missing)
+except Exception as exc:
+    why = "it has no hermes_state_mutation_retirement module (%s)" % type(exc).__name__
+if why is None:
+    try:
+        import hermes_state
+        for name in ("delete_session", "delete_sessions", "prune_sessions"):
+            method = getattr(hermes_state.SessionDB, name, None)
+            if method is not None and not calls_fence(method):
+                why = "its SessionDB.%s (%s) does not call the fence" % (name, method.__module__)
+                break
+    except Exception as exc:
+        why = "its delete code could not be read (%s: %s)" % (type(exc).__name__, exc)
+print(json.dumps({"release": release, "version": version, "why": why}))
 """
 )
 
 
-def installed_version(python):
-    """(release words, version) of the Hermes at ``python``: its package's metadata (a release, or a
-    git install's pyproject version), else hermes_cli's ``__version__``."""
+def installed_capability(python):
+    """{"release", "version", "why"} of the Hermes at ``python``: ``why`` None when its own delete
+    publishes upstream's deletion fence, else what it lacks."""
     _check_python(python, "delete_with auto")
     scratch = tempfile.mkdtemp(prefix="hermes-ops-version-")
     try:
         env = {"HOME": scratch, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
         proc = subprocess.run(
-            [python, "-c", _VERSION], cwd=scratch, env=env, capture_output=True, text=True,
+            [python, "-c", _CAPABILITY], cwd=scratch, env=env, capture_output=True, text=True,
             timeout=ANSWER_TIMEOUT, check=False,
         )  # fmt: skip
         answer = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {}
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         answer = {}
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return answer.get("release"), answer.get("version")
+    if not answer:
+        answer = {"why": "it could not be asked (%s)" % python}
+    shutil.rmtree(scratch, ignore_errors=True)
+    return answer
 
 
 def choose_deleter(mode, catalogue, python, fully_known):
     """(ENGINE or HERMES, why): who deletes on this file. ``auto`` on a file with objects the engine
-    does not know: the installed Hermes when it is newer than every release the engine knows, else the
-    engine (whose catalogue rules then refuse what those objects could affect, naming them)."""
+    does not know: the installed Hermes when its own delete publishes upstream's deletion fence
+    (``installed_capability``: by what it ships, not by its version, which a git install may not
+    even report), else the engine (whose catalogue rules then refuse what those objects could
+    affect, naming them) and why."""
     if mode in (ENGINE, HERMES):
         return mode, None
     if fully_known(catalogue):
@@ -377,12 +420,12 @@ def choose_deleter(mode, catalogue, python, fully_known):
     if not python:
         return ENGINE, "no hermes_python to hand the deletes to"
     try:
-        release, version = installed_version(python)
+        answer = installed_capability(python)
     except MaintenanceError as exc:  # root on a root-owned file: never the Hermes user's code
         return ENGINE, str(exc)
-    if newer_than_known(version):
+    if answer.get("why") is None:
         return HERMES, None
-    return ENGINE, "the installed Hermes (%s) is not newer than %s, the newest release this collection knows" % (
-        release or "version unreadable",
-        ".".join(map(str, NEWEST_KNOWN)),
+    return ENGINE, "the installed Hermes (%s) does not publish upstream's deletion fence in its delete: %s" % (
+        answer.get("release") or "release unreadable",
+        answer["why"],
     )

@@ -8,11 +8,22 @@ checks it without writing anything near the database; ``restore`` then does it:
 1. the backup is copied (or decompressed) to a hidden ``.state.db.restore.partial``
    beside state.db, fsynced, verified (``quick_check`` and the counts of the plan), and
    given the owner and mode 0600 of the file it replaces;
-2. state.db (hard-linked) and its sidecars (``-wal``, ``-shm``, ``-journal``, moved) go,
+2. state.db (hard-linked) and copies of its sidecars (``-wal``, ``-shm``, ``-journal``) go,
    together, into a new directory ``state.db.pre-restore-<UTC time>`` beside them: kept,
    never deleted;
-3. the verified copy is renamed over state.db (atomically: the name never goes missing,
+3. the old file is settled: its ``-wal`` checkpointed into it (TRUNCATE) or its hot
+   journal rolled back, and that made durable, so that state.db alone holds every
+   committed row; then its sidecars leave the home;
+4. the verified copy is renamed over state.db (atomically: the name never goes missing,
    so a gateway started after a crash can never create an empty database) and checked again.
+
+So at every instant, a power loss included, state.db is the old database with every
+committed row or the restored one. A sidecar must leave before the new file comes (SQLite
+would replay an old ``-wal`` or journal into it), and only a settled file can be alone.
+Where the old file cannot be settled (SQLite cannot checkpoint a damaged file) or may be
+held (``force``), its sidecars are moved, not copied, into the directory, and a crash
+between that and the rename leaves the old file without them at its name: the directory
+then holds the whole old database (docs/safety.md says how to put it back).
 
 Anything failing after step 2 puts the original files back. A database held open by
 another process (a running gateway) is refused unless ``force``: Hermes remembers the
@@ -32,10 +43,12 @@ import time
 
 from ._hermes_backup import list_backups
 from ._hermes_db import (
+    BUSY_TIMEOUT,
     MB,
     SIDECAR_SUFFIXES,
     MaintenanceError,
     ProfileSkipped,
+    commits_durable,
     describe_holders,
     file_size,
     free_bytes,
@@ -77,14 +90,17 @@ def db_counts(path):
         conn.close()
 
 
-def unpack_backup(backup, target):
-    """Copy or decompress ``backup`` into the new file ``target`` (0600), fsynced."""
+def unpack_backup(backup, target, owner=None):
+    """Copy or decompress ``backup`` into the new file ``target`` (0600; ``owner``'s, a (uid, gid)
+    pair, when given), fsynced."""
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as dst:
         opener = gzip.open if backup.endswith(".gz") else open
         with opener(backup, "rb") as src:
             shutil.copyfileobj(src, dst, 4 * MB)
         dst.flush()
+        if owner:
+            os.fchown(dst.fileno(), *owner)
         os.fsync(dst.fileno())
 
 
@@ -193,7 +209,8 @@ def _restore(plan, force):
             "and restart every process that had it open" % (db, describe_holders(others))
         )
     directory = os.path.dirname(db)
-    need = int(backup["db_bytes"] * 1.05) + MB
+    # the restored file, and the copies of the old file's sidecars kept aside
+    need = int(backup["db_bytes"] * 1.05) + MB + sum(file_size(db + suffix) for suffix in MOVED_SUFFIXES[1:])
     if free_bytes(directory) < need:
         raise MaintenanceError(
             "not enough space in %s for the restored file: about %d MB needed, %d MB free; nothing was changed"
@@ -213,26 +230,20 @@ def _restore(plan, force):
     except BaseException:
         _remove(partial)
         raise
-    aside, moved, renamed = plan["aside"], [], False
-    seq = 1
-    while os.path.lexists(aside):
-        aside, seq = "%s-%d" % (plan["aside"], seq), seq + 1
+    aside = _unused(plan["aside"])
+    present = [name for name in _names(db) if os.path.lexists(os.path.join(directory, name))]
     kept = os.path.join(aside, "state.db")
-    has_db = "state.db" in current["files"]
+    has_db, owner = "state.db" in present, (current["uid"], current["gid"])
+    copied, moved, renamed = [], [], False
     try:
-        if current["files"]:
+        if present:
             os.mkdir(aside, 0o700)
-            os.chown(aside, current["uid"], current["gid"])
+            os.chown(aside, *owner)
             if has_db:  # a second name for the old file: state.db itself never goes missing
                 os.link(db, kept)
-                moved.append("state.db")
-            # The sidecars go before the new file comes: a -wal must never sit beside a
-            # state.db it does not belong to (SQLite would replay it into that file).
-            for name in current["files"]:
-                if name != "state.db":
-                    os.rename(os.path.join(directory, name), os.path.join(aside, name))
-                    moved.append(name)
-            aside_durable(aside, directory)
+            _sidecars_aside(
+                db, aside, [n for n in present if n != "state.db"], owner, has_db and not force, copied, moved
+            )
         os.rename(partial, db)  # atomic: at every moment state.db is the old file or the new one
         renamed = True
         fsync_path(directory)  # the rename
@@ -240,32 +251,103 @@ def _restore(plan, force):
         if (restored["sessions"], restored["messages"]) != (backup["sessions"], backup["messages"]):
             raise MaintenanceError("%s does not match the backup after the rename" % db)
     except BaseException:
-        # Back to how it was: the old file at its name again (over the new one), then its sidecars.
-        if has_db and "state.db" in moved:
-            if renamed:
-                os.rename(kept, db)
-            else:
-                os.unlink(kept)
-        elif renamed:
-            _remove(db)
-        for name in moved:
-            if name != "state.db":
-                os.rename(os.path.join(aside, name), os.path.join(directory, name))
-        if moved or os.path.isdir(aside):
-            os.rmdir(aside)
+        _put_back(db, aside, has_db, renamed, copied, moved)
         _remove(partial)
         raise
     plan["restored"] = restored
-    plan["moved_aside"] = {"dir": aside, "files": moved} if moved else None
+    plan["moved_aside"] = {"dir": aside, "files": present} if present else None
     st = os.stat(db)
     plan["owner"] = {"uid": st.st_uid, "gid": st.st_gid, "mode": "%o" % stat.S_IMODE(st.st_mode)}
     return plan
 
 
+def _sidecars_aside(db, aside, sidecars, owner, settling, copied, moved):
+    """The sidecars out of the home and into ``aside``, state.db's second name being there already.
+
+    ``settling`` (nobody holds the file): copied first, then the old file settled, then they go;
+    where it cannot be settled, and when forced, moved. ``copied`` and ``moved`` say how far it got."""
+    directory = os.path.dirname(db)
+    settled = False
+    if settling:
+        for name in sidecars:
+            copied.append(name)  # before: a copy cut short is removed too
+            # a plain copy (a sidecar's name never ends in .gz), the old file's owner's
+            unpack_backup(os.path.join(directory, name), os.path.join(aside, name), owner)
+        aside_durable(aside, directory)
+        settled = settle(db) is None
+    # The sidecars go before the new file comes: a -wal must never sit beside a
+    # state.db it does not belong to (SQLite would replay it into that file).
+    for name in sidecars:
+        if settled:  # state.db holds all they held; their copies are kept
+            _remove(os.path.join(directory, name))
+        else:  # over its copy, if one was made
+            os.rename(os.path.join(directory, name), os.path.join(aside, name))
+            moved.append(name)
+    aside_durable(aside, directory)
+
+
+def _names(db):
+    return [os.path.basename(db) + suffix for suffix in MOVED_SUFFIXES]
+
+
+def _unused(aside):
+    """``aside``, or with ``-1``, ``-2``... when a restore in the same second made it."""
+    name, seq = aside, 1
+    while os.path.lexists(name):
+        name, seq = "%s-%d" % (aside, seq), seq + 1
+    return name
+
+
+def settle(db):
+    """Make state.db hold on its own every row committed to it, durably: SQLite opens it as Hermes
+    would (rolling a hot journal back), checkpoints its -wal into it (TRUNCATE), then it is fsynced.
+    Only while nobody else holds the file (a checkpoint beside a holder meets SQLite's WAL-reset bug).
+
+    Returns None, or why not (a damaged file SQLite cannot open, a checkpoint left unfinished)."""
+    if not (file_size(db + "-wal") or file_size(db + "-journal")):
+        return None  # nothing beside it holds a committed row or a rollback
+    try:
+        conn = sqlite3.connect(db, timeout=BUSY_TIMEOUT, isolation_level=None)
+        try:
+            conn.execute("PRAGMA synchronous=FULL")  # the file fsynced before the -wal is truncated
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return "SQLite cannot settle it: %s" % exc
+    if busy or file_size(db + "-wal"):
+        return "its checkpoint did not finish"
+    commits_durable(db)  # the file, and the directory's entries (SQLite removes the emptied -wal at close)
+    return None
+
+
+def _put_back(db, aside, has_db, renamed, copied, moved):
+    """After a failure: the old file at its name again (over the new one), then its sidecars;
+    a copy goes back only where SQLite's settling removed the sidecar (its rows are in state.db)."""
+    directory = os.path.dirname(db)
+    if has_db:
+        if renamed:
+            os.rename(os.path.join(aside, "state.db"), db)
+        else:
+            _remove(os.path.join(aside, "state.db"))
+    elif renamed:
+        _remove(db)
+    for name in moved + [name for name in copied if name not in moved]:
+        target = os.path.join(directory, name)
+        if name in moved or not os.path.lexists(target):
+            os.rename(os.path.join(aside, name), target)
+        else:
+            _remove(os.path.join(aside, name))
+    if os.path.isdir(aside):
+        os.rmdir(aside)
+
+
 def aside_durable(aside, directory):
-    """The aside directory, the old file's second name and the sidecars' moves, durable before
-    the rename over state.db: else a power loss can leave the old -wal beside the restored file
-    (SQLite replays it into it: "row missing from index") or the old file with no name at all."""
+    """The aside directory, the old file's second name and the sidecars' copies or moves, durable
+    before the settling and the rename over state.db: else a power loss can leave the old -wal
+    beside the restored file (SQLite replays it into it: "row missing from index") or the old
+    file with no name at all."""
     fsync_path(aside)
     fsync_path(directory)
 

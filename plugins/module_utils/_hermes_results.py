@@ -94,9 +94,11 @@ PROFILE_FIELDS = (
     Field("sessions_kept", "list", initial=[], elements="dict", doc=(
         "Sessions old enough for the prune that the plan keeps, each named with V(session) and V(reason) "
         "(pinned, a live lease, a gateway route without the runtime ledger, the runtime ledger's live work, "
-        "what upstream's deletion fence leaves to Hermes (media, hosted rooms, a local conversation of several "
-        "segments), rows of an object this collection does not know, or tied to such a session). Check mode "
-        "names the same.",
+        "what upstream's deletion fence leaves to Hermes (a ledger payload its media retirement cannot read, "
+        "hosted rooms, a segment of a local conversation not all due), rows of an object this collection does not "
+        "know, or tied to such a session). Check mode names the same. A session deleted across several "
+        "transactions that stopped qualifying before its last (resumed, written to, leased, new ledger work, "
+        "the store's guard) is put back whole and named here too.",
     )),
     Field("bad_time_rows", "int", initial=0, doc=(
         "Sessions never selected because a time value in them is not unix seconds.",

@@ -93,7 +93,7 @@ def by_object(conn, live_rollback):
     return objects, unmeasured
 
 
-def _byte_length(column):
+def byte_length(column):
     """SQL for the bytes a column's value takes: octet_length (3.43+) reads only the record
     header; before it the value is cast to a blob, which reads it."""
     if sqlite3.sqlite_version_info >= (3, 43, 0):
@@ -104,8 +104,8 @@ def _byte_length(column):
 def _scan_messages(conn, columns, live_rollback):
     """{(session_id, role): [messages, content_bytes, payload_bytes]} over every message, by rowid ranges."""
     payload = [c for c in PAYLOAD_COLUMNS if c in columns]
-    content = _byte_length("content") if "content" in columns else "0"
-    total = " + ".join(_byte_length(c) for c in payload) or "0"
+    content = byte_length("content") if "content" in columns else "0"
+    total = " + ".join(byte_length(c) for c in payload) or "0"
     sql = (
         "SELECT session_id, role, COUNT(*), SUM(%s), SUM(%s) FROM messages WHERE id >= ? AND id < ? "
         "GROUP BY session_id, role" % (content, total)

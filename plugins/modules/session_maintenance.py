@@ -224,8 +224,9 @@ options:
         them); a session it refuses is kept and named in C(sessions_refused). Check mode runs it on a private scratch
         copy.
       - V(auto) lets the engine delete where this collection knows every object of the file; where it does not, the
-        installed Hermes when O(hermes_python) is newer than every release this collection knows, else the engine,
-        refusing what those objects could affect and naming them.
+        installed Hermes (O(hermes_python)) when its own delete publishes upstream's deletion fence (asked of what it
+        ships, not of its version), else the engine, refusing what those objects could affect and naming them, and why
+        the installed Hermes was not used.
     type: str
     choices: [auto, engine, hermes]
     default: auto
@@ -366,8 +367,11 @@ profiles:
       description:
         - Sessions old enough for the prune that the plan keeps, each named with V(session) and V(reason) (pinned, a
           live lease, a gateway route without the runtime ledger, the runtime ledger's live work, what upstream's
-          deletion fence leaves to Hermes (media, hosted rooms, a local conversation of several segments), rows of
-          an object this collection does not know, or tied to such a session). Check mode names the same.
+          deletion fence leaves to Hermes (a ledger payload its media retirement cannot read, hosted rooms, a
+          segment of a local conversation not all due), rows of an object this collection does not know, or tied to
+          such a session). Check mode names the same. A session deleted across several transactions that stopped
+          qualifying before its last (resumed, written to, leased, new ledger work, the store's guard) is put back
+          whole and named here too.
       type: list
       elements: dict
     bad_time_rows:

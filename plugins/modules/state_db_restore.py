@@ -14,10 +14,15 @@ description:
   - Without O(backup), the newest backup of the profile that passes C(quick_check) is used; backups that fail
     are listed in RV(rejected).
   - The backup is first copied (decompressed) to a hidden file beside C(state.db) and verified. Then the current
-    C(state.db) and its C(-wal), C(-shm) and C(-journal) files are moved together into a new directory
-    C(state.db.pre-restore-<UTC time>) beside them (kept, never deleted), the verified copy takes the name
-    C(state.db), and is checked again (C(quick_check), session and message counts). If anything fails after the
-    move, the original files are put back.
+    C(state.db) (a second name of it) and copies of its C(-wal), C(-shm) and C(-journal) files go together into a
+    new directory C(state.db.pre-restore-<UTC time>) beside them (kept, never deleted); SQLite checkpoints the
+    C(-wal) into the old file (or rolls its hot journal back), so that C(state.db) alone holds every committed row,
+    before the sidecars leave; the verified copy takes the name C(state.db), and is checked again (C(quick_check),
+    session and message counts). A kill or a power loss at any moment leaves C(state.db) the old database with
+    every committed row or the restored one. If anything fails after the move, the original files are put back.
+  - A file SQLite cannot checkpoint (damaged) or a forced restore has its sidecars moved, not copied; a crash just
+    before the rename then leaves the old file without them, all of it kept in the directory (docs/safety.md says
+    how to put it back).
   - The restored file gets the owner and group of the file it replaces (of the profile directory when there was
     none) and mode C(0600).
   - Refuses while another process has the database open (a running Hermes gateway would keep writing to the

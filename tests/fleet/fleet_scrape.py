@@ -67,7 +67,7 @@ def check_host(host, samples, ev):
         expect("%s status ok" % name, value("hermes_ops_profile_status", status="ok", reason="none", **where), 1.0)
         backups = value("hermes_ops_backups", **where)
         checks.append((bool(backups and backups >= 1), "%s %s backups: %s (want >= 1)" % (host, name, backups)))
-        # the home inventory's series (issue 24): state.db and its sidecars are one kind, its files counted
+        # the home inventory's series: state.db and its sidecars are one kind, its files counted
         state_bytes = value("hermes_ops_home_bytes", kind="state_db", **where)
         checks.append(
             (

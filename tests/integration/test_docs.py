@@ -42,7 +42,7 @@ MODULE_OPTIONS = {
     },
     "session_restore": {
         "hermes_home": {"type": "path"},
-        "archive": {"type": "str"},  # one of archive and backup (issue 25): neither is required alone
+        "archive": {"type": "str"},  # one of archive and backup: neither is required alone
         "backup": {"type": "str"},
         "sessions": {"type": "list"},
         "active_after": {"type": "str"},

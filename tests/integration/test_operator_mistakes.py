@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """An operator's mistakes, each a real ansible-playbook run: the play fails before it changes
 anything, with a message that names the variable to change (or the run reports the right
-status). The cases of issue 22: a misspelt variable, a value the engine refuses, a mistyped
+status). The cases: a misspelt variable, a value the engine refuses, a mistyped
 or parent home, the database file given as the home, restore.yml without a chosen host.
 Everything lives under tmp_path and belongs to the user running the tests."""
 

@@ -20,7 +20,7 @@ import time
 import crash_states
 from hermes_reliability import COLLECTIONS_ROOT, db_problems, full_rows
 
-from hermes_fixtures import build_home, standard_scenario
+from hermes_fixtures import build_home, hermes_python, standard_scenario
 
 DAY = 86400.0
 PROFILE = "default"
@@ -78,6 +78,7 @@ CONTROLS = {
     "transcript_removals_durable": ("prune-wal-frames", "_hermes_apply.removals_durable = lambda p: None"),
     "rollback_synchronous_extra": ("prune-rollback-vacuum", "_hermes_db.ROLLBACK_SYNCHRONOUS = 'FULL'"),
     "restore_aside_durable": ("restore", "_hermes_restore.aside_durable = lambda a, d: None"),
+    "restore_settles_the_old_file": ("restore", "_hermes_restore.settle = lambda db: 'not settled'"),
     "session_restore_pending_after_commits": (
         "session-restore", "_hermes_session_restore.commits_durable = lambda p: None"),
     "retention_newest_durable": ("file-retention", "_hermes_files.newest_durable = lambda item: None"),
@@ -91,17 +92,74 @@ EATMYDATA_PATHS = ("prune-wal-frames", "restore")
 # --------------------------------------------------------------------------- homes
 
 
-def _wal_with_frames(db):
-    """Leave committed frames in the -wal: copy the pair while a connection still holds them."""
-    conn = sqlite3.connect(str(db))
-    conn.execute("PRAGMA wal_autocheckpoint=0")
-    conn.execute("UPDATE sessions SET title = 'in the wal' WHERE id = (SELECT max(id) FROM sessions)")
-    conn.commit()
+def close_leaving_the_wal(conn, db):
+    """Close ``conn`` and leave its committed frames in the -wal, as a killed writer does: the
+    pair copied while the connection holds them (closing checkpoints and deletes the -wal)."""
     shutil.copyfile(str(db), str(db) + ".keep")
     shutil.copyfile(str(db) + "-wal", str(db) + "-wal.keep")
     conn.close()
     os.replace(str(db) + ".keep", str(db))
     os.replace(str(db) + "-wal.keep", str(db) + "-wal")
+
+
+def _wal_with_frames(db):
+    """Leave committed frames in the -wal."""
+    conn = sqlite3.connect(str(db))
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("UPDATE sessions SET title = 'in the wal' WHERE id = (SELECT max(id) FROM sessions)")
+    conn.commit()
+    close_leaving_the_wal(conn, db)
+
+
+def messages_only_in_the_wal(db, count):
+    """``count`` messages committed to the -wal only (the file never checkpointed: a gateway killed)."""
+    conn = sqlite3.connect(str(db))
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    sid = conn.execute("SELECT max(id) FROM sessions").fetchone()[0]
+    for i in range(count):
+        conn.execute(
+            "INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, 'user', ?, ?)",
+            (sid, "only in the wal %d: the zebra widget" % i, time.time()),
+        )
+    conn.commit()
+    close_leaving_the_wal(conn, db)
+
+
+HOT_JOURNAL = r"""
+import os, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA cache_size=1")  # the changed pages spill into the file before the commit
+conn.execute("BEGIN")
+conn.execute("UPDATE messages SET content = content || ' never committed'")
+os._exit(0)  # killed inside the transaction: the file half changed, its hot journal beside it
+"""
+
+
+def hot_journal(db):
+    """A rollback-journal file a writer was killed in: pages of an uncommitted transaction in it."""
+    before = open(str(db), "rb").read()
+    subprocess.run([sys.executable, "-c", HOT_JOURNAL, str(db)], check=True)
+    assert os.path.getsize(str(db) + "-journal") > 0 and open(str(db), "rb").read() != before
+
+
+def restore_home(home, layout, now):
+    """40 sessions, 240 messages in a release's file, a backup of it a day old, then the file
+    changed after the backup (every title); returns state.db's path."""
+    specs = [
+        {"id": "s%02d" % i, "source": "cli", "started_days_ago": 1 + i, "ended_days_ago": 0.5 + i, "messages": 6}
+        for i in range(40)
+    ]
+    db = build_home(home, layout, specs, now=now)
+    backups = os.path.join(home, "backups")
+    os.mkdir(backups, 0o700)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now - DAY))
+    shutil.copyfile(str(db), os.path.join(backups, "hermes-ops_%s_%s.db" % (PROFILE, stamp)))
+    os.chmod(os.path.join(backups, "hermes-ops_%s_%s.db" % (PROFILE, stamp)), 0o600)
+    conn = sqlite3.connect(str(db))  # the current file differs from the backup
+    conn.execute("UPDATE sessions SET title = 'after the backup ' || id")
+    conn.commit()
+    conn.close()
+    return db
 
 
 def _journal_mode(db, mode):
@@ -114,8 +172,17 @@ def build(path, root):
     """Make root/home for ``path``; returns the job the child runs (without ``disable``)."""
     home = os.path.join(root, "home")
     now = time.time()
-    db = build_home(home, "v30", standard_scenario("v30")[0], now=now)
     options = {"hermes_home": [home], "prune_days": 7, "batch_size": 4, "batch_pause": 0.0, "backup_compress": False}
+    if path == "restore":  # 0.19.0's WAL file, 5 committed messages only in its -wal
+        db = restore_home(home, "hermes-0.19.0", now)
+        messages_only_in_the_wal(db, 5)
+        return {"home": home, "kind": "restore", "options": options}
+    if path == "restore-rollback":  # 0.22.2's file in rollback-journal mode, a hot journal beside it
+        db = restore_home(home, "hermes-0.22.2.post1", now)
+        _journal_mode(db, "DELETE")
+        hot_journal(db)
+        return {"home": home, "kind": "restore", "options": options}
+    db = build_home(home, "v30", standard_scenario("v30")[0], now=now)
     job = {"home": home, "kind": "maintenance", "options": options}
     if path in ("prune-wal-frames", "prune-wal-no-transcripts"):  # a first run: no backup directory yet
         _wal_with_frames(db)
@@ -140,18 +207,6 @@ def build(path, root):
             os.utime(name, (now - (10 - i) * DAY,) * 2)
         job["hermes_writes"] = {"hermes-backup-2026-12-01.zip": ZIP_NEW.hex()}
         options.update(file_retention={"hermes_backup_zip": {"keep": 1}})
-    elif path == "restore":
-        backups = os.path.join(home, "backups")
-        os.mkdir(backups, 0o700)
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now - DAY))
-        shutil.copyfile(str(db), os.path.join(backups, "hermes-ops_%s_%s.db" % (PROFILE, stamp)))
-        os.chmod(os.path.join(backups, "hermes-ops_%s_%s.db" % (PROFILE, stamp)), 0o600)
-        conn = sqlite3.connect(str(db))  # the current file differs from the backup, and has a -wal to move aside
-        conn.execute("UPDATE sessions SET title = 'after the backup ' || id")
-        conn.commit()
-        conn.close()
-        _wal_with_frames(db)
-        job = {"home": home, "kind": "restore"}
     elif path == "session-restore":
         backups = os.path.join(home, "backups")
         os.mkdir(backups, 0o700)
@@ -186,48 +241,57 @@ def build(path, root):
 
 PATHS = (
     "prune-wal-frames", "prune-wal-no-transcripts", "prune-archive-holder", "prune-wal-gz-vacuum",
-    "prune-rollback-vacuum", "restore", "session-restore", "file-retention", "metrics-log",
+    "prune-rollback-vacuum", "restore", "restore-rollback", "session-restore", "file-retention", "metrics-log",
 )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- deeper, per state
 
-RELEASE = "hermes-0.22.2.post1"
+RELEASE = "hermes-0.22.2.post1"  # opens a rollback-journal state.db
+WAL_RELEASE = "hermes-0.19.0"  # opens a WAL one (0.22.2 may switch a WAL file's journal mode)
 SEARCH_WORD = "zebra"  # in every fixture message (hermes_fixtures)
 READER = r"""
-import json, sys
+import json, os, sys
 from pathlib import Path
 import hermes_state
 for line in sys.stdin:
     ask = json.loads(line)
+    child = os.fork()  # each state read by a process of its own: 0.22.2 keeps a descriptor after close()
+    if child:
+        os.waitpid(child, 0)
+        continue
     try:
         db = hermes_state.SessionDB(db_path=Path(ask["db"]))
         try:
             hits = db.search_messages(ask["word"], limit=1000)
+            counts = [db._conn.execute("SELECT count(*) FROM %s" % t).fetchone()[0] for t in ("sessions", "messages")]
         finally:
             db.close()
-        out = {"sessions": sorted({hit["session_id"] for hit in hits})}
+        out = {"sessions": sorted({hit["session_id"] for hit in hits}), "counts": counts}
     except Exception as exc:  # noqa: BLE001  # reported as the state's violation
         out = {"error": "%s: %s" % (type(exc).__name__, exc)}
     print(json.dumps(out), flush=True)
+    os._exit(0)
 """
 
 
 class Deep:
     """Per-state checks beyond the invariants, on every ``every``-th distinct state that keeps them:
-    the real release (its own ``SessionDB``) opens the state's state.db and its search finds a
-    session the run keeps; and (maintenance paths) a rerun of the maintenance on the state ends
-    without an error with the uninterrupted run's sessions, and a second rerun changes nothing.
+    the real release (its own ``SessionDB``: 0.22.2 on a rollback-journal file, 0.19.0 on a WAL
+    one) opens the state's state.db, counts its sessions and messages (a restore's: the old
+    database's or the backup's) and its search finds a session the run keeps; and a rerun on the
+    state converges: on the maintenance paths the maintenance ends without an error with the
+    uninterrupted run's sessions, on the restore paths the restore ends with the backup's rows and
+    a maintenance run after it without an error, and a second maintenance run changes nothing; on
+    the session-restore path restoring the sessions again ends with the uninterrupted run's rows,
+    and a third restore changes nothing.
 
-    One reader process of the release answers every state (a process per state would cost a second
+    One reader process per release answers every state (a process per state would cost a second
     each). ``counts``: what was checked, per model (``reset`` between models)."""
 
     def __init__(self, every=1):
-        from hermes_fixtures import hermes_python
-
         self.every, self.seen = max(1, int(every)), 0
-        self.python = hermes_python(RELEASE)
-        self.reader = None
+        self.readers, self.scratch = {}, None
         self.reset()
 
     def reset(self):
@@ -238,32 +302,42 @@ class Deep:
         self.seen += 1
         return (self.seen - 1) % self.every == 0
 
-    def _ask(self, db):
-        if self.reader is None:
-            self.scratch = tempfile.mkdtemp(prefix="powerloss-release-")  # its HERMES_HOME: outlives each state
+    def _ask(self, release, python, db):
+        reader = self.readers.get(release)
+        if reader is None:
+            if self.scratch is None:
+                self.scratch = tempfile.mkdtemp(prefix="powerloss-release-")  # HERMES_HOME: outlives each state
             env = dict(os.environ, HERMES_HOME=self.scratch)
             env.pop("PYTHONPATH", None)  # the release imports only its own packages
-            self.reader = subprocess.Popen(
-                [self.python, "-c", READER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            reader = self.readers[release] = subprocess.Popen(
+                [python, "-c", READER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, text=True, env=env, cwd="/",
             )  # fmt: skip
-        self.reader.stdin.write(json.dumps({"db": db, "word": SEARCH_WORD}) + "\n")
-        self.reader.stdin.flush()
-        line = self.reader.stdout.readline()
+        reader.stdin.write(json.dumps({"db": db, "word": SEARCH_WORD}) + "\n")
+        reader.stdin.flush()
+        line = reader.stdout.readline()
         if not line:
-            raise RuntimeError("the %s reader ended" % RELEASE)
+            raise RuntimeError("the %s reader ended" % release)
         return json.loads(line)
 
-    def release_reads(self, db, kept):
-        """Violations: the release cannot open ``db``, or its search finds none of ``kept``."""
-        if self.python is None:
+    def release_reads(self, db, kept, counts=None):
+        """Violations: the release cannot open ``db``, counts other sessions and messages than one
+        of ``counts`` (when given), or its search finds none of ``kept``."""
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import is_wal_file
+
+        release = WAL_RELEASE if is_wal_file(db) else RELEASE
+        python = hermes_python(release)
+        if python is None:
             return []
-        answer = self._ask(db)
+        answer = self._ask(release, python, db)
         if "error" in answer:
-            return ["%s cannot open state.db: %s" % (RELEASE, answer["error"])]
+            return ["%s cannot open state.db: %s" % (release, answer["error"])]
         self.counts["release_opened"] += 1
+        if counts and tuple(answer["counts"]) not in counts:
+            return ["%s sees %d sessions, %d messages: neither %s" % ((release,) + tuple(answer["counts"]) + (
+                " nor ".join("%d/%d" % pair for pair in sorted(counts)),))]  # fmt: skip
         if not set(answer["sessions"]) & kept:
-            return ["%s's search finds no session the run keeps (%d hits)" % (RELEASE, len(answer["sessions"]))]
+            return ["%s's search finds no session the run keeps (%d hits)" % (release, len(answer["sessions"]))]
         self.counts["release_found_kept"] += 1
         return []
 
@@ -287,20 +361,75 @@ class Deep:
             )
         if os.path.exists(db + ".hermes-ops-transcripts"):
             bad.append("rerun: the transcript list is left")
-        before = full_rows(db)
-        second = _hermes_engine.run_maintenance(options)
-        if second["changed"] or full_rows(db) != before:
-            bad.append("a second rerun changed something: %s" % second.get("summary"))
+        bad += self._second_run_changes_nothing(db, options)
         if not bad:
             self.counts["converged"] += 1
         return bad
 
+    def rerun_restore_converges(self, shome, options, new):
+        """Violations: restoring again on the state fails or does not end with the backup's rows
+        (``new``), the maintenance after it fails, or a second maintenance run changes anything."""
+        from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine, _hermes_restore
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
+
+        options = dict(options, hermes_home=[shome])
+        self.counts["reruns"] += 1
+        db = os.path.join(shome, "state.db")
+        try:
+            _hermes_restore.restore(_hermes_restore.plan_restore(shome, PROFILE))
+        except MaintenanceError as exc:
+            return ["restoring again: %s" % exc]
+        if full_rows(db) != new:
+            return ["restoring again does not end with the backup's rows"]
+        first = _hermes_engine.run_maintenance(options)
+        bad = [
+            "maintenance after the restore: %s" % p.get("error") for p in first["profiles"] if p.get("status") != "ok"
+        ]
+        bad = bad or self._second_run_changes_nothing(db, options)
+        if not bad:
+            self.counts["converged"] += 1
+        return bad
+
+    def rerun_session_restore_converges(self, shome, recorded_home, gone, end_rows):
+        """Violations: restoring the sessions again on the state fails or does not end with the
+        uninterrupted run's rows (``end_rows``), or a third restore changes anything."""
+        from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_session_restore
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
+
+        self.counts["reruns"] += 1
+        db = os.path.join(shome, "state.db")
+        _moved_home(os.path.join(shome, "backups", ".hermes-ops-restore_%s.pending" % PROFILE), recorded_home, shome)
+        chosen = _hermes_session_restore.selection(sessions=gone)
+        try:
+            _hermes_session_restore.restore_selected(shome, PROFILE, backup="newest", select=chosen)
+            if full_rows(db) != end_rows:
+                return ["restoring the sessions again does not end with the uninterrupted run's rows"]
+            _hermes_session_restore.restore_selected(shome, PROFILE, backup="newest", select=chosen)
+        except MaintenanceError as exc:
+            return ["restoring the sessions again: %s" % exc]
+        if full_rows(db) != end_rows:
+            return ["a third restore of the sessions changed something"]
+        self.counts["converged"] += 1
+        return []
+
+    @staticmethod
+    def _second_run_changes_nothing(db, options):
+        from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine
+
+        before = full_rows(db)
+        second = _hermes_engine.run_maintenance(options)
+        if second["changed"] or full_rows(db) != before:
+            return ["a second rerun changed something: %s" % second.get("summary")]
+        return []
+
     def close(self):
-        if self.reader is not None:
-            self.reader.stdin.close()
-            self.reader.wait()
-            self.reader = None
+        for reader in self.readers.values():
+            reader.stdin.close()
+            reader.wait()
+        self.readers = {}
+        if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
 
 
 # --------------------------------------------------------------------------- invariants
@@ -415,9 +544,15 @@ def checker(path, job, home, final_home, deep=None):
         if bad or deep is None or not deep.due():
             return bad
         shome = os.path.join(state_root, "home")
-        bad = deep.release_reads(os.path.join(shome, "state.db"), kept)
+        bad = deep.release_reads(os.path.join(shome, "state.db"), kept, getattr(invariants, "counts", None))
         if not bad and job["kind"] == "maintenance":
             bad = deep.rerun_converges(shome, job["options"], kept)
+        elif not bad and job["kind"] == "restore":
+            bad = deep.rerun_restore_converges(shome, job["options"], full_rows(os.path.join(final_home, "state.db")))
+        elif not bad and job["kind"] == "session_restore":
+            bad = deep.rerun_session_restore_converges(
+                shome, job["home"], job["gone"], full_rows(os.path.join(final_home, "state.db"))
+            )
         return bad
 
     check.deep = deep
@@ -476,6 +611,8 @@ def _checker(job, home, final_home):
         new = full_rows(backup)
 
         def check(state_root, final):
+            """What Hermes opening the home sees at its own paths: the old database with every
+            committed row, or the backup (and then the old database whole in the aside directory)."""
             shome = os.path.join(state_root, rel)
             bad = _db_violations(os.path.join(shome, "state.db"))
             if bad:
@@ -483,17 +620,13 @@ def _checker(job, home, final_home):
             rows = full_rows(os.path.join(shome, "state.db"))
             if rows == old:
                 return []
-            asides = [n for n in os.listdir(shome) if n.startswith("state.db.pre-restore-")]
             if rows != new:
-                # A restore stopped between moving the old -wal aside and the rename: the old
-                # file at its name, its -wal in the aside directory (docs/safety.md, known limits).
-                for name in asides:
-                    if (
-                        _rows_with_wal(os.path.join(shome, "state.db"), os.path.join(shome, name, "state.db-wal"))
-                        == old
-                    ):
-                        return []
-                return ["state.db is neither the old database nor the backup"]
+                sessions, messages = _rows(os.path.join(shome, "state.db"))
+                return [
+                    "state.db is neither the old database nor the backup: %d sessions, %d messages"
+                    % (len(sessions), len(messages))
+                ]
+            asides = [n for n in os.listdir(shome) if n.startswith("state.db.pre-restore-")]
             for name in asides:
                 kept = os.path.join(shome, name, "state.db")
                 if os.path.isdir(os.path.join(shome, name)) and os.path.exists(kept):
@@ -504,6 +637,7 @@ def _checker(job, home, final_home):
                         continue
             return ["the backup is in place and the old database (with its -wal) is nowhere: %s" % asides]
 
+        check.counts = {_counts(_copy_of(home, "state.db")), _counts(backup)}
         return check
     if job["kind"] == "session_restore":
         backup = [os.path.join(home, "backups", n) for n in os.listdir(os.path.join(home, "backups"))][0]
@@ -561,17 +695,23 @@ def _checker(job, home, final_home):
     raise ValueError(job["kind"])
 
 
-def _rows_with_wal(db, wal):
-    if not os.path.exists(wal):
-        return None
-    scratch = os.path.join(os.path.dirname(db), ".with-wal")
-    os.mkdir(scratch)
-    shutil.copyfile(db, os.path.join(scratch, "state.db"))
-    shutil.copyfile(wal, os.path.join(scratch, "state.db-wal"))
+def _moved_home(pending, recorded_home, shome):
+    """The pending list names its backup by the path the recorded run saw: the state's home is
+    elsewhere (a rerun in place would see the same path)."""
     try:
-        return full_rows(os.path.join(scratch, "state.db"))
-    except sqlite3.DatabaseError:
-        return None
+        with open(pending) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return
+    data["source"] = shome + data["source"][len(recorded_home) :]
+    with open(pending, "w") as handle:
+        json.dump(data, handle)
+
+
+def _counts(db):
+    """(sessions, messages) in ``db``."""
+    sessions, messages = _rows(db)
+    return len(sessions), len(messages)
 
 
 def _messages_by_session(db):

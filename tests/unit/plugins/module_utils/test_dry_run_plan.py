@@ -129,11 +129,13 @@ CASES = {
                                    "no backup (backup is off)"),
     "skipped-threshold-backup-off": (
         ROLLBACK_RELEASE, False, False, {"backup": False, "vacuum_threshold": 90},
-        "the prune deletes 50.0% of the messages: an estimated 50.5% after it, below vacuum_threshold 90%",
+        "the prune deletes 50.0% of the messages: an estimated 50.3% after it, below vacuum_threshold 90%",
         "no backup (backup is off)",
     ),
+    # beside a holder the FTS indexes keep the deleted rows (no optimize): 21.8% is expected free, below 25%
     "skipped-held-wal-backup": (
-        WAL_RELEASE, False, True, {}, "vacuum skipped: held open by ", "backup=file backups/hermes-ops_default_",
+        WAL_RELEASE, False, True, {"vacuum_threshold": 10}, "vacuum skipped: held open by ",
+        "backup=file backups/hermes-ops_default_",
     ),
 }  # fmt: skip
 

@@ -4,8 +4,8 @@ Closing *any* descriptor of a file drops every POSIX lock the process holds on i
 own included (sqlite.org/howtocorrupt.html, 2.2). In WAL mode SQLite keeps a SHARED lock on
 state.db for as long as a connection is open; it is what tells another process closing its
 own connection that it is not the last one. Once that lock is gone (before the fix: the
-engine read the header with ``open()``/``close()`` after ``open_rw()``), the scenario of
-issue 21 loses a write Hermes made:
+engine read the header with ``open()``/``close()`` after ``open_rw()``), this scenario
+loses a write Hermes made:
 
 1. our run (the real engine, in a child process) is paused between two prune transactions;
 2. another process opens state.db, writes a session and closes (a Hermes CLI run while the

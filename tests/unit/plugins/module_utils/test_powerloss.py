@@ -28,11 +28,22 @@ pytestmark = [
 
 
 @pytest.mark.parametrize(
-    "path", ["prune-wal-frames", "prune-archive-holder", "restore", "session-restore", "file-retention", "metrics-log"]
+    "path",
+    [
+        "prune-wal-frames",
+        "prune-archive-holder",
+        "restore",
+        "restore-rollback",
+        "session-restore",
+        "file-retention",
+        "metrics-log",
+    ],
 )
 def test_no_crash_state_breaks_an_invariant(path):
     """And on a sample of the states: the real release opens state.db and its search finds a kept
-    session; on the maintenance paths a rerun converges to the uninterrupted run, a second changes nothing."""
+    session; on the maintenance paths a rerun converges to the uninterrupted run, a second changes
+    nothing; on the restore paths the release counts the old database's rows or the backup's, and
+    restoring again then a maintenance run converge; restoring the sessions again converges."""
     found = powerloss_trials.trial(path, points=POINTS, deep=DEEP)
     for model, result in found.items():
         assert result["states"] > 1, (model, result)
@@ -42,7 +53,7 @@ def test_no_crash_state_breaks_an_invariant(path):
             continue
         if hermes_python(powerloss_trials.powerloss_paths.RELEASE) is not None:
             assert deep["release_found_kept"] > 0, (model, deep)
-        if path.startswith("prune-") or path == "file-retention":
+        if path.startswith(("prune-", "restore")) or path in ("file-retention", "session-restore"):
             assert deep["converged"] == deep["reruns"] > 0, (model, deep)
 
 
@@ -55,6 +66,7 @@ def test_no_crash_state_breaks_an_invariant(path):
         "transcript_removals_durable",
         "rollback_synchronous_extra",
         "restore_aside_durable",
+        "restore_settles_the_old_file",
         "session_restore_pending_after_commits",
         "retention_newest_durable",
         "metrics_rename_durable",

