@@ -266,28 +266,35 @@ def plan_reclaim(
     ``window`` (a service window is configured): a full VACUUM that only a holder of the file keeps
     out is planned for the window (``in_window``, and ``held``: the holder's reason, for when the
     window does not open)."""
-    after_prune = None
-    if pruned or extra_bytes:
-        optimized = not holders(db_path)  # as fts_give_back decides
-        after_prune = predict_free_pages(
+
+    def predicted(optimized):
+        if not (pruned or extra_bytes):
+            return None
+        return predict_free_pages(
             conn, schema, pruned, messages_total,
             extra_bytes=extra_bytes, fts_optimized=optimized, live_rollback=live_rollback,
         )  # fmt: skip
 
-    def rule(alone=False):
+    def rule(after_prune, alone=False):
         return decide(
             conn, db_path, options["vacuum_mode"], options["vacuum_threshold"], schema["auto_vacuum"],
             schema.get("litestream"), after_prune=after_prune, alone=alone,
         )  # fmt: skip
 
-    action, reason = rule()
+    held = bool(holders(db_path))
+    after_prune = predicted(optimized=not held)  # as fts_give_back decides
+    action, reason = rule(after_prune)
     free = after_prune["free_pages"] if after_prune else pragma(conn, "freelist_count")
     decision = {
         "mode": options["vacuum_mode"], "action": action, "skipped_reason": reason, "free_pages_predicted": free,
         "in_window": False,
     }  # fmt: skip
-    if action is None and window and holders(db_path) and rule(alone=True)[0] == "full":
-        decision.update(action="full", skipped_reason=None, in_window=True, held=reason)
+    if action is None and window and held:
+        # the window runs what a run with no holder runs: FTS5's optimize, then the VACUUM
+        alone = predicted(optimized=True)
+        if rule(alone, alone=True)[0] == "full":
+            decision.update(action="full", skipped_reason=None, in_window=True, held=reason)
+            decision["free_pages_predicted"] = alone["free_pages"] if alone else free
     return decision
 
 

@@ -88,16 +88,19 @@ def estimate_seconds(steps, db_bytes):
 def plan_window(opts, reclaim, db_path, *, elision, backup_deferred=False):
     """Whether this profile's run opens a window and for what: ``{"opened", "reason", "steps",
     "estimate_s", "downtime_s"}`` (None when no window is configured). ``reclaim`` is the plan's
-    reclaim decision (a full VACUUM planned ``in_window``); ``elision``: tool payloads are elided,
-    and beside a holder FTS5's optimize after it needs the file alone; ``backup_deferred``: the
+    reclaim decision (a full VACUUM planned ``in_window``, after FTS5's optimize: the window runs
+    what a run with no holder runs); ``elision``: tool payloads are elided, and beside a holder
+    FTS5's optimize after it needs the file alone; ``backup_deferred``: the
     whole-file backup was due and the live run takes an archive instead, so a window that opens
     takes it first (never opened for it alone)."""
     if not configured(opts):
         return None
     held = bool(holders(db_path))
-    steps = [VACUUM_FULL] if reclaim.get("in_window") else []
-    if elision and held:
+    steps = []
+    if (elision or reclaim.get("in_window")) and held:  # the FTS entries the live work left, before the VACUUM
         steps.append(FTS_OPTIMIZE)
+    if reclaim.get("in_window"):
+        steps.append(VACUUM_FULL)
     if steps and backup_deferred:
         steps.insert(0, BACKUP)
     window = {"opened": False, "reason": None, "steps": steps, "estimate_s": None, "downtime_s": None}

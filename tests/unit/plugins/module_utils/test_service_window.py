@@ -81,7 +81,7 @@ def test_window_switches_to_incremental_while_clients_retry(supervised):
     predicted = run_maintenance(window_options(home), check_mode=True)["profiles"][0]
     assert predicted["status"] == "ok", predicted["error"]
     # the whole-file backup a live rollback-journal run defers comes first in the window
-    steps = ["backup", "vacuum_full"]
+    steps = ["backup", "fts_optimize", "vacuum_full"]
     assert predicted["window"]["opened"] and predicted["window"]["steps"] == steps, predicted["window"]
     assert predicted["reclaim"]["action"] == "full" and predicted["reclaim"]["in_window"]
     with Client(port, retry=True) as client:

@@ -152,9 +152,9 @@ def test_check_mode_says_whether_a_window_would_open_and_for_what(small_home):
         holder.wait()
     profile = fits["profiles"][0]
     assert profile["preflight"]["live_rollback"] and profile["backup_deferred"]
-    assert profile["window"]["opened"] and profile["window"]["steps"] == ["backup", "vacuum_full"]
+    assert profile["window"]["opened"] and profile["window"]["steps"] == ["backup", "fts_optimize", "vacuum_full"]
     assert profile["reclaim"]["action"] == "full" and profile["reclaim"]["in_window"]
-    assert "service window would open for backup, vacuum_full" in fits["summary"][0]
+    assert "service window would open for backup, fts_optimize, vacuum_full" in fits["summary"][0]
     # the same plan with too little downtime allowed: no window, the VACUUM skipped for both reasons
     profile = short["profiles"][0]
     assert not profile["window"]["opened"] and "more than max_downtime 5" in profile["window"]["reason"]
@@ -260,9 +260,9 @@ def test_as_root_the_window_works_as_the_owner_and_stops_and_starts_as_root(tmp_
             subprocess.run(["/bin/sh", "-c", 'kill "$(cat "$0")"', str(pidfile)], check=False)
         profile = result["profiles"][0]
         assert profile["status"] == "ok", profile["error"]
-        assert profile["window"]["done"] == ["backup", "vacuum_full"] and profile["window"]["gateway_back"], profile[
-            "window"
-        ]
+        assert (
+            profile["window"]["done"] == ["backup", "fts_optimize", "vacuum_full"] and profile["window"]["gateway_back"]
+        ), profile["window"]
         assert seen.read_text().split() == ["0", str(uid)]  # root stops; the marker is the owner's
         assert not os.path.exists(os.path.join(str(home), window.DRAIN_FILE))
         backup = profile["window"]["backup"]
