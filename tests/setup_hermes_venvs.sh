@@ -28,6 +28,31 @@ package_for() {
     echo "hermes-agent==$1"
 }
 
+# What a release's venv needs beyond its package: the gateway fixture (tests/lib/hermes_gateway.py)
+# runs 0.22.2's API server platform, which imports aiohttp (the pin of the release's `messaging`
+# extra; the extra itself would pull in every messaging platform's client).
+extras_for() {
+    case "$1" in
+        0.22.2.post1) echo "aiohttp==3.14.3" ;;
+    esac
+}
+
+# install_into PYTHON REQUIREMENT...: uv where there is one, else (or when uv fails) pip.
+install_into() {
+    local python=$1
+    shift
+    { [ -n "$uv_bin" ] && "$uv_bin" pip install -q --python "$python" --compile-bytecode "$@"; } \
+        || "$python" -m pip install -q --disable-pip-version-check "$@"
+}
+
+# has_extras VERSION: 0 when the venv imports every extra of extras_for.
+has_extras() {
+    local req
+    for req in $(extras_for "$1"); do
+        "$venv_dir/hermes-$1/bin/python" -c "import ${req%%==*}" >/dev/null 2>&1 || return 1
+    done
+}
+
 # Python 3.11 where there is one (what the releases were tried on), else the controller's.
 py=$(bash "$repo_root/scripts/find_python.sh" 3.11 || bash "$repo_root/scripts/find_python.sh" controller) \
     || { echo "error: no Python 3.11 to 3.13 to create the Hermes release venvs with" >&2; exit 1; }
@@ -65,13 +90,12 @@ export UV_HTTP_TIMEOUT=${UV_HTTP_TIMEOUT:-${PIP_DEFAULT_TIMEOUT:-60}}
 # Each release installs in its own background job (HERMES_VENV_JOBS at a time, default 3: part
 # of each install waits on the registry); the results are reported in order.
 install_one() {  # install_one VERSION: 0 when its venv imports hermes_state
-    local ver=$1 dest="$venv_dir/hermes-$1" package log="$venv_dir/hermes-$1.install.log"
+    local ver=$1 dest="$venv_dir/hermes-$1" package log="$venv_dir/hermes-$1.install.log" extras
     rm -rf "$dest"
     package="$(package_for "$ver")"
+    read -r -a extras <<<"$(extras_for "$ver")"
     if "$py" -m venv "$dest" >"$log" 2>&1 \
-        && { { [ -n "$uv_bin" ] && "$uv_bin" pip install -q --python "$dest/bin/python" --compile-bytecode \
-                "$package" >>"$log" 2>&1; } \
-            || "$dest/bin/python" -m pip install -q --disable-pip-version-check "$package" >>"$log" 2>&1; } \
+        && install_into "$dest/bin/python" "$package" "${extras[@]}" >>"$log" 2>&1 \
         && "$dest/bin/python" -c 'import hermes_state' >>"$log" 2>&1; then
         rm -f "$log"
     else
@@ -88,6 +112,11 @@ running=()
 for ver in "${versions[@]}"; do
     dest="$venv_dir/hermes-$ver"
     if [ -x "$dest/bin/python" ] && "$dest/bin/python" -c 'import hermes_state' >/dev/null 2>&1; then
+        if ! has_extras "$ver"; then  # a venv made before an extra was added gets it, nothing else
+            echo "hermes-$ver: adding $(extras_for "$ver") ..."
+            read -r -a extras <<<"$(extras_for "$ver")"
+            install_into "$dest/bin/python" "${extras[@]}" || rc=1
+        fi
         echo "hermes-$ver: ok ($dest)"
         continue
     fi

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 
-from ._hermes_reclaim import plan_reclaim
+from ._hermes_reclaim import plan_reclaim, window_declined
+from ._hermes_window import configured as window_configured
+from ._hermes_window import plan_window
 
 FILE = "file"  # a whole-file backup
 ARCHIVE = "archive"  # the rows the prune deletes, archived (rollback-journal mode beside a live gateway)
@@ -30,6 +32,7 @@ class Actions:
         self.reclaim = None  # _hermes_reclaim.plan_reclaim's decision
         self.files = None  # _hermes_files.plan_files's plan
         self.stores = None  # _hermes_files.plan_stores's plan, or None
+        self.window = None  # _hermes_window.plan_window's plan, or None (no window configured)
 
 
 def plan_actions(conn, db_path, opts, schema, plan, preflight, *, backup_due, messages_total, files, stores):
@@ -45,10 +48,23 @@ def plan_actions(conn, db_path, opts, schema, plan, preflight, *, backup_due, me
     actions.reclaim = plan_reclaim(
         conn, db_path, opts, schema,
         pruned=plan.messages, messages_total=messages_total, extra_bytes=payload_bytes_saved(plan),
-        live_rollback=preflight["live_rollback"],
+        live_rollback=preflight["live_rollback"], window=window_configured(opts),
     )  # fmt: skip
+    plan_service_window(actions, opts, db_path, plan)
     actions.files, actions.stores = files, stores
     return actions
+
+
+def plan_service_window(actions, opts, db_path, plan):
+    """The window for the steps that need the file alone; a VACUUM planned for a window that does not
+    open is skipped as it is without one."""
+    actions.window = plan_window(
+        opts, actions.reclaim, db_path,
+        elision=bool(plan.payloads and plan.payloads.items), backup_deferred=bool(actions.backup_deferred),
+    )  # fmt: skip
+    if not (actions.window and actions.window["opened"]):
+        window_declined(actions.reclaim, actions.window["reason"] if actions.window else None)
+    actions.reclaim.pop("held", None)
 
 
 def payload_bytes_saved(plan):
@@ -94,6 +110,7 @@ def report_plan(result, plan, actions, backup_dir, name, compress=False):
         prompts_collected=plan.prompts,
         changed=plan.has_changes or actions.backup is not None or bool(actions.reclaim["action"]),
         backup_deferred=actions.backup_deferred,
+        window=actions.window,
     )
     if actions.backup:
         result["backup"] = {

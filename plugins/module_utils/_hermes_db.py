@@ -634,11 +634,21 @@ def _scan_proc(db_path, exclude):
             except OSError:
                 readable = False
                 break
-        if not readable and int(pid) not in ancestors and _could_open(pid, st):
+        if not readable and int(pid) not in ancestors and not _exited(pid) and _could_open(pid, st):
             hidden.append({"pid": int(pid), "command": _comm(pid), "evidence": "unreadable"})
     if _proc_hides_others() and os.geteuid() != 0 and st.st_mode & 0o066:
         hidden.append({"pid": None, "command": "other users' processes (/proc is hidepid)", "evidence": "unreadable"})
     return found, hidden
+
+
+def _exited(pid):
+    """Whether ``pid`` is a zombie (it holds no file; its parent has not reaped it yet): a gateway a
+    service window just stopped, whose descriptor table its owner could not read while it ran."""
+    try:
+        with open("/proc/%s/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def _ancestors():

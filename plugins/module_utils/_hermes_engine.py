@@ -60,6 +60,7 @@ from ._hermes_release import release_prune_set
 from ._hermes_release_delete import HERMES, ReleaseDeleter, choose_deleter, release_prune, release_prune_on_copy
 from ._hermes_results import new_profile_result
 from ._hermes_storage import storage
+from ._hermes_window import check_window_options, run_window, window_words
 
 NO_PROFILES = "no_profiles"  # a home that exists but holds no state.db (a profile's status; a run's)
 LOCK_SUFFIX = ".auto-maintenance.lock"  # the file Hermes's own auto-maintenance locks
@@ -89,6 +90,9 @@ def normalize_options(options):
         raise MaintenanceError(
             "unknown_schema=release_rules needs hermes_python: the interpreter of the Hermes installed on the host"
         )
+    problem = check_window_options(opts)
+    if problem:
+        raise MaintenanceError(problem)
     opts["prune_days_by_source"] = _by_source(opts["prune_days_by_source"])
     opts["prune_days_by_profile"] = _by_profile(opts["prune_days_by_profile"])
     opts["file_retention"] = check_rules(opts["file_retention"])
@@ -372,6 +376,7 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             )  # fmt: skip
             result["after"] = stats(conn, db_path, short_reads)
             result["reclaim"]["bytes_freed"] = max(0, _bytes(result["before"]) - _bytes(result["after"]))
+            result["window"] = actions.window  # opened after every profile's live work (service_window)
             if opts["file_retention"]:
                 result["file_retention"] = remove_files(root, home, actions.files)
             stores = actions.stores
@@ -704,12 +709,70 @@ def _each_profile(opts, work, *, check_mode):
     return results
 
 
+def service_window(opts, profiles):
+    """One window for every profile whose plan opened one, after all their live work: the gateway
+    drained and stopped (as the caller: root's stop and start), the steps as each file's owner, the
+    gateway always started again; each profile's ``window``, ``reclaim`` and ``after`` then say
+    what the window did."""
+    planned = [p for p in profiles if p["status"] == "ok" and (p.get("window") or {}).get("opened")]
+    if not planned:
+        return
+    owners = {_owner_of(p["path"]) for p in planned}
+    owner = pwd.getpwuid(owners.pop()) if len(owners) == 1 and None not in owners else None
+    if owner is None and os.geteuid() == 0:
+        for p in planned:
+            p["window"].update(opened=False, reason="the profiles' state.db files have different owners")
+        return
+
+    def as_owner(fn, *args):
+        if os.geteuid() == 0 and owner.pw_uid != 0:
+            return run_as_owner(owner.pw_uid, fn, *args)
+        return fn(*args)
+
+    entries = [
+        {"home": p["home"], "path": p["path"], "name": p["name"], "steps": p["window"]["steps"],
+         "backup_dir": backups_of(p["home"], opts["backup_dir"])}
+        for p in planned
+    ]  # fmt: skip
+    report = run_window(opts, entries, as_owner, owner)
+    for p in planned:
+        _window_result(p, report)
+
+
+def _window_result(p, report):
+    done = report["profiles"].get(p["path"]) or {"done": [], "reason": None}
+    p["window"].update(
+        opened=report["opened"], downtime_s=report["downtime_s"], gateway_back=report["gateway_back"],
+        done=done["done"], reason="; ".join(why for why in (report["reason"], done["reason"]) if why) or None,
+    )  # fmt: skip
+    if not report["opened"]:
+        p["reclaim"]["skipped_reason"] = "the service window did not open: %s" % report["reason"]
+    if done.get("backup"):
+        p["window"]["backup"] = done["backup"]["path"]
+        p["backups_removed"] = (p.get("backups_removed") or []) + done["backup"]["removed"]
+        p["changed"] = True
+    if "vacuum_full" in done["done"]:
+        freed = max(0, done["bytes_before"] - done["bytes_after"])
+        p["reclaim"].update(action="full", skipped_reason=None, bytes_freed=p["reclaim"]["bytes_freed"] + freed)
+        p["after"].update(db_bytes=done["bytes_after"], wal_bytes=0)
+        p["after"].update((k, v) for k, v in done["file"].items() if k != "auto_vacuum")
+        p["window"]["auto_vacuum"] = done["file"].get("auto_vacuum")
+        p["changed"] = True
+    if "fts_optimize" in done["done"] and p.get("tool_payloads"):
+        p["tool_payloads"]["fts_optimize_stopped"] = []
+    if report["gateway_back"] is False:
+        p["status"] = "failed"
+        p["error"] = report["reason"]
+
+
 def run_maintenance(options, check_mode=False):
     """Maintain every profile of every home; see docs/architecture.md for the result."""
     opts = normalize_options(options)
     old_umask = os.umask(0o077)  # backups, lock files: private chat history
     try:
         profiles = _each_profile(opts, maintain_profile, check_mode=check_mode)
+        if not check_mode:
+            service_window(opts, profiles)
     finally:
         os.umask(old_umask)
     return {
@@ -833,6 +896,7 @@ def format_summary_line(p, check_mode=False, opts=None):
     )  # fmt: skip
     if opts is not None:
         line += "; " + summary_details(p, opts)
+    line += "".join("; " + words for words in window_words(p.get("window"), check_mode))
     if p["status"] == "failed":
         line += " FAILED: %s" % p["error"]
     return line

@@ -47,6 +47,7 @@ PROFILE_METRICS = (
     ("last_run_messages_pruned", "gauge", "Messages the last run pruned."),
     ("last_run_freed_bytes", "gauge", "Bytes the last run gave back (state.db plus WAL)."),
     ("last_run_duration_seconds", "gauge", "Seconds the last run spent on the profile."),
+    ("gateway_downtime_seconds", "gauge", "Seconds the last run's service window kept the gateway from serving."),
 )
 STATUS_METRIC = (
     "profile_status",
@@ -158,6 +159,7 @@ def profile_figures(profile, info, now):
         "last_run_messages_pruned": profile.get("messages_pruned") or 0,
         "last_run_freed_bytes": ((profile.get("reclaim") or {}).get("bytes_freed")) or 0,
         "last_run_duration_seconds": float(profile.get("duration") or 0.0),
+        "gateway_downtime_seconds": float((profile.get("window") or {}).get("downtime_s") or 0.0),
     }
     for key in ("sessions", "messages", "open_sessions", "prunable_sessions", "prunable_messages"):
         if info.get(key) is not None:

@@ -160,6 +160,36 @@ OPTIONS = (
         "A full C(VACUUM) also sets C(auto_vacuum=INCREMENTAL), so later runs can reclaim in short steps while Hermes "
         "is live.",
     )),
+    Option("gateway_service", "str", unset="no service window", doc=(
+        "The systemd unit of the Hermes gateway, for a service window inside the run. The steps that need "
+        "C(state.db) alone (a full C(VACUUM), which also makes the one-time switch to C(auto_vacuum=INCREMENTAL) "
+        "with O(vacuum_switch_incremental); FTS5's optimize after a tool-payload elision) run with the gateway "
+        "drained and stopped, when they pay and their estimated time fits O(max_downtime). Everything else runs "
+        "with the gateway up.",
+        "A system unit, or the Hermes user's own C(systemctl --user) unit as C(hermes gateway install) makes it "
+        "(C(hermes-gateway), or C(hermes-gateway-<profile>)); the system unit is used where there is one of that "
+        "name. Off when omitted (with O(gateway_stop_command) it is not given).",
+        "The window drains the gateway first (Hermes's own C(HERMES_HOME/.drain_request.json), so no new turn "
+        "starts and the turns in flight finish), then stops it. It is always started again, on any failure too, and "
+        "the run checks that it is back (the unit active, and a holder on C(state.db) again). Each profile's "
+        "C(window) says whether it opened, why not, the steps and the downtime.",
+    )),
+    Option("gateway_stop_command", "list", elements="str", unset="no service window", doc=(
+        "The command (an argv list, the program by its absolute path) that stops the Hermes gateway, for a "
+        "service window under another supervisor (a container, supervisord, s6); with O(gateway_start_command), "
+        "instead of O(gateway_service). It must return once the gateway is stopped, with exit code 0.",
+        "As root both commands run as root, so their program and every directory above it must not be "
+        "writable by the owner of C(state.db) (the run refuses the window otherwise).",
+    )),
+    Option("gateway_start_command", "list", elements="str", unset="no service window", doc=(
+        "The command (an argv list, the program by its absolute path) that starts the Hermes gateway again after "
+        "the window; exit code 0 and a holder on C(state.db) again within 90 seconds mean it is back.",
+    )),
+    Option("max_downtime", "float", default=120.0, minimum=1, doc=(
+        "Seconds the service window may keep the gateway from serving, from the drain until it is back. A window "
+        "whose estimated time does not fit is not opened (the profile's C(window) says so); a step still running "
+        "at the bound is interrupted and rolled back, and the gateway started again.",
+    )),
     Option("batch_size", "int", default=4000, minimum=1, doc=(
         "Most messages deleted in one transaction (messages fire Hermes's FTS triggers). O(batch_time) usually ends a "
         "transaction first; this also bounds a single statement on a very long session.",

@@ -14,7 +14,7 @@ import sqlite3
 import tempfile
 import time
 
-from ._hermes_apply import turn_after_commit
+from ._hermes_apply import ROLLBACK_COMMIT_TIME, hard_bound, turn_after_commit
 from ._hermes_db import (
     MB,
     WAL_BUDGET,
@@ -32,7 +32,10 @@ from ._hermes_payloads import fts_optimize
 
 MERGE_PAGES = 256  # FTS5 'merge' work per transaction: a bounded write-lock hold
 MERGE_MAX_STEPS = 2000
-INCREMENTAL_PAGES = 1000  # pages freed per incremental_vacuum step (30-80 ms here, see docs/benchmarks.md)
+INCREMENTAL_PAGES = 1000  # pages freed per incremental_vacuum step without a time bound (30-80 ms here)
+INCREMENTAL_FIRST = 200  # pages of the first timed step, before the rate per page is known
+INCREMENTAL_MOST = 4000  # pages of one timed step at most
+INCREMENTAL_PROGRESS = 100  # SQLite VM steps between two looks at the clock (a page is a few of them)
 AUTO_VACUUM_INCREMENTAL = 2
 
 
@@ -99,11 +102,12 @@ def pragma(conn, name):
     return conn.execute("PRAGMA %s" % name).fetchone()[0]
 
 
-def decide(conn, db_path, mode, threshold_percent, auto_vacuum, replica=None, after_prune=None):
+def decide(conn, db_path, mode, threshold_percent, auto_vacuum, replica=None, after_prune=None, alone=False):
     """Return (action, reason): action is 'full', 'incremental' or None with a reason.
 
     ``after_prune`` (a ``predict_free_pages`` answer): the rule is applied to the free pages the
-    prune is expected to leave rather than to those the file has now.
+    prune is expected to leave rather than to those the file has now. ``alone``: the decision for a
+    service window, where no other process will hold the file (the disk must still have room).
     """
     free, pages = pragma(conn, "freelist_count"), pragma(conn, "page_count")
     if after_prune is not None:
@@ -135,7 +139,7 @@ def decide(conn, db_path, mode, threshold_percent, auto_vacuum, replica=None, af
                 % (after_prune["percent_now"], 100 * after_prune["share"], percent, threshold_percent)
             )
         return None, "free pages are %.1f%% of the file, below vacuum_threshold %s%%" % (percent, threshold_percent)
-    blocked = full_vacuum_blocked(db_path)
+    blocked = _room_refusal(db_path) if alone else full_vacuum_blocked(db_path)
     if blocked:
         return None, blocked
     return "full", None
@@ -154,16 +158,60 @@ def _dir(path):
     return os.path.dirname(os.path.abspath(path)) or "."
 
 
-def incremental_vacuum(conn, pause, stop=None):
-    """Free pages in short steps; ``executescript`` runs the pragma to completion."""
-    steps = 0
+def incremental_vacuum(conn, pause, stop=None, bound=None):
+    """Free pages in short steps, each its own write transaction with the gateway's turn after it;
+    ``executescript`` runs the pragma to completion. Returns (steps, retries).
+
+    ``bound`` (seconds, the prune's: ``batch_time`` plus the COMMIT's allowance in rollback-journal
+    mode): each step takes as many pages as fit in 0.8 x the bound at the rate per page of the last
+    one (INCREMENTAL_FIRST to start), and a step still running at the prune's hard bound is
+    interrupted, rolled back by SQLite, and retried with half the pages: pages moved from the end
+    of a file whose cache the gateway's commits keep emptying cost a read each, so a fixed count
+    cannot keep a lock hold within a writer's polls. None: INCREMENTAL_PAGES a step, untimed.
+    """
+    steps = retries = 0
+    pages = INCREMENTAL_FIRST if bound else INCREMENTAL_PAGES
+    hard = hard_bound(bound) if bound else None
+    began = [0.0]
     wait = turn_after_commit(conn, pause)
-    while pragma(conn, "freelist_count") > 0 and steps < 100000 and not (stop and stop()):
-        began = time.monotonic()
-        conn.executescript("PRAGMA incremental_vacuum(%d);" % INCREMENTAL_PAGES)
-        steps += 1
-        wait(time.monotonic() - began)
-    return steps
+    if hard:
+        conn.set_progress_handler(lambda: 1 if time.monotonic() - began[0] > hard else 0, INCREMENTAL_PROGRESS)
+    try:
+        while pragma(conn, "freelist_count") > 0 and steps < 100000 and not (stop and stop()):
+            began[0] = time.monotonic()
+            try:
+                conn.executescript("PRAGMA incremental_vacuum(%d);" % pages)
+            except sqlite3.OperationalError as exc:
+                if not hard or "interrupt" not in str(exc):
+                    raise
+                retries, pages = retries + 1, max(1, pages // 2)
+                wait(time.monotonic() - began[0])
+                continue
+            held = time.monotonic() - began[0]
+            steps += 1
+            if bound:
+                pages = next_pages(pages, held, bound)
+            wait(held)
+    finally:
+        if hard:
+            conn.set_progress_handler(None, 0)
+    return steps, retries
+
+
+def next_pages(pages, held, bound):
+    """The next step's pages: 0.8 x the bound at the last step's rate, at most 4 times as many."""
+    per_page = held / float(pages)
+    fit = int(0.8 * bound / per_page) if per_page > 0 else INCREMENTAL_MOST
+    return max(1, min(fit, 4 * pages, INCREMENTAL_MOST))
+
+
+def step_bound(options, db_path):
+    """The incremental_vacuum's bound: the prune's (``batch_time``, plus the COMMIT's allowance in
+    rollback-journal mode); None when batch_time is 0 (no bound asked for)."""
+    batch_time = float(options["batch_time"])
+    if not batch_time:
+        return None
+    return batch_time + (0.0 if is_wal_file(db_path) else ROLLBACK_COMMIT_TIME)
 
 
 def full_vacuum(conn, switch_to_incremental):
@@ -206,25 +254,56 @@ def checkpoint(conn, db_path, replica=None):
     return kind, None
 
 
-def plan_reclaim(conn, db_path, options, schema, *, pruned, messages_total, extra_bytes=0, live_rollback=False):
+def plan_reclaim(
+    conn, db_path, options, schema, *, pruned, messages_total, extra_bytes=0, live_rollback=False, window=False
+):
     """The reclaim decision for one profile, taken before any write (check mode reports it, the run
-    executes it): ``{"mode", "action", "skipped_reason", "free_pages_predicted"}``. ``pruned``: session
-    id -> message count of the sessions the prune deletes; ``extra_bytes``: what the run frees besides
-    (the tool-payload elision); ``live_rollback``: the estimate's reads are short ones. The vacuum rule is
-    applied to the free pages predicted after them."""
-    after_prune = None
-    if pruned or extra_bytes:
-        optimized = not holders(db_path)  # as fts_give_back decides
-        after_prune = predict_free_pages(
+    executes it): ``{"mode", "action", "skipped_reason", "free_pages_predicted", "in_window"}``. ``pruned``:
+    session id -> message count of the sessions the prune deletes; ``extra_bytes``: what the run frees
+    besides (the tool-payload elision); ``live_rollback``: the estimate's reads are short ones. The vacuum
+    rule is applied to the free pages predicted after them.
+
+    ``window`` (a service window is configured): a full VACUUM that only a holder of the file keeps
+    out is planned for the window (``in_window``, and ``held``: the holder's reason, for when the
+    window does not open)."""
+
+    def predicted(optimized):
+        if not (pruned or extra_bytes):
+            return None
+        return predict_free_pages(
             conn, schema, pruned, messages_total,
             extra_bytes=extra_bytes, fts_optimized=optimized, live_rollback=live_rollback,
         )  # fmt: skip
-    action, reason = decide(
-        conn, db_path, options["vacuum_mode"], options["vacuum_threshold"], schema["auto_vacuum"],
-        schema.get("litestream"), after_prune=after_prune,
-    )  # fmt: skip
+
+    def rule(after_prune, alone=False):
+        return decide(
+            conn, db_path, options["vacuum_mode"], options["vacuum_threshold"], schema["auto_vacuum"],
+            schema.get("litestream"), after_prune=after_prune, alone=alone,
+        )  # fmt: skip
+
+    held = bool(holders(db_path))
+    after_prune = predicted(optimized=not held)  # as fts_give_back decides
+    action, reason = rule(after_prune)
     free = after_prune["free_pages"] if after_prune else pragma(conn, "freelist_count")
-    return {"mode": options["vacuum_mode"], "action": action, "skipped_reason": reason, "free_pages_predicted": free}
+    decision = {
+        "mode": options["vacuum_mode"], "action": action, "skipped_reason": reason, "free_pages_predicted": free,
+        "in_window": False,
+    }  # fmt: skip
+    if action is None and window and held:
+        # the window runs what a run with no holder runs: FTS5's optimize, then the VACUUM
+        alone = predicted(optimized=True)
+        if rule(alone, alone=True)[0] == "full":
+            decision.update(action="full", skipped_reason=None, in_window=True, held=reason)
+            decision["free_pages_predicted"] = alone["free_pages"] if alone else free
+    return decision
+
+
+def window_declined(decision, why):
+    """A full VACUUM planned for a window that does not open: skipped as without a window, and why."""
+    if decision.get("in_window"):
+        decision.update(
+            action=None, in_window=False, skipped_reason="%s; the service window: %s" % (decision.pop("held"), why)
+        )
 
 
 def full_vacuum_blocked(db_path):
@@ -232,8 +311,9 @@ def full_vacuum_blocked(db_path):
     disk filled), else None: these are re-checked right before it runs."""
     others = holders(db_path)
     if others:
-        return "held open by %s; a full VACUUM would stall or break it: run maintain.yml's service window" % (
-            describe_holders(others)
+        return (
+            "held open by %s: allow a window (gateway_service) or run maintain.yml's; a full VACUUM would "
+            "stall or break it" % describe_holders(others)
         )
     return _room_refusal(db_path)
 
@@ -250,12 +330,16 @@ def reclaim(conn, db_path, options, schema, decision, *, pruned, stop=None):
     report["free_pages_before_vacuum"] = pragma(conn, "freelist_count")
     replica = schema.get("litestream")
     action = decision["action"]
+    if decision.get("in_window"):  # the gateway holds the file now: the VACUUM waits for the window
+        action, report["action"], report["skipped_reason"] = None, None, "left for the service window"
     if action == "full":
         blocked = full_vacuum_blocked(db_path)
         if blocked:  # the world changed since the plan: never VACUUM under a holder or on a full disk
             action, report["action"], report["skipped_reason"] = None, None, blocked
     if action == "incremental":
-        incremental_vacuum(conn, options["batch_pause"], stop)
+        report["incremental_steps"], report["incremental_retries"] = incremental_vacuum(
+            conn, options["batch_pause"], stop, bound=step_bound(options, db_path)
+        )
     elif action == "full":
         full_vacuum(conn, options["vacuum_switch_incremental"])
     report["stopped_early"] = stop() if stop else None

@@ -179,8 +179,19 @@ PROFILE_FIELDS = (
     Field("reclaim", "dict", initial=None, doc=(
         "V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed) (in check mode an estimate), "
         "V(skipped_reason), V(free_pages_predicted) (the free pages the plan expects after the prune, which the "
-        "vacuum rule is applied to), V(fts_merge_steps), and after a real run V(free_pages_before_vacuum) (measured), "
-        "V(stopped_early) and V(checkpoint) (null when none was run; V(checkpoint_skipped_reason) says why).",
+        "vacuum rule is applied to), V(in_window) (the full VACUUM waits for the service window), V(fts_merge_steps), "
+        "and after a real run V(free_pages_before_vacuum) (measured), "
+        "V(stopped_early), V(incremental_steps) and V(incremental_retries) (the C(incremental_vacuum) steps, each "
+        "sized to O(batch_time), and those interrupted at the hard bound and retried with fewer pages) and "
+        "V(checkpoint) (null when none was run; V(checkpoint_skipped_reason) says why).",
+    )),
+    Field("window", "dict", initial=None, doc=(
+        "Null without a service window (O(gateway_service), O(gateway_stop_command)). Else V(opened) (in check "
+        "mode, whether it would open), V(reason) (why not, or what went wrong in it), V(steps) (what needs the file "
+        "alone, V(vacuum_full) and V(fts_optimize)), V(estimate_s) (the planned downtime), and after a real run "
+        "V(downtime_s) (from the drain until the gateway was back), V(done) (the steps completed), "
+        "V(gateway_back) (the gateway serves again; false fails the profile) and V(auto_vacuum) (the file's mode "
+        "after it, 2 for incremental). One window serves every profile of the run that planned one.",
     )),
     Field("file_retention", "dict", initial=None, doc=(
         "Null without O(file_retention). Else V(removed), each item removed (in check mode, to be removed) with "

@@ -96,6 +96,43 @@ options:
         is live.
     type: bool
     default: true
+  gateway_service:
+    description:
+      - The systemd unit of the Hermes gateway, for a service window inside the run. The steps that need C(state.db)
+        alone (a full C(VACUUM), which also makes the one-time switch to C(auto_vacuum=INCREMENTAL) with
+        O(vacuum_switch_incremental); FTS5's optimize after a tool-payload elision) run with the gateway drained and
+        stopped, when they pay and their estimated time fits O(max_downtime). Everything else runs with the gateway
+        up.
+      - A system unit, or the Hermes user's own C(systemctl --user) unit as C(hermes gateway install) makes it
+        (C(hermes-gateway), or C(hermes-gateway-<profile>)); the system unit is used where there is one of that name.
+        Off when omitted (with O(gateway_stop_command) it is not given).
+      - The window drains the gateway first (Hermes's own C(HERMES_HOME/.drain_request.json), so no new turn starts
+        and the turns in flight finish), then stops it. It is always started again, on any failure too, and the run
+        checks that it is back (the unit active, and a holder on C(state.db) again). Each profile's C(window) says
+        whether it opened, why not, the steps and the downtime.
+    type: str
+  gateway_stop_command:
+    description:
+      - The command (an argv list, the program by its absolute path) that stops the Hermes gateway, for a service
+        window under another supervisor (a container, supervisord, s6); with O(gateway_start_command), instead of
+        O(gateway_service). It must return once the gateway is stopped, with exit code 0.
+      - As root both commands run as root, so their program and every directory above it must not be writable by the
+        owner of C(state.db) (the run refuses the window otherwise).
+    type: list
+    elements: str
+  gateway_start_command:
+    description:
+      - The command (an argv list, the program by its absolute path) that starts the Hermes gateway again after the
+        window; exit code 0 and a holder on C(state.db) again within 90 seconds mean it is back.
+    type: list
+    elements: str
+  max_downtime:
+    description:
+      - Seconds the service window may keep the gateway from serving, from the drain until it is back. A window whose
+        estimated time does not fit is not opened (the profile's C(window) says so); a step still running at the bound
+        is interrupted and rolled back, and the gateway started again.
+    type: float
+    default: 120
   batch_size:
     description:
       - Most messages deleted in one transaction (messages fire Hermes's FTS triggers). O(batch_time) usually ends a
@@ -440,9 +477,20 @@ profiles:
       description:
         - V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed) (in check mode an estimate),
           V(skipped_reason), V(free_pages_predicted) (the free pages the plan expects after the prune, which the
-          vacuum rule is applied to), V(fts_merge_steps), and after a real run V(free_pages_before_vacuum)
-          (measured), V(stopped_early) and V(checkpoint) (null when none was run; V(checkpoint_skipped_reason) says
-          why).
+          vacuum rule is applied to), V(in_window) (the full VACUUM waits for the service window),
+          V(fts_merge_steps), and after a real run V(free_pages_before_vacuum) (measured), V(stopped_early),
+          V(incremental_steps) and V(incremental_retries) (the C(incremental_vacuum) steps, each sized to
+          O(batch_time), and those interrupted at the hard bound and retried with fewer pages) and V(checkpoint)
+          (null when none was run; V(checkpoint_skipped_reason) says why).
+      type: dict
+    window:
+      description:
+        - Null without a service window (O(gateway_service), O(gateway_stop_command)). Else V(opened) (in check
+          mode, whether it would open), V(reason) (why not, or what went wrong in it), V(steps) (what needs the file
+          alone, V(vacuum_full) and V(fts_optimize)), V(estimate_s) (the planned downtime), and after a real run
+          V(downtime_s) (from the drain until the gateway was back), V(done) (the steps completed), V(gateway_back)
+          (the gateway serves again; false fails the profile) and V(auto_vacuum) (the file's mode after it, 2 for
+          incremental). One window serves every profile of the run that planned one.
       type: dict
     file_retention:
       description:

@@ -81,6 +81,20 @@ CASES = {
         lambda tmp, home: {"hermes_maintenance_homes": [str(home)], "hermes_maintenance_batch_size": "lots"},
         "hermes_maintenance_batch_size must be an integer (got 'lots')",
     ),
+    "a stop command without its start (role)": (
+        "playbooks/schedule.yml",
+        lambda tmp, home: role_vars(tmp, home, hermes_maintenance_gateway_stop_command=["/usr/bin/s6-svc", "-d"]),
+        "hermes_maintenance_gateway_stop_command and hermes_maintenance_gateway_start_command go together",
+    ),
+    "a command line for an argv list (maintain)": (
+        "playbooks/maintain.yml",
+        lambda tmp, home: {
+            "hermes_maintenance_homes": [str(home)],
+            "hermes_maintenance_gateway_stop_command": "/usr/bin/supervisorctl stop hermes",
+            "hermes_maintenance_gateway_start_command": "/usr/bin/supervisorctl start hermes",
+        },
+        "hermes_maintenance_gateway_stop_command: '/usr/bin/supervisorctl stop hermes' is a command line",
+    ),
     "mistyped home (role)": (
         "playbooks/schedule.yml",
         lambda tmp, home: role_vars(tmp, home, hermes_maintenance_homes=[str(tmp / ".hermse")]),

@@ -31,10 +31,12 @@ TIMING_MODULES = (
     "test_contention",
     "test_crash_safety",
     "test_identity_guards",
+    "test_live_gateway",
     "test_live_hermes",
     "test_live_rollback",
     "test_live_writer",
     "test_restore_sessions",
+    "test_service_window",
     "test_session_restore",
     "test_writer_turn",
 )

@@ -1,0 +1,116 @@
+"""What a client of a REAL Hermes 0.22.2 gateway sees while our run prunes its state.db, and the
+space the run gives back beside it once the file is in incremental auto_vacuum.
+
+The gateway is the release's own ``hermes gateway run`` (tests/lib/hermes_gateway.py): its API
+server platform on loopback, its model a stub on loopback, its state.db in rollback-journal
+mode as the release makes it here (SQLite 3.40.1 has the WAL-reset bug). A client sends a chat
+request every 100 ms before, during and after the run. Every request succeeds, every turn the
+client was answered for is in state.db, and the run pruned half the file beside the gateway.
+After the one-time switch to ``auto_vacuum=INCREMENTAL`` (a run with no holder, as the service
+window does it) the live run gives back every page it freed, in ``incremental_vacuum`` steps
+sized to the prune's bound; what it gives back against the same run on a copy nobody holds
+(which also optimizes the FTS indexes) is printed.
+
+Latency figures are printed, not asserted beyond a 3 s safety net (the 250 ms target belongs to
+bench/run.py, on an idle machine).
+"""
+
+import shutil
+import time
+
+import pytest
+from hermes_gateway import Client, Gateway, gateway_missing, latency_summary, stored_user_messages, wait_settled
+from hermes_markers import release_module_marks
+from hermes_reliability import db_problems
+from hermes_reliability import query as q
+from hermes_rollback import RELEASE, journal_mode, make_big_rollback_home
+
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+
+SIZE = (1600, 100)  # sessions, messages each; half of them ended 8..90 days ago
+STALL_LIMIT = 3.0
+OPTIONS = {"allow_unknown_schema": True, "prune_days": 7}
+
+pytestmark = release_module_marks(RELEASE) + [
+    pytest.mark.skipif(gateway_missing(RELEASE) is not None, reason=str(gateway_missing(RELEASE)))
+]
+
+
+@pytest.fixture
+def gateway_home(tmp_path, request):
+    """A big 0.22.2 home served by a real gateway; ``incremental`` (indirect): switched first,
+    and a copy of it left beside for the run with no holder."""
+    home = tmp_path / "home"
+    db = make_big_rollback_home(home, SIZE[0], SIZE[1], seed=53, now=time.time())
+    assert journal_mode(str(db)) == "delete"
+    if getattr(request, "param", None) == "incremental":
+        switch = dict(OPTIONS, hermes_home=[str(home)], vacuum_mode="full", prune_days=3650, backup=False)
+        assert run_maintenance(switch)["profiles"][0]["reclaim"]["action"] == "full"
+        assert q(db, "PRAGMA auto_vacuum")[0][0] == 2
+        (tmp_path / "alone").mkdir()
+        shutil.copy2(str(db), str(tmp_path / "alone" / "state.db"))
+    with Gateway(home) as gateway:
+        wait_settled(str(db))
+        yield home, str(db), gateway
+
+
+def test_client_sees_no_failure_during_our_prune(gateway_home):
+    home, db, gateway = gateway_home
+    with Client(gateway.port) as client:
+        time.sleep(3.0)
+        t0 = time.monotonic()
+        result = run_maintenance(dict(OPTIONS, hermes_home=[str(home)]))
+        t1 = time.monotonic()
+        time.sleep(2.0)
+    profile = result["profiles"][0]
+    assert profile["status"] == "ok", profile["error"]
+    assert profile["preflight"]["live_rollback"], "the gateway did not hold the file: the test proves nothing"
+    assert profile["sessions_pruned"] > 0 and profile["messages_pruned"] >= SIZE[0] * SIZE[1] // 4
+    before, during, after = (latency_summary(client.between(*span)) for span in ((0, t0), (t0, t1), (t1, float("inf"))))
+    assert during["count"] > 0 and after["count"] > 0
+    failed = [a for a in client.snapshot() if not a["ok"]]
+    assert failed == [], failed[:3]
+    assert during["worst_ms"] < STALL_LIMIT * 1000, during
+    # every turn the client was answered for is in the file, and the file is sound
+    assert stored_user_messages(db, client.prefix) == client.messages_sent
+    assert db_problems(db) == []
+    print(
+        "\nclient of a live 0.22.2 gateway, our run %.1f s (%d sessions, %d messages pruned): before %s; during %s;"
+        " after %s" % (t1 - t0, profile["sessions_pruned"], profile["messages_pruned"], before, during, after)
+    )
+
+
+@pytest.mark.parametrize("gateway_home", ["incremental"], indirect=True)
+def test_space_comes_back_live_after_the_switch(gateway_home, tmp_path):
+    home, db, gateway = gateway_home
+    alone = run_maintenance(dict(OPTIONS, hermes_home=[str(tmp_path / "alone")]))["profiles"][0]
+    assert alone["status"] == "ok" and alone["reclaim"]["action"] == "incremental"
+    with Client(gateway.port) as client:
+        time.sleep(2.0)
+        t0 = time.monotonic()
+        live = run_maintenance(dict(OPTIONS, hermes_home=[str(home)]))["profiles"][0]
+        t1 = time.monotonic()
+        time.sleep(2.0)
+    assert live["status"] == "ok", live["error"]
+    assert live["preflight"]["live_rollback"], "the gateway did not hold the file: the test proves nothing"
+    reclaim = live["reclaim"]
+    assert reclaim["action"] == "incremental" and reclaim["incremental_steps"] > 0, reclaim
+    assert live["sessions_pruned"] > 0 and live["after"]["free_pages"] < live["before"]["page_count"] // 100
+    # every page the live run freed goes back to the disk, in steps beside the gateway
+    freed_pages = reclaim["free_pages_before_vacuum"] * live["before"]["page_size"]
+    assert reclaim["bytes_freed"] >= 0.9 * freed_pages, (reclaim["bytes_freed"], freed_pages)
+    # Against the run with no holder: that one also runs FTS5's optimize after its prune, which
+    # beside a writer would climb a level per foreign commit; so the live file keeps the deleted
+    # rows' FTS entries, and the ratio is a figure (what is left of FTS beside a live writer).
+    ratio = reclaim["bytes_freed"] / float(alone["reclaim"]["bytes_freed"])
+    during = latency_summary(client.between(t0, t1))
+    assert [a for a in client.snapshot() if not a["ok"]] == []
+    assert during["count"] > 0 and during["worst_ms"] < STALL_LIMIT * 1000, during
+    assert stored_user_messages(db, client.prefix) == client.messages_sent
+    assert db_problems(db) == []
+    print(
+        "\nafter the switch: live run gave back %d bytes in %d incremental steps (%d retried), %.2f of the no-holder"
+        " run's %d; client during %s"
+        % (reclaim["bytes_freed"], reclaim["incremental_steps"], reclaim["incremental_retries"], ratio,
+           alone["reclaim"]["bytes_freed"], during)
+    )  # fmt: skip
