@@ -312,8 +312,8 @@ def full_vacuum_blocked(db_path):
     others = holders(db_path)
     if others:
         return (
-            "held open by %s: allow a window (gateway_service) or run maintain.yml's; a full VACUUM would "
-            "stall or break it" % describe_holders(others)
+            "held open by %s; a full VACUUM would stall or break it: allow a window (gateway_service) or run "
+            "maintain.yml's" % describe_holders(others)
         )
     return _room_refusal(db_path)
 
