@@ -21,7 +21,7 @@ from ._hermes_db import commits_durable, fsync_path, fsync_tree, write_transacti
 from ._hermes_fence import FenceRefused, local_conversations
 from ._hermes_fence import check as fence_check
 from ._hermes_fence import retire as fence_retire
-from ._hermes_plan import ORPHAN_REAP, leased_conversation, live_leases, routed_sessions
+from ._hermes_plan import ORPHAN_REAP, leased_conversation, live_leases, routed_sessions, scheduled_sessions
 from ._hermes_undo import SessionUndo
 
 ZOMBIE_CHUNK = 200
@@ -736,6 +736,8 @@ def _still_prunable(conn, sid, plan, schema, leased):
     cols = ["ended_at", "end_reason"] + [c for c in ("pinned", "last_activity_at") if c in schema["session_columns"]]
     row = conn.execute("SELECT %s FROM sessions WHERE id = ?" % ", ".join(cols), (sid,)).fetchone()
     if row is None or row[0] is None or leased_conversation(conn, sid, leased):
+        return False
+    if scheduled_sessions(conn, schema, sid):  # /heartbeat or /loop set on it since the plan
         return False
     values = dict(zip(cols, row))
     if values.get("pinned"):
