@@ -3,6 +3,7 @@ the release's own functions: the store stays fully known, an active schedule kee
 (named in ``sessions_kept``, by check mode alike), and a paused, done or cleared one is left as the
 release's own prune_sessions leaves it when the session goes (docs/compatibility.md)."""
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -64,11 +65,8 @@ def test_release_schedules_are_known_and_an_active_one_keeps_its_session(home):
     assert before["heartbeat:hb-reset"] == ""
     assert json.loads(before["loop:loop-on"])["status"] == "active"
     assert json.loads(before["loop:loop-done"])["status"] == "done"
-    conn = sqlite3.connect(str(db))
-    try:
+    with contextlib.closing(sqlite3.connect(str(db))) as conn:
         catalogue = read_catalogue(conn)
-    finally:
-        conn.close()
     assert fully_known(catalogue), catalogue["unknown"]
 
     kept = {
