@@ -414,3 +414,37 @@ def test_a_sigkill_between_two_slices_then_a_run_finishes_a_session_that_still_q
     assert fence.retired(sqlite3.connect(str(db)), ["big"]) == ["big"]
     assert rows(db, "SELECT COUNT(*) FROM session_admissions WHERE target_session_id = 'big'") == [(0,)]
     assert not (home / ("state.db" + SLICED_SUFFIX)).exists() and not os.path.exists(listed["big"]["archive"])
+
+
+def test_a_fence_that_changed_since_its_listing_refuses_the_first_slice(home, tmp_path):
+    """Between the list (what big's fence changes) and its first slice, the gateway changes big's API
+    settings (a row its fence removes): the list would not put that value back, so the first slice
+    is refused, big stays whole and unfenced, and no list is left."""
+    db = home / "state.db"
+    archive = tmp_path / "big-archive.db"
+
+    def keep_copy(order, counts):
+        archive.write_bytes(b"")  # a stand-in path: this run puts nothing back from it
+        gateway = sqlite3.connect(str(db))
+        bound = "UPDATE state_meta SET value = 'conv-2' WHERE key = 'gateway.api.settings.v1.big'"
+        assert gateway.execute(bound).rowcount == 1
+        gateway.commit()
+        gateway.close()
+        return str(archive)
+
+    before = snapshot(db, "big")
+    conn, schema, plan = planned(home)
+    try:
+        result = prune(conn, plan, schema, batch_size=BATCH, pause=0, result=PruneResult(), keep_copy=keep_copy)
+    finally:
+        conn.close()
+    assert [(r["session"], r["by"]) for r in result.refused] == [("big", "the deletion fence")]
+    assert "its fence changed between its listing and its first slice" in result.refused[0]["message"]
+    after = snapshot(db, "big")
+    assert ("gateway.api.settings.v1.big", "conv-2") in after["state_meta"]
+    assert [row for row in after["state_meta"] if row[1] != "conv-2"] == [
+        row for row in before["state_meta"] if row[0] != "gateway.api.settings.v1.big"
+    ]
+    after.pop("state_meta"), before.pop("state_meta")
+    assert after == before
+    assert not (home / ("state.db" + SLICED_SUFFIX)).exists() and not archive.exists()
