@@ -334,9 +334,10 @@ def prune(
     halfway still reports what it did. ``stop``, when given, is asked before each
     transaction; a reason from it ends the prune there (``result.stopped``).
 
-    ``keep_copy(order, counts)``, when given, writes a private archive of those sessions' rows and
-    returns its path: a session deleted in slices is then listed durably with it before its first
-    slice (_hermes_undo), so that a run cut short between two slices loses none of it.
+    ``keep_copy(order, counts)``, when given, returns (path, owned): a durable copy of those
+    sessions' rows SQLite reads as it is (the run's backup or archive, or one it writes for them:
+    ``owned``, removed with the list): a session deleted in slices is then listed durably with it
+    before its first slice (_hermes_undo), so that a run cut short between two slices loses none of it.
     """
     skipped = result.left_alone
     has_prompts = "system_prompts" in schema["tables"] and "system_prompt_hash" in schema["session_columns"]
@@ -431,11 +432,11 @@ def _list_first_slice(conn, schema, plan, batch, keep_copy, sliced_list):
     if len(batch) != 1 or not chunk or undo.recording() == sid:
         return
     undo.expected = _fence_preview(conn, schema, sid) if _fenced(schema) else {}
-    archive = keep_copy([sid], {sid: plan.messages.get(sid, 0)})
+    archive, owned = keep_copy([sid], {sid: plan.messages.get(sid, 0)})
     db_path = conn.execute("PRAGMA database_list").fetchone()[2]
     if sliced_list:  # the sessions listed before are gone or whole: durably so, before their list is rewritten
         commits_durable(db_path)
-    sliced_list[sid] = {"archive": archive, "columns": undo.columns, "fence": undo.expected}
+    sliced_list[sid] = {"archive": archive, "owned": owned, "columns": undo.columns, "fence": undo.expected}
     list_sliced(db_path, sliced_list)
 
 

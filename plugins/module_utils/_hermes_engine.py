@@ -571,7 +571,7 @@ def _apply(result, conn, plan, schema, opts, actions, *, db_path, backup_dir, na
                 conn, plan, schema,
                 batch_size=int(opts["batch_size"]), pause=pause, result=pruned, batch_time=float(opts["batch_time"]),
                 pause_after_commit=live_rollback,  # rollback-mode commits are slower: let the gateway's next poll in
-                stop=stop, keep_copy=_slice_copy(conn, db_path, backup_dir, name, schema),
+                stop=stop, keep_copy=_slice_copy(conn, db_path, backup_dir, name, schema, result.get("backup")),
             )  # fmt: skip
     finally:  # also when a later transaction failed: report what was committed
         result.update(
@@ -606,12 +606,16 @@ SETTLED = (
 )
 
 
-def _slice_copy(conn, db_path, backup_dir, name, schema):
-    """``keep_copy`` of the prune: a private archive (0600, fsynced) of a session deleted in slices."""
+def _slice_copy(conn, db_path, backup_dir, name, schema, backup):
+    """``keep_copy`` of the prune: where a session deleted in slices is kept whole: the run's own
+    backup or archive (fsynced before the first delete) when SQLite reads it as it is, else a
+    private archive (0600, fsynced) of that session. Returns (path, whether the list owns it)."""
 
     def keep(order, counts):
+        if backup and not backup.get("compressed"):
+            return backup["path"], False
         check_backup_dir(backup_dir, os.stat(db_path).st_uid, create=True)
-        return take_archive(conn, db_path, backup_dir, name, order, counts, schema["schema_version"])["path"]
+        return take_archive(conn, db_path, backup_dir, name, order, counts, schema["schema_version"])["path"], True
 
     return keep
 

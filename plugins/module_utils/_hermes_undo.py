@@ -20,12 +20,13 @@ is written to disk beyond SQLite's private temporary files.
 
 A SIGKILL or a power cut between two slices loses those records with the connection. So before
 the first slice's transaction, out of the write lock, the session is listed durably beside
-state.db (``SLICED_SUFFIX``, 0600, file and directory fsynced) with a private archive of its rows
-(the prune archive's writer) and what its fence will change (``fence_preview``: the fence run
+state.db (``SLICED_SUFFIX``, 0600, file and directory fsynced) with a copy of its rows SQLite
+reads as it is (the run's backup or archive, else a private archive of the session's own,
+``owned``) and what its fence will change (``fence_preview``: the fence run
 recorded in a transaction that is rolled back; the first slice is refused if its own fence then
 differs). The next run, before its plan, puts every listed session still there back whole
 (``settle``): its fence undone from the list, its rows from the archive (INSERT OR IGNORE); a
-session that still qualifies is then pruned again as any other. The list and the archive go
+session that still qualifies is then pruned again as any other. The list and its own archives go
 once no listed session is half deleted, after the commits that made it so are durable.
 
 Standard library only, Python 3.8+, no Ansible imports.
@@ -200,7 +201,7 @@ def sliced_path(db_path):
 
 
 def read_sliced(db_path):
-    """{session id: {"archive", "columns", "fence"}} of an earlier run's list (empty: none).
+    """{session id: {"archive", "owned", "columns", "fence"}} of an earlier run's list (empty: none).
 
     A list cut short while it was written was never relied on: its first slice's transaction
     had not begun."""
@@ -229,7 +230,8 @@ def unlist_sliced(db_path, listed):
     """No listed session is half deleted any more: once that is durable, the list and its archives go."""
     commits_durable(db_path)
     for entry in listed.values():
-        _unlink(entry.get("archive"))
+        if entry.get("owned"):  # never the run's own backup or archive
+            _unlink(entry.get("archive"))
     _unlink(sliced_path(db_path))
     fsync_path(os.path.dirname(os.path.abspath(db_path)))
 

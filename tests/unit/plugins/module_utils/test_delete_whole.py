@@ -368,20 +368,24 @@ def kill_between_slices(home, opts):
     assert proc.returncode == -signal.SIGKILL
 
 
-def test_a_sigkill_between_two_slices_then_a_resume_loses_nothing(home):
+@pytest.mark.parametrize("backup", [False, True], ids=["no-backup", "whole-file-backup"])
+def test_a_sigkill_between_two_slices_then_a_resume_loses_nothing(home, backup):
     """A real SIGKILL of a real engine process between two slices leaves big with its fence and 300
-    of its 400 messages, listed durably with its archive; the user resumes it with 0.22.2 and writes;
-    the next run puts it back whole (every message, ledger row, route and state_meta row as before,
-    plus the new message) and names it in sessions_kept."""
+    of its 400 messages, listed durably with a copy of its rows (without a backup, an archive of
+    its own; else the run's backup); the user resumes it with 0.22.2 and writes; the next run puts
+    it back whole (every message, ledger row, route and state_meta row as before, plus the new
+    message) and names it in sessions_kept."""
     db = home / "state.db"
     before = snapshot(db, "big")
-    opts = dict(OPTS, hermes_home=[str(home)], batch_size=BATCH, batch_pause=0.01)
+    opts = dict(OPTS, hermes_home=[str(home)], batch_size=BATCH, batch_pause=0.01, backup=backup)
     kill_between_slices(home, opts)
     assert rows(db, "SELECT COUNT(*) FROM messages WHERE session_id = 'big'") == [(300,)]
     assert fence.retired(sqlite3.connect(str(db)), ["big"]) == ["big"]
     listed = json.loads((home / ("state.db" + SLICED_SUFFIX)).read_text())
-    assert list(listed) == ["big"] and os.path.exists(listed["big"]["archive"])
-    assert oct(os.stat(listed["big"]["archive"]).st_mode & 0o777) == "0o600"
+    copy = listed["big"]["archive"]
+    assert list(listed) == ["big"] and listed["big"]["owned"] is not backup
+    assert os.path.basename(copy).startswith("hermes-ops_" if backup else "hermes-ops-archive_")
+    assert oct(os.stat(copy).st_mode & 0o777) == "0o600"
 
     proc = run_release_code(hermes_python(LAYOUT), RESUME, db)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -395,7 +399,7 @@ def test_a_sigkill_between_two_slices_then_a_resume_loses_nothing(home):
     assert new[1:4] == ("big", "user", "back to this conversation")
     after.pop("session"), before.pop("session")  # reopened by the release: ended_at, end_reason
     assert after == before
-    assert not (home / ("state.db" + SLICED_SUFFIX)).exists() and not os.path.exists(listed["big"]["archive"])
+    assert not (home / ("state.db" + SLICED_SUFFIX)).exists() and os.path.exists(copy) is backup
     seen = open_with_release(LAYOUT, db)
     assert "big" in seen["sessions"]
 
@@ -430,7 +434,7 @@ def test_a_fence_that_changed_since_its_listing_refuses_the_first_slice(home, tm
         assert gateway.execute(bound).rowcount == 1
         gateway.commit()
         gateway.close()
-        return str(archive)
+        return str(archive), True
 
     before = snapshot(db, "big")
     conn, schema, plan = planned(home)
