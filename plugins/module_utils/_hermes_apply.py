@@ -21,8 +21,8 @@ from ._hermes_db import commits_durable, fsync_path, fsync_tree, write_transacti
 from ._hermes_fence import FenceRefused, local_conversations
 from ._hermes_fence import check as fence_check
 from ._hermes_fence import retire as fence_retire
-from ._hermes_plan import ORPHAN_REAP, leased_conversation, live_leases, routed_sessions
-from ._hermes_undo import SessionUndo
+from ._hermes_plan import ORPHAN_REAP, leased_conversation, live_leases, routed_sessions, scheduled_sessions
+from ._hermes_undo import SessionUndo, list_sliced, unlist_sliced
 
 ZOMBIE_CHUNK = 200
 # What a transaction's time bound allows on top of batch_time for its COMMIT in rollback-journal
@@ -310,7 +310,9 @@ def hard_bound(bound):
     return max(bound * HARD_BOUND_FACTOR, HARD_BOUND_FLOOR)
 
 
-def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_after_commit=False, stop=None):
+def prune(
+    conn, plan, schema, batch_size, pause, result, batch_time=None, pause_after_commit=False, stop=None, keep_copy=None
+):
     """Delete plan.delete_order in transactions of at most batch_size messages.
 
     A transaction also holds the write lock for at most ``batch_time`` seconds, its commit
@@ -331,6 +333,11 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     ``result`` (a PruneResult) is updated as each transaction commits, so a run that fails
     halfway still reports what it did. ``stop``, when given, is asked before each
     transaction; a reason from it ends the prune there (``result.stopped``).
+
+    ``keep_copy(order, counts)``, when given, returns (path, owned): a durable copy of those
+    sessions' rows SQLite reads as it is (the run's backup or archive, or one it writes for them:
+    ``owned``, removed with the list): a session deleted in slices is then listed durably with it
+    before its first slice (_hermes_undo), so that a run cut short between two slices loses none of it.
     """
     skipped = result.left_alone
     has_prompts = "system_prompts" in schema["tables"] and "system_prompt_hash" in schema["session_columns"]
@@ -348,6 +355,7 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
     # A session deleted in slices is recorded until its row goes, to be put back whole if refused.
     sliced = any(plan.messages.get(sid, 0) > batch_size for sid in plan.delete_order)
     schema["_undo"] = SessionUndo(conn, schema["tables"]) if sliced else None
+    sliced_list = {}  # the sessions listed durably before their first slice
     bound = (batch_time or 0.0) + (ROLLBACK_COMMIT_TIME if pause_after_commit and batch_time else 0.0)
     budget = LockBudget(bound, hard=hard_bound(bound) if bound else None)
     pacing = IdlePacing(conn, bound, pause)
@@ -371,6 +379,8 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
                 if listed:
                     _write_pending(pending, listed)
                     pending_durable(pending)
+                if keep_copy is not None:
+                    _list_first_slice(conn, schema, plan, batch, keep_copy, sliced_list)
                 began = time.monotonic()
                 try:
                     done, counts = _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts)
@@ -406,9 +416,41 @@ def prune(conn, plan, schema, batch_size, pause, result, batch_time=None, pause_
         finally:
             if budget.hard:
                 conn.set_progress_handler(None, 0)
-            if schema.get("_undo") is not None and not conn.in_transaction:
+            undo = schema.get("_undo")
+            if sliced_list and not conn.in_transaction and undo.recording() is None:
+                unlist_sliced(db_path, sliced_list)  # none of them half deleted: each gone or whole
+            if undo is not None and not conn.in_transaction:
                 schema.pop("_undo").close()
     return result
+
+
+def _list_first_slice(conn, schema, plan, batch, keep_copy, sliced_list):
+    """Before the transaction of a session's first slice: its rows archived (``keep_copy``) and,
+    with what its fence will change, listed durably (_hermes_undo.SLICED_SUFFIX)."""
+    undo = schema["_undo"]
+    sid, chunk = batch[0]
+    if len(batch) != 1 or not chunk or undo.recording() == sid:
+        return
+    undo.expected = _fence_preview(conn, schema, sid) if _fenced(schema) else {}
+    archive, owned = keep_copy([sid], {sid: plan.messages.get(sid, 0)})
+    db_path = conn.execute("PRAGMA database_list").fetchone()[2]
+    if sliced_list:  # the sessions listed before are gone or whole: durably so, before their list is rewritten
+        commits_durable(db_path)
+    sliced_list[sid] = {"archive": archive, "owned": owned, "columns": undo.columns, "fence": undo.expected}
+    list_sliced(db_path, sliced_list)
+
+
+def _fence_preview(conn, schema, sid):
+    """What the fence of ``sid`` changes, from a transaction that runs it recorded and rolls back."""
+    undo = schema["_undo"]
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        undo.start(sid)
+        undo.active(True)
+        fence_retire(conn, schema["tables"], [sid])
+        return undo.fence_records()
+    finally:
+        conn.execute("ROLLBACK")
 
 
 def _abandon(conn, schema, result, why):
@@ -564,6 +606,8 @@ def _delete_session(conn, schema, sid, chunk, has_prompts, counts):
         undo.active(True)
         if first and _fenced(schema):
             fence_retire(conn, schema["tables"], [sid])
+            if undo.expected is not None and undo.fence_records() != undo.expected:
+                raise FenceRefused("its fence changed between its listing and its first slice (retried next run)")
         counts.messages += conn.execute(
             "DELETE FROM messages WHERE id IN "
             "(SELECT id FROM messages WHERE session_id = ? ORDER BY timestamp, id LIMIT ?)",
@@ -736,6 +780,8 @@ def _still_prunable(conn, sid, plan, schema, leased):
     cols = ["ended_at", "end_reason"] + [c for c in ("pinned", "last_activity_at") if c in schema["session_columns"]]
     row = conn.execute("SELECT %s FROM sessions WHERE id = ?" % ", ".join(cols), (sid,)).fetchone()
     if row is None or row[0] is None or leased_conversation(conn, sid, leased):
+        return False
+    if scheduled_sessions(conn, schema, sid):  # /heartbeat or /loop set on it since the plan
         return False
     values = dict(zip(cols, row))
     if values.get("pinned"):

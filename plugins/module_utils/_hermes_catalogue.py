@@ -93,6 +93,10 @@ FENCE = "written and removed by the deletion fence in the deleting transaction (
 GENERATIONS = (
     "a (source, session_key) counter: upstream's explicit delete bumps it, its sweep and a prune leave it alone"
 )
+SCHEDULE = (
+    "the %s schedule of a session: an active one (or one that cannot be read) keeps its session; "
+    "otherwise left as Hermes's prune leaves it"
+)
 LEDGER_EPOCH = "the gateway runtime's owner epoch: no session rows"
 SQLITE_INTERNAL = "SQLite's own bookkeeping"
 LITESTREAM = "Litestream's replication bookkeeping: no session rows (Litestream owns the checkpoints: _hermes_hazards)"
@@ -142,6 +146,8 @@ KNOWN_NAMES = (
 _FENCE_AT = "upstream main (hermes_state_mutation_retirement.py at 4f64356)"
 KEY_FAMILIES = (
     KnownName(KEY_FAMILY, "goal:", LEFT_AS_HERMES + " (the /goal of a session)", "0.19+"),
+    KnownName(KEY_FAMILY, "heartbeat:", SCHEDULE % "/heartbeat", "0.22.2 (hermes_cli/heartbeat.py)"),
+    KnownName(KEY_FAMILY, "loop:", SCHEDULE % "/loop", "0.22.2 (hermes_cli/loops.py)"),
     KnownName(KEY_FAMILY, "gateway.retired_session.v1.", FENCE + ": the retired marker, written", _FENCE_AT),
     KnownName(KEY_FAMILY, "gateway.terminal_admission.v1.", FENCE + ": an admission's tombstone, written", _FENCE_AT),
     KnownName(KEY_FAMILY, "gateway.terminal_identity.v1.", FENCE + ": its retry identity, written", _FENCE_AT),

@@ -60,6 +60,7 @@ from ._hermes_release import release_prune_set
 from ._hermes_release_delete import HERMES, ReleaseDeleter, choose_deleter, release_prune, release_prune_on_copy
 from ._hermes_results import new_profile_result
 from ._hermes_storage import storage
+from ._hermes_undo import settle as settle_sliced
 from ._hermes_window import check_window_options, run_window, window_words
 
 NO_PROFILES = "no_profiles"  # a home that exists but holds no state.db (a profile's status; a run's)
@@ -308,9 +309,13 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             answer = release_prune_set(conn, opts["hermes_python"], shortest)
             allowed = answer.pop("deleted")
             result["release_rules"] = dict(answer, release_pruned=len(allowed))
+        # A session an earlier run left half deleted between two slices goes back whole, then is planned.
+        settled = [] if check_mode else settle_sliced(conn, db_path, float(opts["batch_pause"]))
         plan = build_plan(conn, schema, opts, now, sessions_dir(db_path), short_reads, allowed)
         result["bad_time_rows"] = plan.bad_time_rows
-        result["sessions_kept"] = plan.kept
+        result["sessions_kept"] = plan.kept + [
+            {"session": sid, "reason": SETTLED} for sid in settled if sid not in plan.messages
+        ]
         unknown = schema["catalogue"]["unknown"]
         deleter, why = choose_deleter(opts["delete_with"], schema["catalogue"], opts["hermes_python"], fully_known)
         schema["deleter"] = deleter
@@ -594,7 +599,7 @@ def _apply(result, conn, plan, schema, opts, actions, *, db_path, backup_dir, na
                 conn, plan, schema,
                 batch_size=int(opts["batch_size"]), pause=pause, result=pruned, batch_time=float(opts["batch_time"]),
                 pause_after_commit=live_rollback,  # rollback-mode commits are slower: let the gateway's next poll in
-                stop=stop,
+                stop=stop, keep_copy=_slice_copy(conn, db_path, backup_dir, name, schema, result.get("backup")),
             )  # fmt: skip
     finally:  # also when a later transaction failed: report what was committed
         result.update(
@@ -621,6 +626,26 @@ def _apply(result, conn, plan, schema, opts, actions, *, db_path, backup_dir, na
     )
     if result["reclaim"]["action"]:
         result["changed"] = True
+
+
+SETTLED = (
+    "an earlier run was cut short between two slices of its delete and it no longer qualifies: "
+    "put back whole (its fence undone, its rows from that run's archive)"
+)
+
+
+def _slice_copy(conn, db_path, backup_dir, name, schema, backup):
+    """``keep_copy`` of the prune: where a session deleted in slices is kept whole: the run's own
+    backup or archive (fsynced before the first delete) when SQLite reads it as it is, else a
+    private archive (0600, fsynced) of that session. Returns (path, whether the list owns it)."""
+
+    def keep(order, counts):
+        if backup and not backup.get("compressed"):
+            return backup["path"], False
+        check_backup_dir(backup_dir, os.stat(db_path).st_uid, create=True)
+        return take_archive(conn, db_path, backup_dir, name, order, counts, schema["schema_version"])["path"], True
+
+    return keep
 
 
 def _retain(result, opts, *, backup_dir, name, now, lister):

@@ -107,6 +107,37 @@ def routed_sessions(conn, schema):
     return routed
 
 
+# 0.22.2's /heartbeat and /loop keep a session's schedule in state_meta under these prefixes.
+SCHEDULES = (("heartbeat:", "/heartbeat"), ("loop:", "/loop"))
+
+
+def scheduled_sessions(conn, schema, sid=None):
+    """Session id -> why: an active /heartbeat or /loop schedule (0.22.2) keeps its session, one
+    ``sid`` only when given. Active as the release reads it (a missing status is ``active``); a
+    value it cannot parse counts as active, as its own idle gates (store_has_active_*) count it;
+    an empty value (a reset's stop) and a paused, done or cleared one keep nothing."""
+    if "state_meta" not in schema["tables"]:
+        return {}
+    kept = {}
+    for prefix, command in SCHEDULES:
+        if sid is None:
+            rows = conn.execute("SELECT key, value FROM state_meta WHERE substr(key, 1, ?) = ?", (len(prefix), prefix))
+        else:
+            rows = conn.execute("SELECT key, value FROM state_meta WHERE key = ?", (prefix + sid,))
+        for key, raw in rows:
+            if raw and _schedule_active(raw):
+                kept.setdefault(key[len(prefix) :], "an active %s schedule (state_meta %s)" % (command, key))
+    return kept
+
+
+def _schedule_active(raw):
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return True
+    return not isinstance(value, dict) or (value.get("status") or "active") == "active"
+
+
 def leased_conversation(conn, sid, leased):
     """True when ``sid`` or a compression ancestor of it holds a live lease.
 
@@ -356,6 +387,8 @@ def _reasons_kept(conn, schema, sessions, leased):
             why[s.id] = "pinned"
         elif s.id in leased:
             why[s.id] = "Hermes holds a live lease on it"
+    for sid, reason in scheduled_sessions(conn, schema).items():
+        why.setdefault(sid, reason)
     if not fenced:  # with the runtime ledger the deletion fence removes a deleted session's routes
         for sid in routed_sessions(conn, schema):
             why.setdefault(sid, ROUTED)

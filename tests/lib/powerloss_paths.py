@@ -341,11 +341,13 @@ class Deep:
         self.counts["release_found_kept"] += 1
         return []
 
-    def rerun_converges(self, shome, options, end_sessions):
-        """Violations: a rerun fails, or keeps other sessions than the uninterrupted run, or a second
-        rerun changes anything."""
+    def rerun_converges(self, shome, options, end_sessions, recorded_home):
+        """Violations: a rerun fails, or keeps other sessions than the uninterrupted run, or leaves
+        the list of a sliced delete, or a second rerun changes anything."""
         from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_undo import SLICED_SUFFIX
 
+        _moved_archives(os.path.join(shome, "state.db" + SLICED_SUFFIX), recorded_home, shome)
         options = dict(options, hermes_home=[shome])
         self.counts["reruns"] += 1
         first = _hermes_engine.run_maintenance(options)
@@ -361,6 +363,8 @@ class Deep:
             )
         if os.path.exists(db + ".hermes-ops-transcripts"):
             bad.append("rerun: the transcript list is left")
+        if os.path.exists(db + SLICED_SUFFIX):
+            bad.append("rerun: the list of a sliced delete is left")
         bad += self._second_run_changes_nothing(db, options)
         if not bad:
             self.counts["converged"] += 1
@@ -546,7 +550,7 @@ def checker(path, job, home, final_home, deep=None):
         shome = os.path.join(state_root, "home")
         bad = deep.release_reads(os.path.join(shome, "state.db"), kept, getattr(invariants, "counts", None))
         if not bad and job["kind"] == "maintenance":
-            bad = deep.rerun_converges(shome, job["options"], kept)
+            bad = deep.rerun_converges(shome, job["options"], kept, job["home"])
         elif not bad and job["kind"] == "restore":
             bad = deep.rerun_restore_converges(shome, job["options"], full_rows(os.path.join(final_home, "state.db")))
         elif not bad and job["kind"] == "session_restore":
@@ -705,6 +709,19 @@ def _moved_home(pending, recorded_home, shome):
         return
     data["source"] = shome + data["source"][len(recorded_home) :]
     with open(pending, "w") as handle:
+        json.dump(data, handle)
+
+
+def _moved_archives(listed, recorded_home, shome):
+    """The list of a sliced delete names its archives by the paths the recorded run saw (as above)."""
+    try:
+        with open(listed) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return
+    for entry in data.values():
+        entry["archive"] = shome + entry["archive"][len(recorded_home) :]
+    with open(listed, "w") as handle:
         json.dump(data, handle)
 
 

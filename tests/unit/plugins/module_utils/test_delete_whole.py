@@ -12,13 +12,18 @@ its whole fence; never in between.
 """
 
 import json
+import os
 import shutil
+import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 from hermes_markers import release_module_marks
+from hermes_reliability import COLLECTIONS_ROOT
 from hermes_reliability import query as rows
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_fence as fence
@@ -29,7 +34,8 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine im
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_fence import _json
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_inspect import inspect_schema
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_plan import build_plan
-from hermes_fixtures import add_runtime_ledger, build_home, open_with_release
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_undo import SLICED_SUFFIX
+from hermes_fixtures import add_runtime_ledger, build_home, hermes_python, open_with_release, run_release_code
 
 LAYOUT = "hermes-0.22.2.post1"
 pytestmark = release_module_marks("0.22.2.post1")
@@ -309,3 +315,140 @@ def test_a_run_failing_between_two_slices_puts_the_session_back_before_it_fails(
         conn.close()
     assert snapshot(db, "big") == before and result.messages == 0
     assert "the run failed before its last slice" in result.kept[0]["reason"]
+
+
+# The real engine in a process of its own, announcing on stderr each slice's committed transaction
+# and then waiting there (nothing else changed), so that a SIGKILL lands between two slices.
+KILLED_BETWEEN_SLICES = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply as apply
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+real = apply._prune_batch
+
+def batch_then_wait(conn, plan, schema, batch, *args):
+    out = real(conn, plan, schema, batch, *args)
+    if batch and batch[0][1]:
+        os.write(2, b"@@ slice committed\n")
+        time.sleep(60)
+    return out
+
+apply._prune_batch = batch_then_wait
+run_maintenance(json.loads(sys.argv[2]))
+"""
+
+# The user resumes the conversation with the real 0.22.2 release (it knows no fence: as a gateway
+# ignoring the retired marker, or `hermes --resume`), and writes to it.
+RESUME = r"""
+import sys
+from pathlib import Path
+import hermes_state
+db = hermes_state.SessionDB(db_path=Path(sys.argv[1]))
+db.reopen_session("big")
+db.append_message("big", "user", "back to this conversation")
+db.close()
+"""
+
+
+def kill_between_slices(home, opts):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_BETWEEN_SLICES, str(COLLECTIONS_ROOT), json.dumps(opts)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for line in proc.stderr:
+            if line.startswith("@@ slice committed"):
+                proc.send_signal(signal.SIGKILL)
+                break
+    finally:
+        proc.kill()
+        proc.wait(60)
+    assert proc.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("backup", [False, True], ids=["no-backup", "whole-file-backup"])
+def test_a_sigkill_between_two_slices_then_a_resume_loses_nothing(home, backup):
+    """A real SIGKILL of a real engine process between two slices leaves big with its fence and 300
+    of its 400 messages, listed durably with a copy of its rows (without a backup, an archive of
+    its own; else the run's backup); the user resumes it with 0.22.2 and writes; the next run puts
+    it back whole (every message, ledger row, route and state_meta row as before, plus the new
+    message) and names it in sessions_kept."""
+    db = home / "state.db"
+    before = snapshot(db, "big")
+    opts = dict(OPTS, hermes_home=[str(home)], batch_size=BATCH, batch_pause=0.01, backup=backup)
+    kill_between_slices(home, opts)
+    assert rows(db, "SELECT COUNT(*) FROM messages WHERE session_id = 'big'") == [(300,)]
+    assert fence.retired(sqlite3.connect(str(db)), ["big"]) == ["big"]
+    listed = json.loads((home / ("state.db" + SLICED_SUFFIX)).read_text())
+    copy = listed["big"]["archive"]
+    assert list(listed) == ["big"] and listed["big"]["owned"] is not backup
+    assert os.path.basename(copy).startswith("hermes-ops_" if backup else "hermes-ops-archive_")
+    assert oct(os.stat(copy).st_mode & 0o777) == "0o600"
+
+    proc = run_release_code(hermes_python(LAYOUT), RESUME, db)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    p = run_maintenance(opts)["profiles"][0]
+    assert p["status"] == "ok", p["error"]
+    kept = {k["session"]: k["reason"] for k in p["sessions_kept"]}
+    assert "put back whole" in kept["big"]
+    after = snapshot(db, "big")
+    new = after["messages"].pop()
+    assert new[1:4] == ("big", "user", "back to this conversation")
+    after.pop("session"), before.pop("session")  # reopened by the release: ended_at, end_reason
+    assert after == before
+    assert not (home / ("state.db" + SLICED_SUFFIX)).exists() and os.path.exists(copy) is backup
+    seen = open_with_release(LAYOUT, db)
+    assert "big" in seen["sessions"]
+
+
+def test_a_sigkill_between_two_slices_then_a_run_finishes_a_session_that_still_qualifies(home):
+    """Nobody resumes big after the kill: the next run puts it back whole, plans it again and
+    deletes it with its whole fence; the list and the archive go."""
+    db = home / "state.db"
+    opts = dict(OPTS, hermes_home=[str(home)], batch_size=BATCH, batch_pause=0.01)
+    kill_between_slices(home, opts)
+    listed = json.loads((home / ("state.db" + SLICED_SUFFIX)).read_text())
+    p = run_maintenance(opts)["profiles"][0]
+    assert p["status"] == "ok" and p["sessions_pruned"] == 2 and p["messages_pruned"] == 403, p["error"]
+    assert "big" not in {k["session"] for k in p["sessions_kept"]}
+    assert rows(db, "SELECT COUNT(*) FROM messages WHERE session_id = 'big'") == [(0,)]
+    assert fence.retired(sqlite3.connect(str(db)), ["big"]) == ["big"]
+    assert rows(db, "SELECT COUNT(*) FROM session_admissions WHERE target_session_id = 'big'") == [(0,)]
+    assert not (home / ("state.db" + SLICED_SUFFIX)).exists() and not os.path.exists(listed["big"]["archive"])
+
+
+def test_a_fence_that_changed_since_its_listing_refuses_the_first_slice(home, tmp_path):
+    """Between the list (what big's fence changes) and its first slice, the gateway changes big's API
+    settings (a row its fence removes): the list would not put that value back, so the first slice
+    is refused, big stays whole and unfenced, and no list is left."""
+    db = home / "state.db"
+    archive = tmp_path / "big-archive.db"
+
+    def keep_copy(order, counts):
+        archive.write_bytes(b"")  # a stand-in path: this run puts nothing back from it
+        gateway = sqlite3.connect(str(db))
+        bound = "UPDATE state_meta SET value = 'conv-2' WHERE key = 'gateway.api.settings.v1.big'"
+        assert gateway.execute(bound).rowcount == 1
+        gateway.commit()
+        gateway.close()
+        return str(archive), True
+
+    before = snapshot(db, "big")
+    conn, schema, plan = planned(home)
+    try:
+        result = prune(conn, plan, schema, batch_size=BATCH, pause=0, result=PruneResult(), keep_copy=keep_copy)
+    finally:
+        conn.close()
+    assert [(r["session"], r["by"]) for r in result.refused] == [("big", "the deletion fence")]
+    assert "its fence changed between its listing and its first slice" in result.refused[0]["message"]
+    after = snapshot(db, "big")
+    assert ("gateway.api.settings.v1.big", "conv-2") in after["state_meta"]
+    assert [row for row in after["state_meta"] if row[1] != "conv-2"] == [
+        row for row in before["state_meta"] if row[0] != "gateway.api.settings.v1.big"
+    ]
+    after.pop("state_meta"), before.pop("state_meta")
+    assert after == before
+    assert not (home / ("state.db" + SLICED_SUFFIX)).exists() and not archive.exists()
