@@ -385,18 +385,38 @@ def _restore_one(src, dst, sid, referencing, referenced, live_cols, report, paus
             _put(dst, table, ccols, crows)
 
 
+def recorded_closes(src, session_ids=None):
+    """The closes an archive records, [(id, ended_at, end_reason, closed_ended_at, closed_end_reason)]
+    (none in an archive older than the record); ``session_ids``: only these (None: all)."""
+    if not src.execute("SELECT 1 FROM sqlite_master WHERE name = 'archive_closes'").fetchone():
+        return []
+    records = src.execute("SELECT * FROM archive_closes ORDER BY id").fetchall()
+    return records if session_ids is None else [r for r in records if r[0] in set(session_ids)]
+
+
+# Where a session still holds exactly what the close wrote: nothing changed it since.
+_AS_CLOSED = "WHERE id = ? AND ended_at IS ? AND end_reason IS ?"
+
+
+def reopenable(dst, records):
+    """How many of ``records`` undoing the close would change now (reads only)."""
+    return sum(
+        dst.execute("SELECT 1 FROM sessions " + _AS_CLOSED, (sid, at, reason)).fetchone() is not None
+        for sid, _ended_at, _end_reason, at, reason in records
+    )
+
+
 def reopen_closed(db_path, archive_path, session_ids=None, check_mode=False, busy_timeout=BUSY_TIMEOUT):
     """Undo the zombie close an archive recorded: put back each session's ended_at/end_reason.
 
     Only where the session still holds exactly what the close wrote, so an end Hermes wrote
-    since (or a session the prune took, or one restored already) is left alone; a second run
-    changes nothing. ``session_ids``: None for every close recorded. Check mode counts the same
-    rows the run changes. Returns {"sessions_reopened", "sessions_left_alone"}.
+    since (or a session the prune took, or one reopened already) is left alone; a second run
+    changes nothing. ``session_ids``: None for every close recorded. Check mode counts the rows
+    the run changes. Returns {"sessions_reopened", "sessions_left_alone"}.
     """
     src = sqlite3.connect("file:%s?mode=ro" % os.path.abspath(archive_path), uri=True)
     try:
-        has_closes = src.execute("SELECT 1 FROM sqlite_master WHERE name = 'archive_closes'").fetchone()
-        records = src.execute("SELECT * FROM archive_closes ORDER BY id").fetchall() if has_closes else []
+        records = recorded_closes(src)
     finally:
         src.close()
     if session_ids is not None:
@@ -407,22 +427,21 @@ def reopen_closed(db_path, archive_path, session_ids=None, check_mode=False, bus
                 % (archive_path, ", ".join(unknown[:5]))
             )
         records = [r for r in records if r[0] in set(session_ids)]
-    still = "WHERE id = ? AND ended_at IS ? AND end_reason IS ?"
     dst = open_rw(db_path, busy_timeout)
     reopened = 0
     try:
         for start in range(0, len(records), RESTORE_CHUNK):
             chunk = records[start : start + RESTORE_CHUNK]
-            with read_snapshot(dst) if check_mode else write_transaction(dst):
-                for sid, ended_at, end_reason, closed_at, closed_reason in chunk:
-                    if check_mode:
-                        found = dst.execute("SELECT 1 FROM sessions " + still, (sid, closed_at, closed_reason))
-                        reopened += found.fetchone() is not None
-                    else:
-                        reopened += dst.execute(
-                            "UPDATE sessions SET ended_at = ?, end_reason = ? " + still,
-                            (ended_at, end_reason, sid, closed_at, closed_reason),
-                        ).rowcount
+            if check_mode:
+                with read_snapshot(dst):
+                    reopened += reopenable(dst, chunk)
+                continue
+            with write_transaction(dst):
+                for sid, ended_at, end_reason, at, reason in chunk:
+                    reopened += dst.execute(
+                        "UPDATE sessions SET ended_at = ?, end_reason = ? " + _AS_CLOSED,
+                        (ended_at, end_reason, sid, at, reason),
+                    ).rowcount
     finally:
         dst.close()
     return {"sessions_reopened": reopened, "sessions_left_alone": len(records) - reopened}

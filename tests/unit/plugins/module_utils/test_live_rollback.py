@@ -34,6 +34,11 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_archive i
 )
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_metrics import profile_figures
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import (
+    list_missing,
+    restore_selected,
+    selection,
+)
 from hermes_fixtures import hermes_python, zombie_base
 
 FULL = os.environ.get("HERMES_LIVE_SIZE", "reduced") == "full"
@@ -232,9 +237,13 @@ def test_live_rollback_zombie_close_is_archived_and_reopened(base_db, tmp_path):
         with sqlite3.connect(db, timeout=30) as conn:
             conn.execute("UPDATE sessions SET ended_at = ?, end_reason = 'user_exit' WHERE id = ?",
                          (time.time(), ended_by_hermes))  # fmt: skip
+        listed = list_missing(home, "default")
         check = reopen_closed(db, archive, check_mode=True)
+        one = sorted(closed)[1]
+        asked = restore_selected(home, "default", archive=archive, select=selection(sessions=[one]), check_mode=True)
+        done_one = restore_selected(home, "default", archive=archive, select=selection(sessions=[one]))
         reopened = reopen_closed(db, archive)
-        again = reopen_closed(db, archive)
+        again = restore_selected(home, "default", archive=archive)
         summary = writer.stop()
     finally:
         writer.kill()
@@ -251,8 +260,14 @@ def test_live_rollback_zombie_close_is_archived_and_reopened(base_db, tmp_path):
     assert q(archive, "SELECT COUNT(*) FROM archive_closes WHERE ended_at IS NULL AND end_reason IS NULL")[0][0] == len(
         zombies
     )
-    assert check == reopened == {"sessions_reopened": len(zombies) - 1, "sessions_left_alone": 1}
-    assert again == {"sessions_reopened": 0, "sessions_left_alone": len(zombies)}
+    entry = listed["backups"][0]
+    assert (entry["path"], entry["kind"], entry["sessions"]) == (archive, "archive", 0) and "error" not in entry
+    # The module's path: one session named, check mode exact, then the rest, then nothing left to do.
+    assert check == {"sessions_reopened": len(zombies) - 1, "sessions_left_alone": 1}
+    assert (asked["sessions_reopened"], asked["changed"]) == (1, True)
+    assert (done_one["sessions_reopened"], done_one["changed"]) == (1, True)
+    assert reopened == {"sessions_reopened": len(zombies) - 2, "sessions_left_alone": 2}
+    assert (again["sessions_reopened"], again["changed"], again["sessions_restored"]) == (0, False, 0)
     rows = dict((r[0], r[1:]) for r in q(db, "SELECT id, ended_at, end_reason FROM sessions"))
     assert all(rows[sid] == (None, None) for sid in zombies if sid != ended_by_hermes)
     assert rows[ended_by_hermes][1] == "user_exit"
