@@ -702,9 +702,8 @@ def _work(db_path, source, select, check_mode, busy_timeout, pause):
             after = plan_session_restore(db_path, plain, None, busy_timeout, select, info, pending)["sessions"]
             plan["after"] = [s for s in after if s["id"] in set(wanted)] if backup else after
             plan["rows_restored"] -= sum(s["rows_missing"] for s in plan["after"])
-            plan["changed"] = bool(
-                done["sessions_restored"] or done["messages_restored"] or plan["rows_restored"] or plan["sessions_reopened"]
-            )
+            restored = done["sessions_restored"] or done["messages_restored"] or plan["rows_restored"]
+            plan["changed"] = bool(restored or plan["sessions_reopened"])
             if backup:
                 _settle_pending(pending_path, info["path"], pending, after, db_path)
             return {"result": plan}

@@ -396,7 +396,10 @@ profiles:
         - The backup taken, or null when none was needed. V(path), V(bytes), V(verified), V(compressed), V(sessions)
           and V(messages) in the copy, and V(copied_by) (V(files) for the byte copy of C(state.db) and its C(-wal),
           V(backup_api) when SQLite's backup API copied it, V(archive) for an archive).
-        - "V(kind) is V(file) for a copy of the whole file, V(archive) for an archive of the sessions pruned, their messages and the rows tied to them, and of the zombie close (V(sessions_closed): each session closed with its C(ended_at) and C(end_reason) before, which C(session_restore) puts back) (rollback-journal mode beside a live gateway)."
+        - V(kind) is V(file) for a copy of the whole file, V(archive) for an archive of the sessions pruned, their
+          messages and the rows tied to them, and of the zombie close (rollback-journal mode beside a live gateway).
+        - Each session the close ends is recorded with its C(ended_at) and C(end_reason) before (V(sessions_closed)
+          counts them), which C(session_restore) puts back.
       type: dict
     backup_deferred:
       description:

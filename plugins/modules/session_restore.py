@@ -467,7 +467,8 @@ def describe(result, check_mode):
         ", %d without their parent" % result["orphaned"] if result["orphaned"] else "",
     )
     if result.get("sessions_reopened"):
-        text += "; %s %d closed session(s)" % ("would reopen" if check_mode else "reopened", result["sessions_reopened"])
+        verb = "would reopen" if check_mode else "reopened"
+        text += "; %s %d closed session(s)" % (verb, result["sessions_reopened"])
     return "; ".join([text] + result.get("notes", []))
 
 

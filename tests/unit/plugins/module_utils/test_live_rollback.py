@@ -28,8 +28,8 @@ from hermes_writer import MARK, WriterProcess, latency_stats
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_archive import (
     archived_sessions,
-    reopen_closed,
     list_archives,
+    reopen_closed,
     restore_sessions,
 )
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
