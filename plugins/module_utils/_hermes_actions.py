@@ -19,7 +19,7 @@ from ._hermes_window import configured as window_configured
 from ._hermes_window import plan_window
 
 FILE = "file"  # a whole-file backup
-ARCHIVE = "archive"  # the rows the prune deletes, archived (rollback-journal mode beside a live gateway)
+ARCHIVE = "archive"  # the rows the prune deletes and the closes, archived (rollback-journal mode, live gateway)
 
 
 class Actions:
@@ -41,8 +41,8 @@ def plan_actions(conn, db_path, opts, schema, plan, preflight, *, backup_due, me
     actions.backup_due = bool(backup_due)
     if backup_due and preflight["live_rollback"]:
         # A whole-file copy would block every commit of the gateway for as long as it takes.
-        actions.backup_deferred = deferred_reason(preflight, archived=bool(plan.delete_order))
-        actions.backup = ARCHIVE if plan.delete_order else None
+        actions.backup_deferred = deferred_reason(preflight, pruned=bool(plan.delete_order), closed=bool(plan.zombies))
+        actions.backup = ARCHIVE if plan.delete_order or plan.zombies else None
     elif backup_due:
         actions.backup = FILE
     actions.reclaim = plan_reclaim(
@@ -76,9 +76,9 @@ def payload_bytes_saved(plan):
     return max(0, payloads.bytes - sum(len(item[3].encode()) for item in payloads.items))
 
 
-def deferred_reason(preflight, archived):
-    """Why no whole-file backup, what is kept instead (``archived``: the run deletes rows, archived
-    first) and when the whole-file backup comes."""
+def deferred_reason(preflight, pruned, closed):
+    """Why no whole-file backup, what is kept instead (the rows the run deletes and the sessions it
+    closes, archived first) and when the whole-file backup comes."""
     return (
         "state.db is in rollback-journal mode (journal_mode=%s) and %d other process(es) hold it: a whole-file "
         "copy would block every commit of the gateway for as long as it takes; %s. A run with no holder "
@@ -86,9 +86,19 @@ def deferred_reason(preflight, archived):
         % (
             preflight["journal_mode"],
             preflight["holders"],
-            "the rows to prune are archived instead" if archived else "nothing is deleted, so nothing is archived",
+            _archived_words(pruned, closed),
         )
     )
+
+
+def _archived_words(pruned, closed):
+    if pruned and closed:
+        return "the rows to prune are archived instead, and the sessions to close as they were before"
+    if pruned:
+        return "the rows to prune are archived instead"
+    if closed:
+        return "the sessions to close are archived instead, as they were before"
+    return "nothing is deleted or closed, so nothing is archived"
 
 
 def backup_path(backup_dir, name, kind, compress):

@@ -85,6 +85,11 @@ def _create_tables(src, dst, tables):
         dst.execute(sql)
     dst.execute("CREATE TABLE archive_meta (key TEXT PRIMARY KEY, value TEXT)")
     dst.execute("CREATE TABLE archive_sessions (id TEXT PRIMARY KEY, seq INTEGER NOT NULL, messages INTEGER NOT NULL)")
+    # The zombie close, recorded before it commits: each session's ended_at/end_reason before, and what it writes.
+    dst.execute(
+        "CREATE TABLE archive_closes (id TEXT PRIMARY KEY, ended_at REAL, end_reason TEXT, "
+        "closed_ended_at REAL NOT NULL, closed_end_reason TEXT NOT NULL)"
+    )
 
 
 def _chunks(order, counts, limit):
@@ -167,11 +172,32 @@ def _archive_messages(conn, dst, sid, table, column, write_back):
             return copied
 
 
-def take_archive(conn, db_path, backup_dir, profile, order, must_contain, schema_version=None):
-    """Archive the sessions in ``order`` (the prune's delete order) with their rows; verify; fsync.
+def _archive_closes(conn, dst, closes):
+    """Each session the close is about to change, with its ended_at/end_reason now (short reads)."""
+    for start in range(0, len(closes), ARCHIVE_CHUNK):
+        chunk = closes[start : start + ARCHIVE_CHUNK]
+        with read_snapshot(conn):
+            now = dict(
+                (r[0], r[1:])
+                for r in conn.execute(
+                    "SELECT id, ended_at, end_reason FROM sessions WHERE id IN (%s)" % ",".join("?" * len(chunk)),
+                    [sid for sid, _at, _reason in chunk],
+                )
+            )
+        dst.executemany(
+            "INSERT INTO archive_closes (id, ended_at, end_reason, closed_ended_at, closed_end_reason) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(sid,) + now[sid] + (at, reason) for sid, at, reason in chunk if sid in now],
+        )
 
-    ``must_contain``: session id -> message count the plan will delete. Returns the result's
-    ``backup`` dict (kind ``archive``).
+
+def take_archive(conn, db_path, backup_dir, profile, order, must_contain, schema_version=None, closes=()):
+    """Archive the sessions in ``order`` (the prune's delete order) with their rows, and the
+    zombie close about to run; verify; fsync.
+
+    ``must_contain``: session id -> message count the plan will delete. ``closes``: (session id,
+    ended_at, end_reason) the close will write. Returns the result's ``backup`` dict (kind
+    ``archive``; ``sessions_closed``: the closes recorded).
     """
     remove_partials(backup_dir, profile)
     remove_partials(backup_dir, profile, prefix=ARCHIVE_PREFIX, between="")
@@ -201,6 +227,7 @@ def take_archive(conn, db_path, backup_dir, profile, order, must_contain, schema
                     _archive_messages(conn, dst, chunk[0], msg_table, msg_column, write_back)
                 dst.commit()
                 write_back()
+            _archive_closes(conn, dst, list(closes))
             dst.executemany(
                 "INSERT INTO archive_sessions (id, seq, messages) VALUES (?, ?, ?)",
                 [(sid, index, must_contain.get(sid, 0)) for index, sid in enumerate(order)],
@@ -254,7 +281,8 @@ def verify_archive(conn, path, must_contain):
             "archive %s lacks %d of the %d sessions, and messages of %d, about to be pruned; nothing was deleted"
             % (path, len(missing), len(must_contain), len(short))
         )
-    return {"sessions": len(present), "messages": sum(held.values())}
+    closes = conn.execute("SELECT COUNT(*) FROM archive_closes").fetchone()[0]
+    return {"sessions": len(present), "messages": sum(held.values()), "sessions_closed": closes}
 
 
 def archived_sessions(archive_path):
@@ -355,3 +383,65 @@ def _restore_one(src, dst, sid, referencing, referenced, live_cols, report, paus
                 continue
             ccols, crows = _rows(src, table, "%s = ?" % _quote(column), (sid,), live_cols[table])
             _put(dst, table, ccols, crows)
+
+
+def recorded_closes(src, session_ids=None):
+    """The closes an archive records, [(id, ended_at, end_reason, closed_ended_at, closed_end_reason)]
+    (none in an archive older than the record); ``session_ids``: only these (None: all)."""
+    if not src.execute("SELECT 1 FROM sqlite_master WHERE name = 'archive_closes'").fetchone():
+        return []
+    records = src.execute("SELECT * FROM archive_closes ORDER BY id").fetchall()
+    return records if session_ids is None else [r for r in records if r[0] in set(session_ids)]
+
+
+# Where a session still holds exactly what the close wrote: nothing changed it since.
+_AS_CLOSED = "WHERE id = ? AND ended_at IS ? AND end_reason IS ?"
+
+
+def reopenable(dst, records):
+    """How many of ``records`` undoing the close would change now (reads only)."""
+    return sum(
+        dst.execute("SELECT 1 FROM sessions " + _AS_CLOSED, (sid, at, reason)).fetchone() is not None
+        for sid, _ended_at, _end_reason, at, reason in records
+    )
+
+
+def reopen_closed(db_path, archive_path, session_ids=None, check_mode=False, busy_timeout=BUSY_TIMEOUT):
+    """Undo the zombie close an archive recorded: put back each session's ended_at/end_reason.
+
+    Only where the session still holds exactly what the close wrote, so an end Hermes wrote
+    since (or a session the prune took, or one reopened already) is left alone; a second run
+    changes nothing. ``session_ids``: None for every close recorded. Check mode counts the rows
+    the run changes. Returns {"sessions_reopened", "sessions_left_alone"}.
+    """
+    src = sqlite3.connect("file:%s?mode=ro" % os.path.abspath(archive_path), uri=True)
+    try:
+        records = recorded_closes(src)
+    finally:
+        src.close()
+    if session_ids is not None:
+        unknown = sorted(set(session_ids) - {r[0] for r in records})
+        if unknown:
+            raise MaintenanceError(
+                "archive %s records no close of session(s) %s; nothing was reopened"
+                % (archive_path, ", ".join(unknown[:5]))
+            )
+        records = [r for r in records if r[0] in set(session_ids)]
+    dst = open_rw(db_path, busy_timeout)
+    reopened = 0
+    try:
+        for start in range(0, len(records), RESTORE_CHUNK):
+            chunk = records[start : start + RESTORE_CHUNK]
+            if check_mode:
+                with read_snapshot(dst):
+                    reopened += reopenable(dst, chunk)
+                continue
+            with write_transaction(dst):
+                for sid, ended_at, end_reason, at, reason in chunk:
+                    reopened += dst.execute(
+                        "UPDATE sessions SET ended_at = ?, end_reason = ? " + _AS_CLOSED,
+                        (ended_at, end_reason, sid, at, reason),
+                    ).rowcount
+    finally:
+        dst.close()
+    return {"sessions_reopened": reopened, "sessions_left_alone": len(records) - reopened}

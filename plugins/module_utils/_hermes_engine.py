@@ -557,9 +557,9 @@ def _apply(result, conn, plan, schema, opts, actions, *, db_path, backup_dir, na
     what was committed even when a step fails.
 
     Beside a live gateway in rollback-journal mode the backup is an archive of the rows the
-    prune deletes instead of a whole-file copy (which would block every commit of the gateway
-    for as long as it takes): taken after the zombie close, so it holds the sessions as they
-    are deleted, and verified and fsynced before the first delete.
+    prune deletes and of the sessions the zombie close changes, instead of a whole-file copy
+    (which would block every commit of the gateway for as long as it takes): verified and
+    fsynced before the first close, so undo puts each session back as it was before the run.
     """
     live_rollback = result["preflight"]["live_rollback"]
     if live_rollback:
@@ -576,13 +576,14 @@ def _apply(result, conn, plan, schema, opts, actions, *, db_path, backup_dir, na
     closed, pruned = [], PruneResult()
     stop = wal_budget(conn, db_path, schema.get("litestream"))
     try:
-        close_zombies(conn, plan, schema, end_reason=opts["end_reason"], pause=pause, closed=closed)
         result["backup_deferred"] = actions.backup_deferred
         if actions.backup == ARCHIVE:
             result["backup"] = take_archive(
-                conn, db_path, backup_dir, name, plan.delete_order, plan.messages, schema["schema_version"]
-            )
+                conn, db_path, backup_dir, name, plan.delete_order, plan.messages, schema["schema_version"],
+                closes=[(sid, last, opts["end_reason"]) for sid, last in plan.zombies],
+            )  # fmt: skip
             _retain(result, opts, backup_dir=backup_dir, name=name, now=now, lister=list_archives)
+        close_zombies(conn, plan, schema, end_reason=opts["end_reason"], pause=pause, closed=closed)
         if schema.get("deleter") == HERMES and plan.delete_order:
             deleter = ReleaseDeleter(opts["hermes_python"], db_path, os.path.dirname(db_path))
             result["release_delete"] = deleter.info()

@@ -146,7 +146,9 @@ PROFILE_FIELDS = (
         "and V(messages) in the copy, and V(copied_by) (V(files) for the byte copy of C(state.db) and its C(-wal), "
         "V(backup_api) when SQLite's backup API copied it, V(archive) for an archive).",
         "V(kind) is V(file) for a copy of the whole file, V(archive) for an archive of the sessions pruned, their "
-        "messages and the rows tied to them (rollback-journal mode beside a live gateway).",
+        "messages and the rows tied to them, and of the zombie close (rollback-journal mode beside a live gateway).",
+        "Each session the close ends is recorded with its C(ended_at) and C(end_reason) before (V(sessions_closed) "
+        "counts them), which C(session_restore) puts back.",
     )),
     Field("backup_deferred", "str", initial=None, doc=(
         "Null, or why no whole-file backup was taken although one was due (rollback-journal mode, the file held "

@@ -48,7 +48,15 @@ import tempfile
 import time
 import zlib
 
-from ._hermes_archive import is_archive_name, list_archives, related_tables, restore_sessions
+from ._hermes_archive import (
+    is_archive_name,
+    list_archives,
+    recorded_closes,
+    related_tables,
+    reopen_closed,
+    reopenable,
+    restore_sessions,
+)
 from ._hermes_backup import list_backups, parse_backup_name
 from ._hermes_db import (
     BATCH_PAUSE,
@@ -273,12 +281,13 @@ def check_archive(path):
             listed = conn.execute("SELECT id, messages FROM archive_sessions ORDER BY seq").fetchall()
             present = {r[0] for r in conn.execute("SELECT id FROM sessions")}
             held = dict(conn.execute("SELECT session_id, COUNT(*) FROM messages GROUP BY session_id").fetchall())
+            closes = len(recorded_closes(conn))
         except sqlite3.DatabaseError as exc:
             raise MaintenanceError("%s is not a readable archive: %s" % (path, exc)) from None
     finally:
         conn.close()
     incomplete = [sid for sid, count in listed if sid not in present or held.get(sid, 0) < count]
-    if meta.get("kind") != "prune archive" or not listed or incomplete:
+    if meta.get("kind") != "prune archive" or not (listed or closes) or incomplete:
         raise MaintenanceError(
             "archive %s is not a complete, verified archive (%s): refused"
             % (
@@ -295,6 +304,7 @@ def check_archive(path):
         "schema_version": int(version) if version and version.isdigit() else None,
         "sessions": len(listed),
         "messages": sum(held.get(sid, 0) for sid, _count in listed),
+        "sessions_closed": closes,
     }
 
 
@@ -447,7 +457,8 @@ def plan_session_restore(
             scope = [r[0] for r in src.execute("SELECT id FROM archive_sessions ORDER BY seq DESC")]
         else:
             scope = [r[0] for r in src.execute("SELECT id FROM sessions")]
-        unknown = sorted(set(sel["sessions"] or ()) - set(scope))
+        closes = recorded_closes(src) if archive else []
+        unknown = sorted(set(sel["sessions"] or ()) - set(scope) - {r[0] for r in closes})
         if unknown:
             raise MaintenanceError(
                 "%s %s does not hold session(s) %s (it holds %d sessions; %s); nothing was restored"
@@ -494,6 +505,8 @@ def plan_session_restore(
         # after a session's messages went back may still lack them.
         others = [(t, c) for t, c in referencing[1:] if _schema_problems(src, dst, [t], what) == []]
         sessions = [_plan_one(src, dst, sid, set(wanted), others) for sid in wanted]
+        reopen = _closes_asked(closes, sel)
+        reopened = reopenable(dst, reopen)
     except sqlite3.OperationalError as exc:
         raise MaintenanceError("%s could not be read: %s; nothing was restored" % (db_path, exc)) from None
     finally:
@@ -502,7 +515,18 @@ def plan_session_restore(
     plan = {what: info, "db_schema_version": live_version, "sessions": sessions, "notes": [note] if note else []}
     plan.update(_totals(sessions))
     plan["sessions_present"] += untouched
+    plan.update(reopen=[r[0] for r in reopen], sessions_reopened=reopened, changed=plan["changed"] or bool(reopened))
     return plan
+
+
+def _closes_asked(closes, sel):
+    """The recorded zombie closes to undo: those named in ``sessions``, or all with no selection
+    (a close records no source, time or text, so the other criteria choose none)."""
+    if sel == selection():
+        return closes
+    if sel["sessions"] is None or any(sel[key] for key in ("active_after", "active_before", "sources", "match")):
+        return []
+    return [r for r in closes if r[0] in set(sel["sessions"])]
 
 
 def _schema_problems(src, dst, tables, what="archive"):
@@ -670,12 +694,16 @@ def _work(db_path, source, select, check_mode, busy_timeout, pause):
                     "%s: %s (held by another writer for longer than busy_timeout, %ss); what was restored stays, "
                     "run the restore again to complete it" % (db_path, exc, busy_timeout)
                 ) from None
+            if plan["reopen"]:
+                done.update(reopen_closed(db_path, plain, plan["reopen"], busy_timeout=busy_timeout))
+            plan["sessions_reopened"] = done.get("sessions_reopened", 0)
             plan["done"] = done
             plan.update({key: done[key] for key in ("sessions_restored", "messages_restored", "orphaned")})
             after = plan_session_restore(db_path, plain, None, busy_timeout, select, info, pending)["sessions"]
             plan["after"] = [s for s in after if s["id"] in set(wanted)] if backup else after
             plan["rows_restored"] -= sum(s["rows_missing"] for s in plan["after"])
-            plan["changed"] = bool(done["sessions_restored"] or done["messages_restored"] or plan["rows_restored"])
+            restored = done["sessions_restored"] or done["messages_restored"] or plan["rows_restored"]
+            plan["changed"] = bool(restored or plan["sessions_reopened"])
             if backup:
                 _settle_pending(pending_path, info["path"], pending, after, db_path)
             return {"result": plan}

@@ -261,6 +261,13 @@ orphaned:
   description: Sessions restored without their parent (C(parent_session_id) set null).
   returned: success
   type: int
+sessions_reopened:
+  description:
+    - From an archive that recorded a zombie close, the sessions chosen by id (or all, with no selection) whose
+      C(ended_at) and C(end_reason) were put back as they were before the close, only where they still hold what
+      the close wrote (predicted in check mode).
+  returned: success
+  type: int
 notes:
   description:
     - What the operator should know about the choice, such as a O(match) that looked at titles only (no usable
@@ -459,6 +466,9 @@ def describe(result, check_mode):
         there,
         ", %d without their parent" % result["orphaned"] if result["orphaned"] else "",
     )
+    if result.get("sessions_reopened"):
+        verb = "would reopen" if check_mode else "reopened"
+        text += "; %s %d closed session(s)" % (verb, result["sessions_reopened"])
     return "; ".join([text] + result.get("notes", []))
 
 

@@ -29,10 +29,16 @@ from hermes_writer import MARK, WriterProcess, latency_stats
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_archive import (
     archived_sessions,
     list_archives,
+    reopen_closed,
     restore_sessions,
 )
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_metrics import profile_figures
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import (
+    list_missing,
+    restore_selected,
+    selection,
+)
 from hermes_fixtures import hermes_python, zombie_base
 
 FULL = os.environ.get("HERMES_LIVE_SIZE", "reduced") == "full"
@@ -207,3 +213,61 @@ def test_short_reads_plan_and_count_like_one_read(base_db, tmp_path):
     assert short_reads.delete_order == long_read.delete_order and len(long_read.delete_order) >= SIZE[0] // 2
     assert short_reads.messages == long_read.messages and short_reads.zombies == long_read.zombies
     assert counts[0] == counts[1] == SIZE[0] * SIZE[1]
+
+
+def test_live_rollback_zombie_close_is_archived_and_reopened(base_db, tmp_path):
+    """Beside the holder a run that only closes zombies records each close in an archive (0600,
+    renamed into place before the first close commits) and undo reopens exactly those sessions."""
+    home, db = fresh_home(base_db, tmp_path)
+    options = dict(OPTIONS, hermes_home=[home], prune_days=100000)  # nothing is old enough to prune
+    zombies = base_db["old_zombies"] | base_db["recent_zombies"]
+    writer = WriterProcess(hermes_python(RELEASE), db, str(tmp_path / "writer.jsonl"), prefix="rollback-zombies")
+    try:
+        writer.start()
+        time.sleep(0.5)
+        predicted = run_maintenance(dict(options), check_mode=True)["profiles"][0]
+        profile = run_maintenance(dict(options))["profiles"][0]
+        assert profile["status"] == "ok", profile["error"]
+        assert profile["preflight"]["live_rollback"] is True
+        backup = profile["backup"]
+        archive = backup["path"]
+        closed = {r[0] for r in q(archive, "SELECT id FROM archive_closes")}
+        # Hermes ends one of them itself after the close: undo leaves that one alone.
+        ended_by_hermes = sorted(closed)[0]
+        with sqlite3.connect(db, timeout=30) as conn:
+            conn.execute("UPDATE sessions SET ended_at = ?, end_reason = 'user_exit' WHERE id = ?",
+                         (time.time(), ended_by_hermes))  # fmt: skip
+        listed = list_missing(home, "default")
+        check = reopen_closed(db, archive, check_mode=True)
+        one = sorted(closed)[1]
+        asked = restore_selected(home, "default", archive=archive, select=selection(sessions=[one]), check_mode=True)
+        done_one = restore_selected(home, "default", archive=archive, select=selection(sessions=[one]))
+        reopened = reopen_closed(db, archive)
+        again = restore_selected(home, "default", archive=archive)
+        summary = writer.stop()
+    finally:
+        writer.kill()
+    assert summary["failed"] == 0
+    assert (predicted["sessions_pruned"], profile["sessions_pruned"]) == (0, 0)
+    assert predicted["zombies_closed"] == profile["zombies_closed"] == len(zombies) > 0
+    assert predicted["backup"]["kind"] == backup["kind"] == "archive" and backup["verified"] is True
+    assert backup["sessions_closed"] == len(zombies) and closed == set(zombies)
+    assert "the sessions to close are archived instead, as they were before" in profile["backup_deferred"]
+    assert "the sessions to close are archived instead, as they were before" in predicted["backup_deferred"]
+    assert os.stat(archive).st_mode & 0o777 == 0o600 and db_problems(archive) == []
+    assert list_archives(os.path.join(home, "backups"), "default")[0][0] == archive
+    # What each session held before the close: open (NULL, NULL), as the plan saw it.
+    assert q(archive, "SELECT COUNT(*) FROM archive_closes WHERE ended_at IS NULL AND end_reason IS NULL")[0][0] == len(
+        zombies
+    )
+    entry = listed["backups"][0]
+    assert (entry["path"], entry["kind"], entry["sessions"]) == (archive, "archive", 0) and "error" not in entry
+    # The module's path: one session named, check mode exact, then the rest, then nothing left to do.
+    assert check == {"sessions_reopened": len(zombies) - 1, "sessions_left_alone": 1}
+    assert (asked["sessions_reopened"], asked["changed"]) == (1, True)
+    assert (done_one["sessions_reopened"], done_one["changed"]) == (1, True)
+    assert reopened == {"sessions_reopened": len(zombies) - 2, "sessions_left_alone": 2}
+    assert (again["sessions_reopened"], again["changed"], again["sessions_restored"]) == (0, False, 0)
+    rows = dict((r[0], r[1:]) for r in q(db, "SELECT id, ended_at, end_reason FROM sessions"))
+    assert all(rows[sid] == (None, None) for sid in zombies if sid != ended_by_hermes)
+    assert rows[ended_by_hermes][1] == "user_exit"
