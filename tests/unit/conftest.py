@@ -14,9 +14,12 @@ at a real ``ansible_collections/hermes_agent/ops`` path, which is used as is.
 """
 
 import os
+import shutil
 import sqlite3
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 # Importing it puts the collection and tests/lib on sys.path.
@@ -54,3 +57,11 @@ def pytest_report_header(config):
     if _under_ansible_test():
         header += "; under ansible-test: the timing tests are deselected (make unit-timing runs them)"
     return header
+
+
+@pytest.fixture
+def home(release_home, tmp_path):
+    """A private copy of the Hermes home a test module builds once as its ``release_home``."""
+    copy = tmp_path / "hermes"
+    shutil.copytree(release_home, copy)
+    return copy

@@ -7,7 +7,6 @@ PostgreSQL.
 """
 
 import hashlib
-import shutil
 import sqlite3
 import time
 
@@ -55,13 +54,6 @@ def release_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("release")
     build_home(str(home), LAYOUT, SPECS)
     return home
-
-
-@pytest.fixture
-def home(release_home, tmp_path):
-    copy = tmp_path / "hermes"
-    shutil.copytree(release_home, copy)
-    return copy
 
 
 def run(home, check_mode=False, **more):

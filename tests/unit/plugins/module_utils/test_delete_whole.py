@@ -13,7 +13,6 @@ its whole fence; never in between.
 
 import json
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -72,13 +71,6 @@ def release_home(tmp_path_factory):
     conn.execute("COMMIT")
     conn.close()
     return home
-
-
-@pytest.fixture
-def home(release_home, tmp_path):
-    copy = tmp_path / "hermes"
-    shutil.copytree(release_home, copy)
-    return copy
 
 
 def snapshot(db, sid):

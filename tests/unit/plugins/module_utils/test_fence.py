@@ -133,13 +133,6 @@ def release_home(tmp_path_factory):
     return home
 
 
-@pytest.fixture
-def home(release_home, tmp_path):
-    copy = tmp_path / "hermes"
-    shutil.copytree(release_home, copy)
-    return copy
-
-
 def run(home, check_mode=False, **more):
     return run_maintenance(dict(OPTS, hermes_home=[str(home)], **more), check_mode=check_mode)["profiles"][0]
 
