@@ -66,7 +66,10 @@ def test_syntax(ansible_playbook, tmp_path, playbook):
     assert rc == 0, getattr(out, "text", out)
 
 
-def test_single_server_dry_run_then_real_run(ansible_playbook, tmp_path):
+def test_single_server_dry_run_then_real_run_and_keeps_what_maintain_keeps(ansible_playbook, tmp_path):
+    """The dry run writes nothing and predicts the real run; before that real run, on the same
+    untouched home, per-source retention reaches the example's run now exactly as it reaches
+    maintain.yml (one dry run serves both: the plain selection is the one predicted)."""
     home = make_home(tmp_path / "hermes")
     extra = local_vars(tmp_path, home)
     before = digests(home)
@@ -78,6 +81,13 @@ def test_single_server_dry_run_then_real_run(ansible_playbook, tmp_path):
     predicted = counts(out.result("Say what was done, per profile")["msg"])
     assert set(predicted) == set(PROFILES)
     assert any(pruned for _z, pruned in predicted.values())  # 90 days prunes some of the demo's sessions
+    plain = selected(
+        out.result("Keep the result (session_maintenance_result)")["ansible_facts"]["session_maintenance_result"]
+    )
+    assert any((s or {}).get("telegram") for s in plain.values())  # 90 days selects some old Telegram chats
+
+    assert_keeps_what_maintain_keeps(ansible_playbook, extra, plain)
+    assert digests(home) == before  # the dry runs with per-source retention wrote nothing either
 
     rc, out = ansible_playbook(EXAMPLES / "single_server.yml", extra_vars=extra)
     assert rc == 0, getattr(out, "text", out)
@@ -89,7 +99,10 @@ def test_single_server_dry_run_then_real_run(ansible_playbook, tmp_path):
     assert "=== Session Maintenance Start ===" in (tmp_path / "install" / "log" / "maintenance.log").read_text()
 
 
-def test_fleet_dry_run(ansible_playbook, tmp_path):
+def test_fleet_dry_run_and_keeps_by_source(ansible_playbook, tmp_path):
+    """The fleet's dry run writes nothing and predicts every profile; its maintain.yml run reads
+    per-source retention from the same variables as the role (the plain dry run is the one the
+    retention is compared with)."""
     home = make_home(tmp_path / "hermes")
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"hermes_hosts": {"hosts": {"localhost": None}}}))
@@ -106,6 +119,16 @@ def test_fleet_dry_run(ansible_playbook, tmp_path):
     assert digests(home) == before
     assert not (tmp_path / "install").exists()
     assert set(counts(out.result("Summary")["msg"])) == set(PROFILES)
+    runs = {"plain": selected(out.result("Maintain"))}
+
+    extra = dict(local_vars(tmp_path, home), hermes_maintenance_prune_days_by_source={"telegram": 365})
+    rc, out = ansible_playbook(
+        EXAMPLES / "fleet" / "fleet.yml", extra_vars=extra, check=True, args=("-i", str(inventory))
+    )
+    assert rc == 0, getattr(out, "text", out)
+    runs["telegram"] = selected(out.result("Maintain"))
+    telegram = {name: sum((s or {}).get("telegram", 0) for s in run.values()) for name, run in runs.items()}
+    assert telegram["telegram"] < telegram["plain"], telegram
 
 
 def selected(result):
@@ -113,18 +136,10 @@ def selected(result):
     return {p["name"]: (p.get("retention") or {}).get("selected") for p in result["profiles"]}
 
 
-def test_single_server_keeps_what_maintain_keeps(ansible_playbook, tmp_path):
-    """Per-source retention reaches the example's run now exactly as it reaches maintain.yml."""
-    home = make_home(tmp_path / "hermes")
-    extra = local_vars(tmp_path, home)
-    rc, out = ansible_playbook(EXAMPLES / "single_server.yml", extra_vars=extra, check=True)
-    assert rc == 0, getattr(out, "text", out)
-    plain = selected(
-        out.result("Keep the result (session_maintenance_result)")["ansible_facts"]["session_maintenance_result"]
-    )
-    assert any((s or {}).get("telegram") for s in plain.values())  # 90 days selects some old Telegram chats
-
-    extra["hermes_maintenance_prune_days_by_source"] = {"telegram": 365}
+def assert_keeps_what_maintain_keeps(ansible_playbook, extra, plain):
+    """Per-source retention reaches the example's run now exactly as it reaches maintain.yml:
+    ``plain``, the example's selection without it, on the same home."""
+    extra = dict(extra, hermes_maintenance_prune_days_by_source={"telegram": 365})
     rc, out = ansible_playbook(EXAMPLES / "single_server.yml", extra_vars=extra, check=True)
     assert rc == 0, getattr(out, "text", out)
     example = selected(
@@ -175,25 +190,6 @@ def test_fleet_typo_fails_before_anything_runs(ansible_playbook, tmp_path, typo)
     text = getattr(out, "text", out)
     assert rc != 0 and f"unknown variable {typo}: did you mean " in text, text
     assert digests(home) == before and not (tmp_path / "install").exists()
-
-
-def test_fleet_dry_run_keeps_by_source(ansible_playbook, tmp_path):
-    """The fleet's maintain.yml run reads per-source retention from the same variables as the role."""
-    home = make_home(tmp_path / "hermes")
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(yaml.safe_dump({"hermes_hosts": {"hosts": {"localhost": None}}}))
-    runs = {}
-    for name, by_source in (("plain", None), ("telegram", {"telegram": 365})):
-        extra = local_vars(tmp_path, home)
-        if by_source:
-            extra["hermes_maintenance_prune_days_by_source"] = by_source
-        rc, out = ansible_playbook(
-            EXAMPLES / "fleet" / "fleet.yml", extra_vars=extra, check=True, args=("-i", str(inventory))
-        )
-        assert rc == 0, getattr(out, "text", out)
-        runs[name] = selected(out.result("Maintain"))
-    telegram = {name: sum((s or {}).get("telegram", 0) for s in run.values()) for name, run in runs.items()}
-    assert telegram["telegram"] < telegram["plain"], telegram
 
 
 def test_a_run_now_with_maintain_is_logged_and_measured_like_the_scheduled_one(ansible_playbook, tmp_path):

@@ -10,9 +10,11 @@ Half the sessions (by default) ended 8..90 days ago, so a 7-day prune takes them
 Used by tests/unit/plugins/module_utils/test_live_rollback.py and bench/datasets.py.
 """
 
+import atexit
 import json
 import os
 import random
+import shutil
 import sqlite3
 import subprocess
 import tempfile
@@ -94,6 +96,25 @@ def make_big_rollback_home(
         conn.close()
     os.chmod(str(db_path), 0o600)
     return db_path
+
+
+_TEMPLATES = {}  # (n_sessions, msgs_per_session, seed, release): a built home, for this process
+
+
+def copy_of_big_rollback_home(home, n_sessions, msgs_per_session, seed=0, release=RELEASE):
+    """HOME/state.db as ``make_big_rollback_home`` writes it (its ``now``: the first call's time),
+    copied from a home built once per process for these arguments: the tests that start each
+    from the same big file pay its build (seconds of bulk INSERTs through the release's
+    triggers) once. Each caller gets a file of its own, the copy's mode and contents the
+    template's."""
+    key = (n_sessions, msgs_per_session, seed, release)
+    if key not in _TEMPLATES:
+        root = Path(tempfile.mkdtemp(prefix="hermes-big-home-"))
+        atexit.register(shutil.rmtree, str(root), True)
+        make_big_rollback_home(root / "home", n_sessions, msgs_per_session, seed=seed, release=release)
+        _TEMPLATES[key] = root / "home"
+    shutil.copytree(str(_TEMPLATES[key]), str(home))
+    return Path(home) / "state.db"
 
 
 RELEASE_VIEW = r"""

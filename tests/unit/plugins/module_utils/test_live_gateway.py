@@ -23,7 +23,7 @@ from hermes_gateway import Client, Gateway, gateway_missing, latency_summary, st
 from hermes_markers import release_module_marks
 from hermes_reliability import db_problems
 from hermes_reliability import query as q
-from hermes_rollback import RELEASE, journal_mode, make_big_rollback_home
+from hermes_rollback import RELEASE, copy_of_big_rollback_home, journal_mode
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 
@@ -41,7 +41,7 @@ def gateway_home(tmp_path, request):
     """A big 0.22.2 home served by a real gateway; ``incremental`` (indirect): switched first,
     and a copy of it left beside for the run with no holder."""
     home = tmp_path / "home"
-    db = make_big_rollback_home(home, SIZE[0], SIZE[1], seed=53, now=time.time())
+    db = copy_of_big_rollback_home(home, SIZE[0], SIZE[1], seed=53)
     assert journal_mode(str(db)) == "delete"
     if getattr(request, "param", None) == "incremental":
         switch = dict(OPTIONS, hermes_home=[str(home)], vacuum_mode="full", prune_days=3650, backup=False)

@@ -34,7 +34,7 @@ from hermes_gateway import (
 from hermes_markers import release_module_marks
 from hermes_reliability import db_problems
 from hermes_reliability import query as q
-from hermes_rollback import RELEASE, journal_mode, make_big_rollback_home
+from hermes_rollback import RELEASE, copy_of_big_rollback_home, journal_mode
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 
@@ -50,7 +50,7 @@ pytestmark = release_module_marks(RELEASE) + [
 def supervised(tmp_path):
     """A home with a big 0.22.2 state.db and its gateway started by the supervisor."""
     home = tmp_path / "home"
-    db = str(make_big_rollback_home(home, SIZE[0], SIZE[1], seed=53, now=time.time()))
+    db = str(copy_of_big_rollback_home(home, SIZE[0], SIZE[1], seed=53))
     assert journal_mode(db) == "delete" and q(db, "PRAGMA auto_vacuum")[0][0] == 0
     with StubModel() as model:
         port = free_port()
