@@ -30,6 +30,7 @@ from ._hermes_db import (
     check_db_file,
     engine_sqlite,
     holders,
+    journal_mode,
     open_rw,
     refuse_wal_on_shared_filesystem,
 )
@@ -512,7 +513,7 @@ def preflight_check(conn, db_path):
     small tables are checked here, each in its own short read (quick_check_small_tables);
     the rows the prune deletes are checked through their archive.
     """
-    mode = conn.execute("PRAGMA journal_mode").fetchone()[0].lower()  # a query: changes nothing
+    mode = journal_mode(conn, db_path)
     shared = refuse_wal_on_shared_filesystem(db_path, mode)
     others = holders(db_path) if mode != "wal" else []
     report = {"journal_mode": mode, "live_rollback": bool(others), "holders": len(others), "shared_filesystem": shared}
@@ -942,7 +943,7 @@ def profile_info(home, name, db_path, opts, check_mode, now):
         info["catalogue"] = summary(schema["catalogue"])
         file_holders = holders(db_path)
         # Beside a gateway in rollback-journal mode every read blocks its commits: short reads only.
-        live_rollback = bool(file_holders) and db.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal"
+        live_rollback = bool(file_holders) and journal_mode(db.conn, db_path) != "wal"
         info.update(stats(db.conn, db_path, short_reads=live_rollback))
         info["storage"] = storage(db.conn, live_rollback)
         info.update(
