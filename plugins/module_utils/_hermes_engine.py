@@ -785,6 +785,9 @@ def _window_result(p, report):
         p["after"].update((k, v) for k, v in done["file"].items() if k != "auto_vacuum")
         p["window"]["auto_vacuum"] = done["file"].get("auto_vacuum")
         p["changed"] = True
+    if "optimize_storage" in done["done"] and "vacuum_full" not in done["done"]:  # Hermes's own VACUUM ran
+        p["after"].update(db_bytes=done["bytes_after"], wal_bytes=0)
+        p["changed"] = True
     if "fts_optimize" in done["done"] and p.get("tool_payloads"):
         p["tool_payloads"]["fts_optimize_stopped"] = []
     if report["gateway_back"] is False:
