@@ -62,7 +62,8 @@ from ._hermes_release_delete import HERMES, ReleaseDeleter, choose_deleter, rele
 from ._hermes_results import new_profile_result
 from ._hermes_storage import storage
 from ._hermes_undo import settle as settle_sliced
-from ._hermes_window import check_window_options, run_window, window_words
+from ._hermes_window import GatewayControl, check_window_options, run_window, window_words
+from ._hermes_window import configured as window_configured
 
 NO_PROFILES = "no_profiles"  # a home that exists but holds no state.db (a profile's status; a run's)
 LOCK_SUFFIX = ".auto-maintenance.lock"  # the file Hermes's own auto-maintenance locks
@@ -744,8 +745,7 @@ def service_window(opts, profiles):
     planned = [p for p in profiles if p["status"] == "ok" and (p.get("window") or {}).get("opened")]
     if not planned:
         return
-    owners = {_owner_of(p["path"]) for p in planned}
-    owner = pwd.getpwuid(owners.pop()) if len(owners) == 1 and None not in owners else None
+    owner = _common_owner(planned)
     if owner is None and os.geteuid() == 0:
         for p in planned:
             p["window"].update(opened=False, reason="the profiles' state.db files have different owners")
@@ -764,6 +764,30 @@ def service_window(opts, profiles):
     report = run_window(opts, entries, as_owner, owner)
     for p in planned:
         _window_result(p, report)
+
+
+def _common_owner(profiles):
+    """The pwd entry of the one owner of the profiles' state.db files, else None."""
+    owners = {_owner_of(p["path"]) for p in profiles}
+    return pwd.getpwuid(owners.pop()) if len(owners) == 1 and None not in owners else None
+
+
+def check_gateway(opts, profiles):
+    """A ``gateway_service`` this host has neither as a system unit nor as the files' owner's user
+    unit (or a stop/start command root may not run) is the operator's mistake: each profile fails
+    naming the option, in check mode too and whether or not a window was due this time (the live
+    work done stays done). Files of several owners are left to the window, which says so."""
+    ok = [p for p in profiles if p["status"] == "ok"]
+    if not (window_configured(opts) and ok):
+        return
+    owner = _common_owner(ok)
+    if owner is None and len({_owner_of(p["path"]) for p in ok}) > 1:
+        return
+    refused = GatewayControl(opts, owner).refusal()
+    for p in ok if refused else ():
+        p.update(status="failed", error=refused)
+        if p.get("window"):
+            p["window"].update(opened=False, reason=refused)
 
 
 def _window_result(p, report):
@@ -801,6 +825,7 @@ def run_maintenance(options, check_mode=False):
     old_umask = os.umask(0o077)  # backups, lock files: private chat history
     try:
         profiles = _each_profile(opts, maintain_profile, check_mode=check_mode)
+        check_gateway(opts, profiles)
         if not check_mode:
             service_window(opts, profiles)
     finally:
