@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 
 from ._hermes_reclaim import plan_reclaim, window_declined
-from ._hermes_window import configured as window_configured
 from ._hermes_storage_upgrade import storage_upgrade_pending
+from ._hermes_window import configured as window_configured
 from ._hermes_window import plan_window
 
 FILE = "file"  # a whole-file backup

@@ -89,7 +89,8 @@ def run_storage_upgrade(python, home, db_path, deadline, vacuum):
     if interrupted:
         report["reason"] = "optimize-storage interrupted at the bound (max_downtime): Hermes resumes it next time"
     elif left is not None:
-        report["reason"] = "optimize-storage left work (%s), exit %s: %s" % (left, proc.returncode, output[-OUTPUT_TAIL:])
+        tail = output[-OUTPUT_TAIL:]
+        report["reason"] = "optimize-storage left work (%s), exit %s: %s" % (left, proc.returncode, tail)
     return report
 
 
