@@ -31,9 +31,14 @@ from hermes_releases import hermes_python_for
 from hermes_reliability import chown_tree, db_problems, user_with_dir
 from hermes_reliability import query as q
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_as_owner, run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_inventory import store_facts
-from hermes_fixtures import hermes_python, layout_available, make_big_home, missing_venv_message
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_storage_upgrade import (
+    run_storage_upgrade,
+    storage_upgrade_pending,
+)
+from hermes_fixtures import hermes_python, layout_available, make_big_home, missing_venv_message, open_with_release
 
 WAL_RELEASE, RELEASE = "hermes-0.19.0", "hermes-0.22.2.post1"
 USER = "hermes-ops-t1"
@@ -158,3 +163,34 @@ def test_window_runs_hermes_optimize_storage_once_beside_the_real_gateway():
             )  # fmt: skip
         finally:
             supervisor_stop(home)
+
+
+def test_optimize_storage_interrupted_at_the_bound_resumes_and_refuses_root():
+    """The step alone, as the file's owner (a test user): SIGINT at the deadline leaves Hermes's own
+    resume markers, which the plan sees as work left; the next run finishes it; root is refused."""
+    if not layout_available(WAL_RELEASE):
+        pytest.skip(missing_venv_message(WAL_RELEASE))
+    with user_with_dir(USER, "hermes-ops-optimize-bound-") as (uid, gid, base):
+        home = base / "home"
+        db = str(make_big_home(str(home), WAL_RELEASE, 200, 20, old_fraction=0.0, seed=12))
+        assert open_with_release(RELEASE, db)["schema_version"] == 31  # migrated and flagged
+        messages = q(db, "SELECT COUNT(*) FROM messages")[0][0]
+        chown_tree(home, uid, gid)
+        _venvs, python = _user_venvs(base)
+        with sqlite3.connect("file:%s?mode=ro" % db, uri=True) as conn:
+            assert storage_upgrade_pending(conn) == "state_meta.fts_optimize_available"
+        with pytest.raises(MaintenanceError, match="root never runs code from the Hermes account"):
+            run_storage_upgrade(python, str(home), db, time.time() + 60, vacuum=True)
+
+        cut = run_as_owner(uid, run_storage_upgrade, python, str(home), db, time.time() + 6.0, True)
+        assert not cut["done"] and "interrupted at the bound" in cut["reason"], cut
+        with sqlite3.connect("file:%s?mode=ro" % db, uri=True) as conn:  # its markers, or the flag (cut early)
+            left = storage_upgrade_pending(conn)
+        assert left is not None and db_problems(db) == []
+        done = run_as_owner(uid, run_storage_upgrade, python, str(home), db, time.time() + 600, True)
+        assert done["done"] and done["reason"] is None, done
+        assert _meta(db).get("fts_storage_version") == "3"
+        assert q(db, "SELECT COUNT(*) FROM messages")[0][0] == messages
+        assert open_with_release(RELEASE, db)["hits"] > 0 and db_problems(db) == []
+        sys.stdout.write("\noptimize-storage: cut after %.1f s (left: %s), finished in %.1f s (%d messages)\n"
+                         % (cut["seconds"], left, done["seconds"], messages))  # fmt: skip
