@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 
 from ._hermes_reclaim import plan_reclaim, window_declined
+from ._hermes_storage_upgrade import storage_upgrade_pending
 from ._hermes_window import configured as window_configured
 from ._hermes_window import plan_window
 
@@ -50,17 +51,28 @@ def plan_actions(conn, db_path, opts, schema, plan, preflight, *, backup_due, me
         pruned=plan.messages, messages_total=messages_total, extra_bytes=payload_bytes_saved(plan),
         live_rollback=preflight["live_rollback"], window=window_configured(opts),
     )  # fmt: skip
-    plan_service_window(actions, opts, db_path, plan)
+    upgrade = planned_storage_upgrade(conn, opts, messages_total, plan)
+    plan_service_window(actions, opts, db_path, plan, storage_upgrade=upgrade)
     actions.files, actions.stores = files, stores
     return actions
 
 
-def plan_service_window(actions, opts, db_path, plan):
+def planned_storage_upgrade(conn, opts, messages_total, plan):
+    """Hermes's optimize-storage for the window: ``{"pending", "messages"}`` (the messages it re-indexes
+    after the prune) when it has work and ``hermes_python`` names the release that runs it, else None."""
+    if not (window_configured(opts) and opts["hermes_python"]):
+        return None
+    pending = storage_upgrade_pending(conn)
+    return {"pending": pending, "messages": max(0, messages_total - plan.messages_pruned)} if pending else None
+
+
+def plan_service_window(actions, opts, db_path, plan, storage_upgrade=None):
     """The window for the steps that need the file alone; a VACUUM planned for a window that does not
     open is skipped as it is without one."""
     actions.window = plan_window(
         opts, actions.reclaim, db_path,
         elision=bool(plan.payloads and plan.payloads.items), backup_deferred=bool(actions.backup_deferred),
+        storage_upgrade=storage_upgrade,
     )  # fmt: skip
     if not (actions.window and actions.window["opened"]):
         window_declined(actions.reclaim, actions.window["reason"] if actions.window else None)

@@ -167,6 +167,14 @@ def _header_versions(path):
     return header[18:20] if len(header) == 20 else None
 
 
+def journal_mode(conn, path):
+    """The file's journal mode. A WAL file read ``immutable`` (check mode, no sidecars beside it)
+    answers ``delete`` to the PRAGMA: WAL is a property of the file, so its header says it there."""
+    if _header_versions(path) == _WAL_VERSIONS:
+        return "wal"
+    return conn.execute("PRAGMA journal_mode").fetchone()[0].lower()  # a query: changes nothing
+
+
 def _wal_header(path):
     """Whether the file's header says WAL, not a rollback journal; one it cannot tell counts as WAL."""
     versions = _header_versions(path)

@@ -30,6 +30,7 @@ from ._hermes_db import (
     check_db_file,
     engine_sqlite,
     holders,
+    journal_mode,
     open_rw,
     refuse_wal_on_shared_filesystem,
 )
@@ -61,7 +62,8 @@ from ._hermes_release_delete import HERMES, ReleaseDeleter, choose_deleter, rele
 from ._hermes_results import new_profile_result
 from ._hermes_storage import storage
 from ._hermes_undo import settle as settle_sliced
-from ._hermes_window import check_window_options, run_window, window_words
+from ._hermes_window import GatewayControl, check_window_options, run_window, window_words
+from ._hermes_window import configured as window_configured
 
 NO_PROFILES = "no_profiles"  # a home that exists but holds no state.db (a profile's status; a run's)
 LOCK_SUFFIX = ".auto-maintenance.lock"  # the file Hermes's own auto-maintenance locks
@@ -512,7 +514,7 @@ def preflight_check(conn, db_path):
     small tables are checked here, each in its own short read (quick_check_small_tables);
     the rows the prune deletes are checked through their archive.
     """
-    mode = conn.execute("PRAGMA journal_mode").fetchone()[0].lower()  # a query: changes nothing
+    mode = journal_mode(conn, db_path)
     shared = refuse_wal_on_shared_filesystem(db_path, mode)
     others = holders(db_path) if mode != "wal" else []
     report = {"journal_mode": mode, "live_rollback": bool(others), "holders": len(others), "shared_filesystem": shared}
@@ -743,8 +745,7 @@ def service_window(opts, profiles):
     planned = [p for p in profiles if p["status"] == "ok" and (p.get("window") or {}).get("opened")]
     if not planned:
         return
-    owners = {_owner_of(p["path"]) for p in planned}
-    owner = pwd.getpwuid(owners.pop()) if len(owners) == 1 and None not in owners else None
+    owner = _common_owner(planned)
     if owner is None and os.geteuid() == 0:
         for p in planned:
             p["window"].update(opened=False, reason="the profiles' state.db files have different owners")
@@ -763,6 +764,30 @@ def service_window(opts, profiles):
     report = run_window(opts, entries, as_owner, owner)
     for p in planned:
         _window_result(p, report)
+
+
+def _common_owner(profiles):
+    """The pwd entry of the one owner of the profiles' state.db files, else None."""
+    owners = {_owner_of(p["path"]) for p in profiles}
+    return pwd.getpwuid(owners.pop()) if len(owners) == 1 and None not in owners else None
+
+
+def check_gateway(opts, profiles):
+    """A ``gateway_service`` this host has neither as a system unit nor as the files' owner's user
+    unit (or a stop/start command root may not run) is the operator's mistake: each profile fails
+    naming the option, in check mode too and whether or not a window was due this time (the live
+    work done stays done). Files of several owners are left to the window, which says so."""
+    ok = [p for p in profiles if p["status"] == "ok"]
+    if not (window_configured(opts) and ok):
+        return
+    owner = _common_owner(ok)
+    if owner is None and len({_owner_of(p["path"]) for p in ok}) > 1:
+        return
+    refused = GatewayControl(opts, owner).refusal()
+    for p in ok if refused else ():
+        p.update(status="failed", error=refused)
+        if p.get("window"):
+            p["window"].update(opened=False, reason=refused)
 
 
 def _window_result(p, report):
@@ -784,6 +809,9 @@ def _window_result(p, report):
         p["after"].update((k, v) for k, v in done["file"].items() if k != "auto_vacuum")
         p["window"]["auto_vacuum"] = done["file"].get("auto_vacuum")
         p["changed"] = True
+    if "optimize_storage" in done["done"] and "vacuum_full" not in done["done"]:  # Hermes's own VACUUM ran
+        p["after"].update(db_bytes=done["bytes_after"], wal_bytes=0)
+        p["changed"] = True
     if "fts_optimize" in done["done"] and p.get("tool_payloads"):
         p["tool_payloads"]["fts_optimize_stopped"] = []
     if report["gateway_back"] is False:
@@ -797,6 +825,7 @@ def run_maintenance(options, check_mode=False):
     old_umask = os.umask(0o077)  # backups, lock files: private chat history
     try:
         profiles = _each_profile(opts, maintain_profile, check_mode=check_mode)
+        check_gateway(opts, profiles)
         if not check_mode:
             service_window(opts, profiles)
     finally:
@@ -942,7 +971,7 @@ def profile_info(home, name, db_path, opts, check_mode, now):
         info["catalogue"] = summary(schema["catalogue"])
         file_holders = holders(db_path)
         # Beside a gateway in rollback-journal mode every read blocks its commits: short reads only.
-        live_rollback = bool(file_holders) and db.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal"
+        live_rollback = bool(file_holders) and journal_mode(db.conn, db_path) != "wal"
         info.update(stats(db.conn, db_path, short_reads=live_rollback))
         info["storage"] = storage(db.conn, live_rollback)
         info.update(

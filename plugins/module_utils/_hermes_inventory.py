@@ -16,7 +16,7 @@ import os
 import sqlite3
 import stat
 
-from ._hermes_db import ReadOnlyDB
+from ._hermes_db import ReadOnlyDB, journal_mode
 from ._hermes_plan import transcript_files
 
 # (kind, patterns, depth, what). A pattern without ``/`` is matched against the first component of
@@ -144,6 +144,7 @@ def store_facts(path):
         db = ReadOnlyDB(path, STORE_BUSY_TIMEOUT)
         for key, pragma in STORE_PRAGMAS:
             facts[key] = db.conn.execute("PRAGMA %s" % pragma).fetchone()[0]
+        facts["journal_mode"] = journal_mode(db.conn, path)
         facts["reclaimable_bytes"] = facts["free_pages"] * facts["page_size"]
     except (sqlite3.Error, OSError) as exc:
         facts["error"] = str(exc)

@@ -256,6 +256,9 @@ OPTIONS = (
     Option("hermes_python", "path", unset="none", doc=(
         "The Python interpreter of the Hermes installed on the host (the one its C(hermes) entry point names), "
         "needed when O(unknown_schema) is V(release_rules) or O(delete_with) is V(hermes).",
+        "With a service window (O(gateway_service), O(gateway_stop_command)) it also runs that Hermes's own "
+        "C(hermes sessions optimize-storage) in the window, as the owner of C(state.db), where the file still "
+        "has the FTS storage upgrade to do (C(state_meta.fts_optimize_available), or an interrupted one).",
     )),
     Option("delete_with", "str", default="auto", choices=("auto", "engine", "hermes"), doc=(
         "Who deletes the sessions the prune selected (each profile's C(deleted_by) says who did).",

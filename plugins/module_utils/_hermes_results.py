@@ -190,7 +190,10 @@ PROFILE_FIELDS = (
     Field("window", "dict", initial=None, doc=(
         "Null without a service window (O(gateway_service), O(gateway_stop_command)). Else V(opened) (in check "
         "mode, whether it would open), V(reason) (why not, or what went wrong in it), V(steps) (what needs the file "
-        "alone, V(vacuum_full) and V(fts_optimize)), V(estimate_s) (the planned downtime), and after a real run "
+        "alone, in this order V(backup) (the whole-file backup a live rollback-journal run deferred), "
+        "V(optimize_storage) (Hermes's own C(hermes sessions optimize-storage), run with O(hermes_python) as the "
+        "file's owner where the file has that work left), V(fts_optimize) and V(vacuum_full)), V(estimate_s) (the "
+        "planned downtime), and after a real run "
         "V(downtime_s) (from the drain until the gateway was back), V(done) (the steps completed), "
         "V(gateway_back) (the gateway serves again; false fails the profile) and V(auto_vacuum) (the file's mode "
         "after it, 2 for incremental). One window serves every profile of the run that planned one.",

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The service window: the gateway drained, stopped, and always started again, around the steps
 that need state.db alone (a full VACUUM, which also switches the file to incremental auto_vacuum;
-FTS5's optimize after an elision).
+FTS5's optimize after an elision; Hermes's own optimize-storage, _hermes_storage_upgrade).
 
 The plan (``plan_window``, in each profile's action plan) says whether a window opens and for
 what; the run opens one window for every profile that planned it, after their live work
@@ -32,6 +32,7 @@ from ._hermes_db import MB, MaintenanceError, file_size, holders, open_rw
 from ._hermes_inspect import inspect_schema, quick_check
 from ._hermes_payloads import fts_optimize
 from ._hermes_reclaim import checkpoint, full_vacuum, full_vacuum_blocked, pragma
+from ._hermes_storage_upgrade import OPTIMIZE_STORAGE, run_storage_upgrade, storage_upgrade_seconds
 
 DRAIN_FILE = ".drain_request.json"
 STATE_FILE = "gateway_state.json"
@@ -80,23 +81,31 @@ def check_window_options(opts):
     return None
 
 
-def estimate_seconds(steps, db_bytes):
-    """The window's expected length: the gateway's restart, and each step at the slow host's speed."""
-    return RESTART_ALLOWANCE + sum(db_bytes / float(VACUUM_BYTES_PER_SECOND) for _step in steps)
+def estimate_seconds(steps, db_bytes, messages=0):
+    """The window's expected length: the gateway's restart, and each step at the slow host's speed
+    (Hermes's optimize-storage by the messages it re-indexes, its own VACUUM only without ours)."""
+    total = RESTART_ALLOWANCE
+    for step in steps:
+        if step == OPTIMIZE_STORAGE:
+            total += storage_upgrade_seconds(messages, db_bytes, vacuum=VACUUM_FULL not in steps)
+        else:
+            total += db_bytes / float(VACUUM_BYTES_PER_SECOND)
+    return total
 
 
-def plan_window(opts, reclaim, db_path, *, elision, backup_deferred=False):
+def plan_window(opts, reclaim, db_path, *, elision, backup_deferred=False, storage_upgrade=None):
     """Whether this profile's run opens a window and for what: ``{"opened", "reason", "steps",
     "estimate_s", "downtime_s"}`` (None when no window is configured). ``reclaim`` is the plan's
     reclaim decision (a full VACUUM planned ``in_window``, after FTS5's optimize: the window runs
     what a run with no holder runs); ``elision``: tool payloads are elided, and beside a holder
     FTS5's optimize after it needs the file alone; ``backup_deferred``: the
     whole-file backup was due and the live run takes an archive instead, so a window that opens
-    takes it first (never opened for it alone)."""
+    takes it first (never opened for it alone); ``storage_upgrade``: ``{"pending", "messages"}`` when
+    Hermes's optimize-storage has work and ``hermes_python`` can run it (None otherwise)."""
     if not configured(opts):
         return None
     held = bool(holders(db_path))
-    steps = []
+    steps = [OPTIMIZE_STORAGE] if storage_upgrade and held else []
     if (elision or reclaim.get("in_window")) and held:  # the FTS entries the live work left, before the VACUUM
         steps.append(FTS_OPTIMIZE)
     if reclaim.get("in_window"):
@@ -107,7 +116,8 @@ def plan_window(opts, reclaim, db_path, *, elision, backup_deferred=False):
     if not steps:
         window["reason"] = "no step needs the file alone" if held else "nothing holds state.db: no window needed"
         return window
-    window["estimate_s"] = estimate = round(estimate_seconds(steps, file_size(db_path)), 1)
+    messages = (storage_upgrade or {}).get("messages", 0)
+    window["estimate_s"] = estimate = round(estimate_seconds(steps, file_size(db_path), messages), 1)
     if estimate > float(opts["max_downtime"]):
         window["reason"] = "estimated %.0f s for %s, more than max_downtime %s s" % (
             estimate, " and ".join(steps), opts["max_downtime"],
@@ -143,9 +153,15 @@ def window_steps(entry, opts, deadline):
     report = {"done": [], "reason": None, "bytes_before": _db_bytes(db_path), "bytes_after": None, "backup": None}
     conn = None
     try:
-        conn = open_rw(db_path, float(opts["busy_timeout"]))
-        conn.set_progress_handler(lambda: 1 if time.time() > deadline else 0, 10000)
+        conn = _open_bounded(db_path, opts, deadline)
         for step in entry["steps"]:
+            if step == OPTIMIZE_STORAGE:
+                conn.close()  # Hermes refuses while any other process holds the file, this one too
+                conn = None
+                if not _storage_upgrade_step(entry, opts, deadline, report):
+                    break
+                conn = _open_bounded(db_path, opts, deadline)
+                continue
             if step == BACKUP:
                 report["backup"] = _whole_file_backup(conn, entry, opts)
             elif step == VACUUM_FULL:
@@ -174,6 +190,24 @@ def window_steps(entry, opts, deadline):
     report["bytes_after"] = _db_bytes(db_path)
     report["file"] = _pages(db_path)
     return report
+
+
+def _open_bounded(db_path, opts, deadline):
+    """A maintenance connection whose statements are interrupted at ``deadline`` (epoch seconds)."""
+    conn = open_rw(db_path, float(opts["busy_timeout"]))
+    conn.set_progress_handler(lambda: 1 if time.time() > deadline else 0, 10000)
+    return conn
+
+
+def _storage_upgrade_step(entry, opts, deadline, report):
+    """Hermes's optimize-storage, with its own VACUUM unless the window's follows; True when done."""
+    upgrade = run_storage_upgrade(
+        opts["hermes_python"], entry["home"], entry["path"], deadline, vacuum=VACUUM_FULL not in entry["steps"],
+    )  # fmt: skip
+    if upgrade["done"]:
+        report["done"].append(OPTIMIZE_STORAGE)
+    report["reason"] = upgrade["reason"]
+    return upgrade["done"]
 
 
 def _whole_file_backup(conn, entry, opts):

@@ -213,6 +213,9 @@ options:
     description:
       - The Python interpreter of the Hermes installed on the host (the one its C(hermes) entry point names), needed
         when O(unknown_schema) is V(release_rules) or O(delete_with) is V(hermes).
+      - With a service window (O(gateway_service), O(gateway_stop_command)) it also runs that Hermes's own C(hermes
+        sessions optimize-storage) in the window, as the owner of C(state.db), where the file still has the FTS
+        storage upgrade to do (C(state_meta.fts_optimize_available), or an interrupted one).
     type: path
   delete_with:
     description:
@@ -489,10 +492,13 @@ profiles:
       description:
         - Null without a service window (O(gateway_service), O(gateway_stop_command)). Else V(opened) (in check
           mode, whether it would open), V(reason) (why not, or what went wrong in it), V(steps) (what needs the file
-          alone, V(vacuum_full) and V(fts_optimize)), V(estimate_s) (the planned downtime), and after a real run
-          V(downtime_s) (from the drain until the gateway was back), V(done) (the steps completed), V(gateway_back)
-          (the gateway serves again; false fails the profile) and V(auto_vacuum) (the file's mode after it, 2 for
-          incremental). One window serves every profile of the run that planned one.
+          alone, in this order V(backup) (the whole-file backup a live rollback-journal run deferred),
+          V(optimize_storage) (Hermes's own C(hermes sessions optimize-storage), run with O(hermes_python) as the
+          file's owner where the file has that work left), V(fts_optimize) and V(vacuum_full)), V(estimate_s) (the
+          planned downtime), and after a real run V(downtime_s) (from the drain until the gateway was back), V(done)
+          (the steps completed), V(gateway_back) (the gateway serves again; false fails the profile) and
+          V(auto_vacuum) (the file's mode after it, 2 for incremental). One window serves every profile of the run
+          that planned one.
       type: dict
     file_retention:
       description:
