@@ -60,8 +60,11 @@ def main(walk, state, home, journal):
         problems.append("the dry run selected no zombie or nothing to prune: the walk tests nothing")
     if (d["z"], d["p"]) != (r["z"], r["p"]):
         problems.append("the dry run said zombies=%s pruned=%s, the run did %s/%s" % (d["z"], d["p"], r["z"], r["p"]))
-    if len(real) > SUMMARY_MAX:
-        problems.append("the summary line has %d characters (more than %d)" % (len(real), SUMMARY_MAX))
+    # The vacuum's estimate below its threshold keeps its long words on the line (the engine's tests
+    # require them): the rest, the common line, must be short.
+    common = real.split("; vacuum skipped: the prune deletes ")[0]
+    if len(common) > SUMMARY_MAX:
+        problems.append("the summary line has %d characters (more than %d)" % (len(common), SUMMARY_MAX))
 
     # The backup the docs promise: a whole-file copy, or beside a gateway holding a rollback-journal
     # file, the archive of the rows deleted ("backup=archive").
