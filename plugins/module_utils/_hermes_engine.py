@@ -899,15 +899,23 @@ def backup_words(p, opts):
     return "no backup (nothing changed)" if opts["backup"] else "no backup (backup is off)"
 
 
+def vacuum_words(reclaim_, backup):
+    """``vacuum full``, or why it was skipped (its first clause; what to do about it is in the result).
+    Beside a gateway holding a rollback-journal file, ``backup=archive`` already says the file is
+    held: the same holder keeping the vacuum out is said once, in the result."""
+    if reclaim_.get("action"):
+        return ["vacuum %s" % reclaim_["action"]]
+    reason = reclaim_.get("skipped_reason")
+    if not reason or ((backup or {}).get("kind") == "archive" and reason.startswith("held open by ")):
+        return []
+    return ["vacuum skipped: %s" % reason.split("; ")[0]]
+
+
 def summary_details(p, opts):
     """What was done and why, after the seed's words: retention, backup, reclaim, stopped early."""
     words = [retention_words(p.get("retention"), opts, p["name"])]
     words.append(backup_words(p, opts))
-    reclaim_ = p["reclaim"] or {}
-    if reclaim_.get("action"):
-        words.append("vacuum %s" % reclaim_["action"])
-    elif reclaim_.get("skipped_reason"):  # its first clause; what to do about it is in the result
-        words.append("vacuum skipped: %s" % reclaim_["skipped_reason"].split("; ")[0])
+    words += vacuum_words(p["reclaim"] or {}, p["backup"])
     files = p.get("file_retention")
     if files and (files["removed"] or files["skipped"] or files["errors"]):
         words.append("files removed=%d (%s)%s%s" % (

@@ -134,11 +134,12 @@ def decide(conn, db_path, mode, threshold_percent, auto_vacuum, replica=None, af
     if mode == "auto" and percent < float(threshold_percent):
         if after_prune is not None:
             return None, (
-                "free pages are %.1f%% of the file and the prune deletes %.1f%% of the messages: an estimated %.1f%% "
-                "after it, below vacuum_threshold %s%%"
-                % (after_prune["percent_now"], 100 * after_prune["share"], percent, threshold_percent)
+                "the prune deletes %.1f%% of the messages: an estimated %.1f%% after it, below vacuum_threshold %s%%; "
+                "free pages are %.1f%% of the file now"
+                % (100 * after_prune["share"], percent, threshold_percent, after_prune["percent_now"])
             )
-        return None, "free pages are %.1f%% of the file, below vacuum_threshold %s%%" % (percent, threshold_percent)
+        # The first clause is the summary line's; the threshold is in the result.
+        return None, "%.1f%% of the file is free; below vacuum_threshold %s%%" % (percent, threshold_percent)
     blocked = _room_refusal(db_path) if alone else full_vacuum_blocked(db_path)
     if blocked:
         return None, blocked
