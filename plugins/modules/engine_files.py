@@ -156,18 +156,16 @@ def main():
         plan = plan_install(p["dest"], wanted, must_exist=not module.check_mode)
         if not module.check_mode:
             write_files(p["dest"], wanted, [name for name, _ in plan["write"]])
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError) as exc:
         module.fail_json(msg="installing the engine in %s: %s" % (p["dest"], exc), invocation=invocation)
-    written = [os.path.join(p["dest"], name) for name, _ in plan["write"]]
+    results = [dict(dest=os.path.join(p["dest"], name), changed=True, why=why) for name, why in plan["write"]]
+    written = [r["dest"] for r in results]
     extra = [os.path.join(p["dest"], name) for name in plan["extra"]]
-    results = [dict(dest=path, changed=True, why=why) for path, (_, why) in zip(written, plan["write"])]
     result = dict(changed=bool(written), written=written, results=results, extra=extra, invocation=invocation)
     if module._diff and written:
         verb = "would write" if module.check_mode else "wrote"
         result["diff"] = dict(
-            prepared="\n".join(
-                "%s %s (%s)" % (verb, path, ", ".join(why)) for path, (_, why) in zip(written, plan["write"])
-            )
+            prepared="\n".join("%s %s (%s)" % (verb, r["dest"], ", ".join(r["why"])) for r in results)
         )
     module.exit_json(**result)
 
@@ -203,7 +201,9 @@ def plan_install(dest, wanted, must_exist=True):
         present = set(os.listdir(dest))
     except FileNotFoundError:
         if must_exist:
-            raise
+            raise ValueError(
+                "the directory does not exist: create it first, with the owner and mode it must have"
+            ) from None
         present = set()
     write = []
     for name in sorted(wanted):

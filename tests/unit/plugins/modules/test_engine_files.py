@@ -147,6 +147,7 @@ def test_owner_and_group_are_compared_and_set(tmp_path):
 def test_bad_arguments_fail_naming_what_to_fix(tmp_path):
     missing = run_module(tmp_path / "not-there")
     assert missing.get("failed") and str(tmp_path / "not-there") in missing["msg"], missing
+    assert "the directory does not exist: create it first" in missing["msg"]
     mode = run_module(tmp_path, mode="rw")
     assert mode.get("failed") and "mode 'rw' is not an octal number" in mode["msg"], mode
     owner = run_module(tmp_path, owner="no-such-user-hermes-ops")
