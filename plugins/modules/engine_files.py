@@ -62,9 +62,6 @@ options:
       - Permissions of each installed file, as an octal string.
     type: str
     default: "0644"
-seealso:
-  - role: hermes_agent.ops.session_maintenance
-    description: Installs the engine with this module, root's with privilege.
 """
 
 EXAMPLES = r"""
@@ -155,7 +152,7 @@ def main():
         wanted = wanted_files(p["_files"], p["owner"], p["group"], p["mode"])
         plan = plan_install(p["dest"], wanted, must_exist=not module.check_mode)
         if not module.check_mode:
-            write_files(p["dest"], wanted, [name for name, _ in plan["write"]])
+            write_files(p["dest"], wanted, [name for name, _why in plan["write"]])
     except (OSError, ValueError) as exc:
         module.fail_json(msg="installing the engine in %s: %s" % (p["dest"], exc), invocation=invocation)
     results = [dict(dest=os.path.join(p["dest"], name), changed=True, why=why) for name, why in plan["write"]]

@@ -175,7 +175,7 @@ def test_a_write_killed_before_its_rename_leaves_the_old_file_and_the_next_run_f
             _crash_in_the_middle_of_a_write(str(dest), wanted, ["_hermes_engine.py"])
         finally:
             os._exit(3)
-    _, status = os.waitpid(pid, 0)
+    status = os.waitpid(pid, 0)[1]
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
 
     assert (dest / "_hermes_engine.py").read_bytes() == old
