@@ -51,12 +51,19 @@ MODULE_OPTIONS = {
         "match": {"type": "str"},
         "list_missing": {"type": "bool", "default": False},
     },
+    "engine_files": {
+        "dest": {"type": "path", "required": True},
+        "owner": {"type": "str"},
+        "group": {"type": "str"},
+        "mode": {"type": "str", "default": "0644"},
+    },
 }
 MODULE_RETURNS = {
     "session_maintenance": ["profiles", "summary", "failed_profiles"],
     "state_db_info": ["profiles"],
     "state_db_restore": ["restored", "backup"],
     "session_restore": ["archive", "backup", "sessions", "sessions_restored", "messages_restored", "backups", "notes"],
+    "engine_files": ["written", "results", "extra"],
 }
 ROLE = "session_maintenance"
 ROLE_OPTIONS = [

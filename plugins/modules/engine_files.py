@@ -1,0 +1,274 @@
+#!/usr/bin/python
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: engine_files
+short_description: Install the collection's maintenance engine on a host as the Python package hermes_ops
+version_added: 0.1.0
+description:
+  - Installs the engine that the scheduled job of the role C(hermes_agent.ops.session_maintenance) runs (the
+    collection's C(plugins/module_utils/_hermes_*.py)) and an empty C(__init__.py) into O(dest), in one module run
+    where a copy per file would cost a transfer and several round trips each.
+  - The action plugin of the same name reads the engine files on the controller, from the collection the plugin belongs
+    to, and passes their contents to the module.
+  - On the host each file's content, owner, group and mode are compared with what is installed and only the files that
+    differ are written, each to a temporary file in O(dest) that gets its owner, group and mode and is flushed to disk
+    before it is renamed over the old one; the directory is flushed to disk last. A file is never changed in place, so
+    an interrupted run leaves each file either old or new, and whoever held the old file open cannot write to the new.
+  - Engine files in O(dest) that the collection no longer has are reported in RV(extra), not removed.
+author:
+  - Hermes Agent Ops maintainers (@hermes-agent-ops)
+attributes:
+  action:
+    description: >-
+      Indicates this has a corresponding action plugin so some parts of the options can be executed on the
+      controller.
+    support: full
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details:
+      - Names exactly the files a real run would write. O(dest) need not exist then (a first apply's dry run).
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: partial
+    details:
+      - Names each file written and why (new, content, owner, group, mode); the engine's source lines are not shown.
+  idempotent:
+    description: Run twice in a row outside check mode with the same arguments, the second run reports no change.
+    support: full
+options:
+  dest:
+    description:
+      - The package directory, for example C(/usr/local/lib/hermes-ops/hermes/lib/hermes_ops). It must exist (outside
+        check mode) and belong to O(owner), so that nobody else can replace what is installed there.
+    type: path
+    required: true
+  owner:
+    description:
+      - User name or uid that owns each installed file. When omitted, new files belong to the user the module runs as
+        and the owner of installed ones is not compared.
+    type: str
+  group:
+    description:
+      - Group name or gid of each installed file. When omitted, new files get the module user's group and the group
+        of installed ones is not compared.
+    type: str
+  mode:
+    description:
+      - Permissions of each installed file, as an octal string.
+    type: str
+    default: "0644"
+"""
+
+EXAMPLES = r"""
+- name: Install the engine as package hermes_ops, root's
+  hermes_agent.ops.engine_files:
+    dest: /usr/local/lib/hermes-ops/hermes/lib/hermes_ops
+    owner: root
+    group: "0"
+    mode: "0644"
+  become: true
+  register: engine
+
+- name: Name the engine files the collection no longer has
+  ansible.builtin.debug:
+    var: engine.extra
+"""
+
+RETURN = r"""
+written:
+  description: The files written (in check mode, the files a real run would write), full paths, in name order.
+  returned: always
+  type: list
+  elements: str
+  sample: ["/usr/local/lib/hermes-ops/hermes/lib/hermes_ops/_hermes_engine.py"]
+results:
+  description:
+    - One entry per file written (in check mode, that a real run would write), in name order, shaped as a loop of
+      M(ansible.builtin.copy) tasks would register them.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    dest:
+      description: The file's full path.
+      type: str
+      sample: /usr/local/lib/hermes-ops/hermes/lib/hermes_ops/_hermes_engine.py
+    changed:
+      description: Always true (only files written are listed).
+      type: bool
+      sample: true
+    why:
+      description: What differed from what was installed; C(new), C(not a regular file), or some of C(content),
+        C(owner), C(group), C(mode).
+      type: list
+      elements: str
+      sample: ["content"]
+extra:
+  description: Engine files (C(_hermes_*.py)) in O(dest) that the collection does not have, full paths, in name order.
+  returned: always
+  type: list
+  elements: str
+  sample: ["/usr/local/lib/hermes-ops/hermes/lib/hermes_ops/_hermes_old.py"]
+"""
+
+import grp
+import os
+import pwd
+import re
+import stat
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+# What the package holds besides the engine files: the empty marker that makes it a package.
+PACKAGE_MARKER = "__init__.py"
+ENGINE_FILE = re.compile(r"^_hermes_\w+\.py$")
+# Temporary files of a write: hidden, never importable, removed by the next run if a crash left one.
+TEMP_PREFIX = ".engine_files."
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            dest=dict(type="path", required=True),
+            owner=dict(type="str"),
+            group=dict(type="str"),
+            mode=dict(type="str", default="0644"),
+            # Set by the action plugin: engine file name -> its text. Not logged: half a megabyte of
+            # source would go to the host's syslog on every run.
+            _files=dict(type="dict", required=True, no_log=True),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    # The result echoes the arguments: the engine's names, not its source (half a megabyte).
+    invocation = {"module_args": dict(p, _files=sorted(p["_files"]))}
+    try:
+        wanted = wanted_files(p["_files"], p["owner"], p["group"], p["mode"])
+        plan = plan_install(p["dest"], wanted, must_exist=not module.check_mode)
+        if not module.check_mode:
+            write_files(p["dest"], wanted, [name for name, _why in plan["write"]])
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg="installing the engine in %s: %s" % (p["dest"], exc), invocation=invocation)
+    results = [dict(dest=os.path.join(p["dest"], name), changed=True, why=why) for name, why in plan["write"]]
+    written = [r["dest"] for r in results]
+    extra = [os.path.join(p["dest"], name) for name in plan["extra"]]
+    result = dict(changed=bool(written), written=written, results=results, extra=extra, invocation=invocation)
+    if module._diff and written:
+        verb = "would write" if module.check_mode else "wrote"
+        result["diff"] = dict(
+            prepared="\n".join("%s %s (%s)" % (verb, r["dest"], ", ".join(r["why"])) for r in results)
+        )
+    module.exit_json(**result)
+
+
+def wanted_files(texts, owner, group, mode):
+    """name -> (bytes, uid or None, gid or None, mode): the engine files and the package marker."""
+    for name in texts:
+        if not ENGINE_FILE.match(name):
+            raise ValueError("%r is not an engine file name (_hermes_*.py)" % name)
+    uid = None if owner is None else _id(owner, pwd.getpwnam, "pw_uid", "user")
+    gid = None if group is None else _id(group, grp.getgrnam, "gr_gid", "group")
+    try:
+        bits = int(mode, 8)
+    except ValueError:
+        raise ValueError("mode %r is not an octal number such as 0644" % mode) from None
+    files = {name: (text.encode("utf-8"), uid, gid, bits) for name, text in texts.items()}
+    files[PACKAGE_MARKER] = (b"", uid, gid, bits)
+    return files
+
+
+def _id(value, lookup, field, what):
+    if value.isdigit():
+        return int(value)
+    try:
+        return getattr(lookup(value), field)
+    except KeyError:
+        raise ValueError("no %s named %r on this host" % (what, value)) from None
+
+
+def plan_install(dest, wanted, must_exist=True):
+    """What to write, with why, and the installed engine files the collection lacks."""
+    try:
+        present = set(os.listdir(dest))
+    except FileNotFoundError:
+        if must_exist:
+            raise ValueError(
+                "the directory does not exist: create it first, with the owner and mode it must have"
+            ) from None
+        present = set()
+    write = []
+    for name in sorted(wanted):
+        why = _differences(os.path.join(dest, name), wanted[name]) if name in present else ["new"]
+        if why:
+            write.append((name, why))
+    extra = sorted(n for n in present if ENGINE_FILE.match(n) and n not in wanted)
+    return {"write": write, "extra": extra}
+
+
+def _differences(path, want):
+    data, uid, gid, mode = want
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        return ["not a regular file"]
+    why = []
+    if st.st_size != len(data) or _read(path) != data:
+        why.append("content")
+    if uid is not None and st.st_uid != uid:
+        why.append("owner")
+    if gid is not None and st.st_gid != gid:
+        why.append("group")
+    if stat.S_IMODE(st.st_mode) != mode:
+        why.append("mode")
+    return why
+
+
+def _read(path):
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def write_files(dest, wanted, names):
+    """Write each named file atomically and durably.
+
+    A crash between a temporary file's creation and its rename leaves that file (hidden, never
+    imported) and the old engine file, which the next run therefore rewrites: it removes the
+    leftovers then.
+    """
+    for name in os.listdir(dest):
+        if name.startswith(TEMP_PREFIX):
+            os.unlink(os.path.join(dest, name))
+    for name in names:
+        _write_atomically(dest, name, *wanted[name])
+    dir_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)  # the renames are on disk before anything relies on them
+    finally:
+        os.close(dir_fd)
+
+
+def _write_atomically(dest, name, data, uid, gid, mode):
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX + name + ".", dir=dest)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if uid is not None or gid is not None:
+                os.fchown(f.fileno(), -1 if uid is None else uid, -1 if gid is None else gid)
+            os.fchmod(f.fileno(), mode)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(dest, name))
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+if __name__ == "__main__":
+    main()
