@@ -50,18 +50,15 @@ def plan_actions(conn, db_path, opts, schema, plan, preflight, *, backup_due, me
         pruned=plan.messages, messages_total=messages_total, extra_bytes=payload_bytes_saved(plan),
         live_rollback=preflight["live_rollback"], window=window_configured(opts),
     )  # fmt: skip
-    plan_service_window(actions, opts, db_path, plan)
+    plan_service_window(actions, opts, db_path)
     actions.files, actions.stores = files, stores
     return actions
 
 
-def plan_service_window(actions, opts, db_path, plan):
+def plan_service_window(actions, opts, db_path):
     """The window for the steps that need the file alone; a VACUUM planned for a window that does not
     open is skipped as it is without one."""
-    actions.window = plan_window(
-        opts, actions.reclaim, db_path,
-        elision=bool(plan.payloads and plan.payloads.items), backup_deferred=bool(actions.backup_deferred),
-    )  # fmt: skip
+    actions.window = plan_window(opts, actions.reclaim, db_path, backup_deferred=bool(actions.backup_deferred))
     if not (actions.window and actions.window["opened"]):
         window_declined(actions.reclaim, actions.window["reason"] if actions.window else None)
     actions.reclaim.pop("held", None)

@@ -1,8 +1,8 @@
 # Copyright: hermes_agent.ops contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The service window: the gateway drained, stopped, and always started again, around the steps
-that need state.db alone (a full VACUUM, which also switches the file to incremental auto_vacuum;
-FTS5's optimize after an elision).
+that need state.db alone (a full VACUUM, which also switches the file to incremental auto_vacuum,
+after FTS5's optimize of what the gateway wrote since the run's own).
 
 The plan (``plan_window``, in each profile's action plan) says whether a window opens and for
 what; the run opens one window for every profile that planned it, after their live work
@@ -85,19 +85,19 @@ def estimate_seconds(steps, db_bytes):
     return RESTART_ALLOWANCE + sum(db_bytes / float(VACUUM_BYTES_PER_SECOND) for _step in steps)
 
 
-def plan_window(opts, reclaim, db_path, *, elision, backup_deferred=False):
+def plan_window(opts, reclaim, db_path, *, backup_deferred=False):
     """Whether this profile's run opens a window and for what: ``{"opened", "reason", "steps",
     "estimate_s", "downtime_s"}`` (None when no window is configured). ``reclaim`` is the plan's
     reclaim decision (a full VACUUM planned ``in_window``, after FTS5's optimize: the window runs
-    what a run with no holder runs); ``elision``: tool payloads are elided, and beside a holder
-    FTS5's optimize after it needs the file alone; ``backup_deferred``: the
+    what a run with no holder runs; FTS5's optimize after a prune or an elision runs live, in steps,
+    and needs no window of its own); ``backup_deferred``: the
     whole-file backup was due and the live run takes an archive instead, so a window that opens
     takes it first (never opened for it alone)."""
     if not configured(opts):
         return None
     held = bool(holders(db_path))
     steps = []
-    if (elision or reclaim.get("in_window")) and held:  # the FTS entries the live work left, before the VACUUM
+    if reclaim.get("in_window") and held:  # the FTS segments the gateway wrote since the live optimize
         steps.append(FTS_OPTIMIZE)
     if reclaim.get("in_window"):
         steps.append(VACUUM_FULL)
