@@ -161,8 +161,8 @@ def predict_free_pages(
     skipped vacuum's reason).
 
     ``extra_bytes``: bytes the run takes out of the messages besides (the tool-payload elision);
-    ``fts_optimized``: the reclaim optimizes the FTS5 indexes (no other process holds the file),
-    else they are counted as keeping their size and growing by their delete markers;
+    ``fts_optimized``: the reclaim optimizes the FTS5 indexes (as it does, beside a holder too), else
+    they are counted as keeping their size and growing by their delete markers;
     ``live_rollback``: every read a short one."""
     free = conn.execute("PRAGMA freelist_count").fetchone()[0]
     pages = conn.execute("PRAGMA page_count").fetchone()[0]

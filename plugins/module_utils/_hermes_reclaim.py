@@ -62,7 +62,7 @@ def wal_budget(conn, db_path, replica=None):
     return stop
 
 
-def fts_give_back(conn, db_path, fts, pause, stop=None, bound=None):
+def fts_give_back(conn, fts, pause, stop=None, bound=None):
     """After a prune: FTS5's optimize in steps (``fts_optimize_live``), which leaves each index one
     segment without the deleted rows' entries and delete markers, with or without a holder. FTS5's
     ordinary merge alone leaves them to where the prune's transactions ended (on one release-built
@@ -135,7 +135,10 @@ def _optimize_index_live(conn, table, wait, stop, bound):
             if not started and not did:
                 return steps, None  # one segment already: nothing to optimize
             started = True
-            if not any(merging for merging, _leaves in read_index_levels(conn, table)):
+            under_way = merge_under_way(conn, table)
+            if under_way is None:
+                return steps, "its structure record is not one this collection reads: the next run goes on"
+            if not under_way:
                 return steps, None
             stalls = 0 if did else stalls + 1
             if stalls > OPTIMIZE_STALLS:
@@ -144,6 +147,14 @@ def _optimize_index_live(conn, table, wait, stop, bound):
         if hard:
             conn.set_progress_handler(None, 0)
     return steps, "stopped after %d steps: the next run goes on" % steps
+
+
+def merge_under_way(conn, table):
+    """Whether a level of the FTS5 index ``table`` has a merge under way (None: its record unreadable)."""
+    try:
+        return any(merging for merging, _leaves in read_index_levels(conn, table))
+    except (IndexError, ValueError):  # truncated, or of another version
+        return None
 
 
 def pragma(conn, name):
@@ -315,14 +326,6 @@ def plan_reclaim(
     out is planned for the window (``in_window``, and ``held``: the holder's reason, for when the
     window does not open)."""
 
-    def predicted(optimized):
-        if not (pruned or extra_bytes):
-            return None
-        return predict_free_pages(
-            conn, schema, pruned, messages_total,
-            extra_bytes=extra_bytes, fts_optimized=optimized, live_rollback=live_rollback,
-        )  # fmt: skip
-
     def rule(after_prune, alone=False):
         return decide(
             conn, db_path, options["vacuum_mode"], options["vacuum_threshold"], schema["auto_vacuum"],
@@ -330,7 +333,12 @@ def plan_reclaim(
         )  # fmt: skip
 
     held = bool(holders(db_path))
-    after_prune = predicted(optimized=True)  # fts_give_back optimizes, beside a holder too
+    after_prune = None
+    if pruned or extra_bytes:  # the FTS indexes optimized after them, as fts_give_back does, beside a holder too
+        after_prune = predict_free_pages(
+            conn, schema, pruned, messages_total,
+            extra_bytes=extra_bytes, fts_optimized=True, live_rollback=live_rollback,
+        )  # fmt: skip
     action, reason = rule(after_prune)
     free = after_prune["free_pages"] if after_prune else pragma(conn, "freelist_count")
     decision = {
@@ -372,7 +380,7 @@ def reclaim(conn, db_path, options, schema, decision, *, pruned, stop=None):
     }  # fmt: skip
     if pruned:
         report["fts_merge_steps"] = fts_give_back(
-            conn, db_path, schema["fts"], options["batch_pause"], stop, bound=step_bound(options, db_path)
+            conn, schema["fts"], options["batch_pause"], stop, bound=step_bound(options, db_path)
         )
     report["free_pages_before_vacuum"] = pragma(conn, "freelist_count")
     replica = schema.get("litestream")
