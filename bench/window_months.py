@@ -91,10 +91,10 @@ def size(db):
     return os.path.getsize(db) + (os.path.getsize(db + "-wal") if os.path.exists(db + "-wal") else 0)
 
 
-def free_pages(db):
+def read_pragma(db, name):
     conn = sqlite3.connect("file:%s?mode=ro" % db, uri=True, timeout=30)
     try:
-        return conn.execute("PRAGMA freelist_count").fetchone()[0]
+        return conn.execute("PRAGMA %s" % name).fetchone()[0]
     finally:
         conn.close()
 
@@ -149,7 +149,7 @@ def month(home, db, twin, port, payload_days):
         "live_status": live["status"],
         "pruned": (live["sessions_pruned"], alone["sessions_pruned"]),
         "reclaim": "%s / %s" % (live["reclaim"]["action"], alone["reclaim"]["action"]),
-        "free_after": (free_pages(db), free_pages(twin)),
+        "free_after": (read_pragma(db, "freelist_count"), read_pragma(twin, "freelist_count")),
         "fts_merge_steps": (live["reclaim"]["fts_merge_steps"], alone["reclaim"]["fts_merge_steps"]),
         "window": "%s %.1f s" % ("+".join(window.get("done") or []), window["downtime_s"])
         if window.get("downtime_s")
@@ -190,14 +190,6 @@ def print_rows(rows, first=1):
         total_live / 1e6, total_alone / 1e6, total_live / float(total_alone or 1)), flush=True)  # fmt: skip
 
 
-def journal(db):
-    conn = sqlite3.connect("file:%s?mode=ro" % db, uri=True, timeout=30)
-    try:
-        return conn.execute("PRAGMA journal_mode").fetchone()[0]
-    finally:
-        conn.close()
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=1600)
@@ -224,8 +216,9 @@ def main():
                 copy_db(db, args.cache)
         os.makedirs(os.path.join(base, "twin"))
         twin = os.path.join(base, "twin", "state.db")
+        mode = read_pragma(db, "journal_mode")
         print("file: %.1f MB, %d sessions, written by %s in %s mode (built in %.0f s)" % (
-            size(db) / 1e6, args.sessions * 3 // 2, args.release, journal(db), time.time() - began))  # fmt: skip
+            size(db) / 1e6, args.sessions * 3 // 2, args.release, mode, time.time() - began))  # fmt: skip
         rows = []
         with StubModel() as model:
             port = free_port()
