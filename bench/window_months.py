@@ -143,14 +143,19 @@ def month(home, db, twin, port, payload_days):
     alone = alone["profiles"][0]
     attempts = client.snapshot()
     window = live["window"] or {}
+    for name, profile in (("live", live), ("no holder", alone)):
+        if profile["status"] not in ("ok", "changed") or not profile["reclaim"]:
+            print("%s run: %s: %s" % (name, profile["status"], profile.get("error") or profile.get("summary")))
+    live["reclaim"], alone["reclaim"] = live["reclaim"] or {}, alone["reclaim"] or {}
     return {
         "live_freed": before - size(db),
         "alone_freed": twin_before - size(twin),
         "live_status": live["status"],
         "pruned": (live["sessions_pruned"], alone["sessions_pruned"]),
-        "reclaim": "%s / %s" % (live["reclaim"]["action"], alone["reclaim"]["action"]),
+        "reclaim": "%s / %s" % (live["reclaim"].get("action"), alone["reclaim"].get("action")),
         "free_after": (read_pragma(db, "freelist_count"), read_pragma(twin, "freelist_count")),
-        "fts_merge_steps": (live["reclaim"]["fts_merge_steps"], alone["reclaim"]["fts_merge_steps"]),
+        "fts_merge_steps": (live["reclaim"].get("fts_merge_steps", 0), alone["reclaim"].get("fts_merge_steps", 0)),
+        "wal": (size(db) - os.path.getsize(db), size(twin) - os.path.getsize(twin)),
         "window": "%s %.1f s" % ("+".join(window.get("done") or []), window["downtime_s"])
         if window.get("downtime_s")
         else "none",
@@ -165,7 +170,8 @@ def month(home, db, twin, port, payload_days):
 
 HEADER = (
     "| month | pruned live / no holder | given back live | with no holder | live / no holder "
-    "| vacuum live / no holder | free pages after | FTS steps | FTS MB live / no holder | elided | window "
+    "| vacuum live / no holder | free pages after | -wal MB after | FTS steps | FTS MB live / no holder | elided "
+    "| window "
     "| failed in it | after | lost | load |"
 )
 
@@ -178,10 +184,11 @@ def print_rows(rows, first=1):
         ratio = row["live_freed"] / float(row["alone_freed"]) if row["alone_freed"] else float("nan")
         fts = " + ".join("%.1f" % b for b in row["fts"][0]), " + ".join("%.1f" % b for b in row["fts"][1])
         print(
-            "| %d | %d / %d | %.1f MB | %.1f MB | %.2f | %s | %d / %d | %d / %d | %s / %s | %s / %s | %s | %d | %d "
-            "| %d | %.1f |"
+            "| %d | %d / %d | %.1f MB | %.1f MB | %.2f | %s | %d / %d | %.1f / %.1f | %d / %d | %s / %s | %s / %s "
+            "| %s | %d | %d | %d | %.1f |"
             % (number, row["pruned"][0], row["pruned"][1], row["live_freed"] / 1e6, row["alone_freed"] / 1e6,
-               ratio, row["reclaim"], row["free_after"][0], row["free_after"][1], row["fts_merge_steps"][0],
+               ratio, row["reclaim"], row["free_after"][0], row["free_after"][1], row["wal"][0] / 1e6,
+               row["wal"][1] / 1e6, row["fts_merge_steps"][0],
                row["fts_merge_steps"][1], fts[0], fts[1], row["elided"][0], row["elided"][1], row["window"],
                row["failed_during"], row["failed_after"], row["lost"], row["load"])
         )  # fmt: skip
