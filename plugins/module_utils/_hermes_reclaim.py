@@ -33,6 +33,7 @@ MERGE_PAGES = 256  # FTS5 pages an untimed optimize step writes (batch_time 0)
 OPTIMIZE_FIRST = 64  # FTS5 pages of the optimize's first timed step, before the rate per page is known
 OPTIMIZE_MAX_STEPS = 8000
 OPTIMIZE_STALLS = 100  # the gateway's turns in a row a merge under way may wait behind its newer segments
+OPTIMIZE_CUTS = 8  # steps of one page in a row rolled back at the hard bound before the optimize gives up
 INCREMENTAL_PAGES = 1000  # pages freed per incremental_vacuum step without a time bound (30-80 ms here)
 INCREMENTAL_FIRST = 200  # pages of the first timed step, before the rate per page is known
 INCREMENTAL_MOST = 4000  # pages of one timed step at most
@@ -103,31 +104,40 @@ def _optimize_index_live(conn, table, wait, stop, bound):
     name = '"%s"' % table.replace('"', '""')
     pages = OPTIMIZE_FIRST if bound else MERGE_PAGES
     hard = hard_bound(bound) if bound else None
-    began = [0.0]
-    steps = stalls = 0
+    running = [None]  # when the merge statement began, while it runs: never the BEGIN, COMMIT or ROLLBACK
+    steps = stalls = cut = 0
     started = False
     if hard:
-        conn.set_progress_handler(lambda: 1 if time.monotonic() - began[0] > hard else 0, INCREMENTAL_PROGRESS)
+        conn.set_progress_handler(
+            lambda: 1 if running[0] is not None and time.monotonic() - running[0] > hard else 0, INCREMENTAL_PROGRESS
+        )
     try:
         while steps < OPTIMIZE_MAX_STEPS:
             stopped = stop() if stop else None
             if stopped:
                 return steps, stopped
             before = conn.total_changes
+            began = time.monotonic()
             try:
                 with write_transaction(conn):
-                    began[0] = time.monotonic()
-                    conn.execute(
-                        "INSERT INTO %s(%s, rank) VALUES('merge', %d)" % (name, name, pages if started else -pages)
-                    )
+                    began = running[0] = time.monotonic()
+                    try:
+                        conn.execute(
+                            "INSERT INTO %s(%s, rank) VALUES('merge', %d)" % (name, name, pages if started else -pages)
+                        )
+                    finally:
+                        running[0] = None
             except sqlite3.OperationalError as exc:
                 if not hard or "interrupt" not in str(exc):
                     return steps, str(exc)
+                cut += 1
+                if pages == 1 and cut > OPTIMIZE_CUTS:
+                    return steps, "a step of one page ran past the hard bound %d times: the next run goes on" % cut
                 pages = max(1, pages // 2)
-                wait(time.monotonic() - began[0])
+                wait(time.monotonic() - began)
                 continue
-            held = time.monotonic() - began[0]
-            steps += 1
+            held = time.monotonic() - began
+            steps, cut = steps + 1, 0
             wait(held)
             did = conn.total_changes - before >= 2  # FTS5's documented "work was done" signal
             if bound:
