@@ -159,7 +159,8 @@ def test_each_optimize_step_beside_a_writer_holds_the_lock_within_the_bound(rele
     finally:
         writer.kill()
     assert summary["failed"] == 0, summary
-    assert stopped == [] and steps == len(held) >= len(INDEXES), (steps, stopped)
+    # every step, and every one cut at the hard bound, gives the writer its turn
+    assert stopped == [] and len(held) >= steps >= len(INDEXES), (steps, stopped)
     assert max(held) < max(STEP_LIMIT, hard_bound(bound)), sorted(held)[-5:]
     for name, index in levels.items():  # finished: no merge under way, the writer's new segments aside
         assert not any(merging for merging, _leaves in index), (name, index)
