@@ -54,7 +54,7 @@ from ._hermes_payloads import (
     take_payload_archive,
 )
 from ._hermes_plan import DAY, build_plan
-from ._hermes_reclaim import fts_optimize_live, reclaim, step_bound, wal_budget
+from ._hermes_reclaim import fts_optimize_live, optimize_bound, reclaim, wal_budget
 from ._hermes_release import release_prune_set
 from ._hermes_release_delete import HERMES, ReleaseDeleter, choose_deleter, release_prune, release_prune_on_copy
 from ._hermes_results import new_profile_result
@@ -482,7 +482,7 @@ def _elide_payloads(result, conn, plan, schema, opts, *, db_path, backup_dir, na
         )  # fmt: skip
     if done.elided:  # the replaced bodies' old index entries: FTS5's optimize, in steps a writer can work beside
         report["fts_optimize_steps"], report["fts_optimize_stopped"] = fts_optimize_live(
-            conn, schema["fts"], wait, stop, bound=step_bound(opts, db_path)
+            conn, schema["fts"], wait, stop, bound=optimize_bound(opts, db_path)
         )
 
 

@@ -283,6 +283,12 @@ def step_bound(options, db_path):
     return batch_time + (0.0 if is_wal_file(db_path) else ROLLBACK_COMMIT_TIME)
 
 
+def optimize_bound(options, db_path):
+    """The FTS optimize's bound: the prune's beside a holder (``step_bound``); None with the file alone,
+    where nobody waits for the lock (a step of one page, a long doclist, can take longer than it)."""
+    return step_bound(options, db_path) if holders(db_path) else None
+
+
 def full_vacuum(conn, switch_to_incremental):
     """In place (the inode stays), optionally leaving the file in incremental mode."""
     if switch_to_incremental:
@@ -390,7 +396,7 @@ def reclaim(conn, db_path, options, schema, decision, *, pruned, stop=None):
     }  # fmt: skip
     if pruned:
         report["fts_merge_steps"] = fts_give_back(
-            conn, schema["fts"], options["batch_pause"], stop, bound=step_bound(options, db_path)
+            conn, schema["fts"], options["batch_pause"], stop, bound=optimize_bound(options, db_path)
         )
     report["free_pages_before_vacuum"] = pragma(conn, "freelist_count")
     replica = schema.get("litestream")
