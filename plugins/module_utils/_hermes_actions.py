@@ -52,7 +52,7 @@ def plan_actions(conn, db_path, opts, schema, plan, preflight, *, backup_due, me
         live_rollback=preflight["live_rollback"], window=window_configured(opts),
     )  # fmt: skip
     upgrade = planned_storage_upgrade(conn, opts, messages_total, plan)
-    plan_service_window(actions, opts, db_path, plan, storage_upgrade=upgrade)
+    plan_service_window(actions, opts, db_path, storage_upgrade=upgrade)
     actions.files, actions.stores = files, stores
     return actions
 
@@ -66,13 +66,12 @@ def planned_storage_upgrade(conn, opts, messages_total, plan):
     return {"pending": pending, "messages": max(0, messages_total - plan.messages_pruned)} if pending else None
 
 
-def plan_service_window(actions, opts, db_path, plan, storage_upgrade=None):
+def plan_service_window(actions, opts, db_path, storage_upgrade=None):
     """The window for the steps that need the file alone; a VACUUM planned for a window that does not
     open is skipped as it is without one."""
     actions.window = plan_window(
         opts, actions.reclaim, db_path,
-        elision=bool(plan.payloads and plan.payloads.items), backup_deferred=bool(actions.backup_deferred),
-        storage_upgrade=storage_upgrade,
+        backup_deferred=bool(actions.backup_deferred), storage_upgrade=storage_upgrade,
     )  # fmt: skip
     if not (actions.window and actions.window["opened"]):
         window_declined(actions.reclaim, actions.window["reason"] if actions.window else None)

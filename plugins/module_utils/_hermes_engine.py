@@ -51,12 +51,11 @@ from ._hermes_payloads import (
     PAYLOAD_PREFIX,
     ElideResult,
     elide,
-    fts_optimize,
     plan_payloads,
     take_payload_archive,
 )
 from ._hermes_plan import DAY, build_plan
-from ._hermes_reclaim import reclaim, wal_budget
+from ._hermes_reclaim import fts_optimize_live, optimize_bound, reclaim, wal_budget
 from ._hermes_release import release_prune_set
 from ._hermes_release_delete import HERMES, ReleaseDeleter, choose_deleter, release_prune, release_prune_on_copy
 from ._hermes_results import new_profile_result
@@ -483,14 +482,10 @@ def _elide_payloads(result, conn, plan, schema, opts, *, db_path, backup_dir, na
             elided=done.elided, bytes=done.bytes, bytes_after=done.bytes_after, sessions=len(done.sessions),
             left_alone=done.left_alone, stopped_early=done.stopped, retries=done.retries,
         )  # fmt: skip
-    if done.elided and holders(db_path):
-        # Beside a gateway that writes, each of its commits adds a segment and the next optimize step
-        # starts one FTS5 level higher (fts_optimize stops at the first such commit, so the index never
-        # nears FTS5's 2,000 levels): it waits for a run without a holder (the service window), and the
-        # reclaim's ordinary merge does what it can meanwhile.
-        report["fts_optimize_steps"], report["fts_optimize_stopped"] = 0, ["the file is held by another process"]
-    elif done.elided:
-        report["fts_optimize_steps"], report["fts_optimize_stopped"] = fts_optimize(conn, schema["fts"], wait, stop)
+    if done.elided:  # the replaced bodies' old index entries: FTS5's optimize, in steps a writer can work beside
+        report["fts_optimize_steps"], report["fts_optimize_stopped"] = fts_optimize_live(
+            conn, schema["fts"], wait, stop, bound=optimize_bound(opts, db_path)
+        )
 
 
 def _drop_deletes(plan):

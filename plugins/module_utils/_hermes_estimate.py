@@ -55,27 +55,36 @@ def _varint(buf, at):
     return value, at
 
 
-def index_leaves(record):
-    """The leaf pages of an FTS5 index, from its structure record (sqlite.org's fts5_index.c: a
-    4-byte cookie, the V2 marker or not, the number of levels, of segments and the write counter,
-    then per level its merge state and segments, each with its first and last leaf page). A leaf
-    is one row of <index>_data of at most ``pgsz`` bytes (4050 by default): about one page."""
+def index_levels(record):
+    """The levels of an FTS5 index, from its structure record (sqlite.org's fts5_index.c: a 4-byte
+    cookie, the V2 marker or not, the number of levels, of segments and the write counter, then per
+    level its merge state and segments, each with its first and last leaf page): a list of
+    ``(inputs of the merge under way from that level, [leaves of each segment])``. A leaf is one row
+    of <index>_data of at most ``pgsz`` bytes (4050 by default): about one page."""
     if record[4:8] == STRUCTURE_V2:  # contentless_delete tables only (Hermes has none): not read
         raise ValueError("an FTS5 structure record of version 2")
     at = 4
-    levels, at = _varint(record, at)
+    count, at = _varint(record, at)
     _segments, at = _varint(record, at)
     _writes, at = _varint(record, at)
-    leaves = 0
-    for _level in range(levels):
-        _merging, at = _varint(record, at)
+    levels = []
+    for _level in range(count):
+        merging, at = _varint(record, at)
         segments, at = _varint(record, at)
+        leaves = []
         for _segment in range(segments):
             _segid, at = _varint(record, at)
             first, at = _varint(record, at)
             last, at = _varint(record, at)
-            leaves += last - first + 1
-    return leaves
+            leaves.append(last - first + 1)
+        levels.append((merging, leaves))
+    return levels
+
+
+def read_index_levels(conn, name):
+    """``index_levels`` of the FTS5 index ``name`` as ``conn`` sees it now ([] when it has no record)."""
+    row = conn.execute("SELECT block FROM %s WHERE id = ?" % _quote(name + "_data"), (STRUCTURE_ROWID,)).fetchone()
+    return index_levels(bytes(row[0])) if row and row[0] else []
 
 
 def fts_index_pages(conn, fts):
@@ -83,10 +92,7 @@ def fts_index_pages(conn, fts):
     pages = {}
     for table in fts:
         try:
-            row = conn.execute(
-                "SELECT block FROM %s WHERE id = ?" % _quote(table["name"] + "_data"), (STRUCTURE_ROWID,)
-            ).fetchone()
-            pages[table["name"]] = index_leaves(bytes(row[0])) if row and row[0] else 0
+            pages[table["name"]] = sum(sum(leaves) for _merging, leaves in read_index_levels(conn, table["name"]))
         except (sqlite3.Error, IndexError, ValueError):  # unreadable, truncated or of another version
             pages[table["name"]] = 0
     return pages
@@ -155,8 +161,8 @@ def predict_free_pages(
     skipped vacuum's reason).
 
     ``extra_bytes``: bytes the run takes out of the messages besides (the tool-payload elision);
-    ``fts_optimized``: the reclaim optimizes the FTS5 indexes (no other process holds the file),
-    else they are counted as keeping their size and growing by their delete markers;
+    ``fts_optimized``: the reclaim optimizes the FTS5 indexes (as it does, beside a holder too), else
+    they are counted as keeping their size and growing by their delete markers;
     ``live_rollback``: every read a short one."""
     free = conn.execute("PRAGMA freelist_count").fetchone()[0]
     pages = conn.execute("PRAGMA page_count").fetchone()[0]

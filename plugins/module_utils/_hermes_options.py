@@ -163,7 +163,8 @@ OPTIONS = (
     Option("gateway_service", "str", unset="no service window", doc=(
         "The systemd unit of the Hermes gateway, for a service window inside the run. The steps that need "
         "C(state.db) alone (a full C(VACUUM), which also makes the one-time switch to C(auto_vacuum=INCREMENTAL) "
-        "with O(vacuum_switch_incremental); FTS5's optimize after a tool-payload elision) run with the gateway "
+        "with O(vacuum_switch_incremental), after FTS5's optimize of what the gateway wrote since) run with the "
+        "gateway "
         "drained and stopped, when they pay and their estimated time fits O(max_downtime). Everything else runs "
         "with the gateway up.",
         "A system unit, or the Hermes user's own C(systemctl --user) unit as C(hermes gateway install) makes it "

@@ -27,11 +27,13 @@ from ._hermes_db import (
     wal_pending_bytes,
     write_transaction,
 )
-from ._hermes_estimate import predict_free_pages
-from ._hermes_payloads import fts_optimize
+from ._hermes_estimate import predict_free_pages, read_index_levels
 
-MERGE_PAGES = 256  # FTS5 'merge' work per transaction: a bounded write-lock hold
-MERGE_MAX_STEPS = 2000
+MERGE_PAGES = 256  # FTS5 pages an untimed optimize step writes (batch_time 0)
+OPTIMIZE_FIRST = 64  # FTS5 pages of the optimize's first timed step, before the rate per page is known
+OPTIMIZE_MAX_STEPS = 8000
+OPTIMIZE_STALLS = 100  # the gateway's turns in a row a merge under way may wait behind its newer segments
+OPTIMIZE_CUTS = 8  # steps of one page in a row rolled back at the hard bound before the optimize gives up
 INCREMENTAL_PAGES = 1000  # pages freed per incremental_vacuum step without a time bound (30-80 ms here)
 INCREMENTAL_FIRST = 200  # pages of the first timed step, before the rate per page is known
 INCREMENTAL_MOST = 4000  # pages of one timed step at most
@@ -61,41 +63,108 @@ def wal_budget(conn, db_path, replica=None):
     return stop
 
 
-def fts_merge(conn, fts, pause, stop=None):
-    """Merge FTS5 segments left sparse by the deletes, a few pages per transaction."""
-    steps = 0
-    wait = turn_after_commit(conn, pause)
-    for table in fts:
-        if table["error"] or (stop and stop()):
-            continue
-        name = '"%s"' % table["name"].replace('"', '""')
-        sql = "INSERT INTO %s(%s, rank) VALUES('merge', %d)" % (name, name, MERGE_PAGES)
-        for _step in range(MERGE_MAX_STEPS):
-            if stop and stop():
-                break
-            before = conn.total_changes
-            began = time.monotonic()
-            with write_transaction(conn):
-                conn.execute(sql)
-            steps += 1
-            wait(time.monotonic() - began)
-            if conn.total_changes - before < 2:  # FTS5's documented "no more work" signal
-                break
+def fts_give_back(conn, fts, pause, stop=None, bound=None):
+    """After a prune: FTS5's optimize in steps (``fts_optimize_live``), which leaves each index one
+    segment without the deleted rows' entries and delete markers, with or without a holder. FTS5's
+    ordinary merge alone leaves them to where the prune's transactions ended (on one release-built
+    file an index grew by a quarter in one run and shrank to a third in the next), so the estimate of
+    what a vacuum gives back could not be planned on. Returns the steps."""
+    steps, _stopped = fts_optimize_live(conn, fts, turn_after_commit(conn, pause), stop, bound)
     return steps
 
 
-def fts_give_back(conn, db_path, fts, pause, stop=None):
-    """After a prune: FTS5's ordinary merge, then, when no other process holds the file, its incremental
-    optimize, which leaves each index one segment without the deleted rows' entries and delete markers.
-    The merge alone leaves them to where the prune's transactions ended (on one release-built file an
-    index grew by a quarter in one run and shrank to a third in the next), so the estimate of what a
-    vacuum gives back could not be planned on. Beside a holder each of its commits would start the
-    optimize one FTS5 level higher (see fts_optimize): the merge alone is run there. Returns the steps."""
-    steps = fts_merge(conn, fts, pause, stop)
-    if holders(db_path):
-        return steps
-    more, _stopped = fts_optimize(conn, fts, turn_after_commit(conn, pause), stop)
-    return steps + more
+def fts_optimize_live(conn, fts, wait, stop=None, bound=None):
+    """FTS5's optimize of each index in short write transactions, safe beside a writer. Returns
+    (steps, [why an index's optimize was not finished]).
+
+    One negative ``merge`` starts it: FTS5 moves every segment to one new top level and merges them
+    into one. The steps after it are positive ``merge``s, which go on with a merge under way: a
+    negative one after another connection's commit (a new segment) would start over one level higher
+    each time (see ``_hermes_payloads.fts_optimize``), while a positive one leaves the new segments to
+    FTS5's automerge. The index so gains the two levels an optimize without a holder gives it, once
+    per run. A positive step that finds nothing to do while the merge is under way waits behind a
+    level of the writer's newer segments (as many as the merge's inputs, fewer than ``usermerge``):
+    the gateway's turn, and again, until its automerge has merged them.
+
+    ``bound`` (seconds; None: MERGE_PAGES a step, untimed): each step takes as many pages as fit in
+    0.8 x the bound at the last step's rate, and a step still running at the hard bound is
+    interrupted, rolled back, and retried with half the pages (as ``incremental_vacuum``)."""
+    steps, problems = 0, []
+    for table in fts:
+        if table["error"] or (stop and stop()):
+            continue
+        taken, problem = _optimize_index_live(conn, table["name"], wait, stop, bound)
+        steps += taken
+        if problem:
+            problems.append("%s: %s" % (table["name"], problem))
+    return steps, problems
+
+
+def _optimize_index_live(conn, table, wait, stop, bound):
+    name = '"%s"' % table.replace('"', '""')
+    pages = OPTIMIZE_FIRST if bound else MERGE_PAGES
+    hard = hard_bound(bound) if bound else None
+    running = [None]  # when the merge statement began, while it runs: never the BEGIN, COMMIT or ROLLBACK
+    steps = stalls = cut = 0
+    started = False
+    if hard:
+        conn.set_progress_handler(
+            lambda: 1 if running[0] is not None and time.monotonic() - running[0] > hard else 0, INCREMENTAL_PROGRESS
+        )
+    try:
+        while steps < OPTIMIZE_MAX_STEPS:
+            stopped = stop() if stop else None
+            if stopped:
+                return steps, stopped
+            before = conn.total_changes
+            began = time.monotonic()
+            try:
+                with write_transaction(conn):
+                    began = running[0] = time.monotonic()
+                    try:
+                        conn.execute(
+                            "INSERT INTO %s(%s, rank) VALUES('merge', %d)" % (name, name, pages if started else -pages)
+                        )
+                    finally:
+                        running[0] = None
+            except sqlite3.OperationalError as exc:
+                if not hard or "interrupt" not in str(exc):
+                    return steps, str(exc)
+                cut += 1
+                if pages == 1 and cut > OPTIMIZE_CUTS:
+                    return steps, "a step of one page ran past the hard bound %d times: the next run goes on" % cut
+                pages = max(1, pages // 2)
+                wait(time.monotonic() - began)
+                continue
+            held = time.monotonic() - began
+            steps, cut = steps + 1, 0
+            wait(held)
+            did = conn.total_changes - before >= 2  # FTS5's documented "work was done" signal
+            if bound:
+                pages = next_pages(pages, held, bound)
+            if not started and not did:
+                return steps, None  # one segment already: nothing to optimize
+            started = True
+            under_way = merge_under_way(conn, table)
+            if under_way is None:
+                return steps, "its structure record is not one this collection reads: the next run goes on"
+            if not under_way:
+                return steps, None
+            stalls = 0 if did else stalls + 1
+            if stalls > OPTIMIZE_STALLS:
+                return steps, "its merge waits behind the gateway's newer segments: the next run goes on"
+    finally:
+        if hard:
+            conn.set_progress_handler(None, 0)
+    return steps, "stopped after %d steps: the next run goes on" % steps
+
+
+def merge_under_way(conn, table):
+    """Whether a level of the FTS5 index ``table`` has a merge under way (None: its record unreadable)."""
+    try:
+        return any(merging for merging, _leaves in read_index_levels(conn, table))
+    except (IndexError, ValueError):  # truncated, or of another version
+        return None
 
 
 def pragma(conn, name):
@@ -215,6 +284,12 @@ def step_bound(options, db_path):
     return batch_time + (0.0 if is_wal_file(db_path) else ROLLBACK_COMMIT_TIME)
 
 
+def optimize_bound(options, db_path):
+    """The FTS optimize's bound: the prune's beside a holder (``step_bound``); None with the file alone,
+    where nobody waits for the lock (a step of one page, a long doclist, can take longer than it)."""
+    return step_bound(options, db_path) if holders(db_path) else None
+
+
 def full_vacuum(conn, switch_to_incremental):
     """In place (the inode stays), optionally leaving the file in incremental mode."""
     if switch_to_incremental:
@@ -268,14 +343,6 @@ def plan_reclaim(
     out is planned for the window (``in_window``, and ``held``: the holder's reason, for when the
     window does not open)."""
 
-    def predicted(optimized):
-        if not (pruned or extra_bytes):
-            return None
-        return predict_free_pages(
-            conn, schema, pruned, messages_total,
-            extra_bytes=extra_bytes, fts_optimized=optimized, live_rollback=live_rollback,
-        )  # fmt: skip
-
     def rule(after_prune, alone=False):
         return decide(
             conn, db_path, options["vacuum_mode"], options["vacuum_threshold"], schema["auto_vacuum"],
@@ -283,19 +350,21 @@ def plan_reclaim(
         )  # fmt: skip
 
     held = bool(holders(db_path))
-    after_prune = predicted(optimized=not held)  # as fts_give_back decides
+    after_prune = None
+    if pruned or extra_bytes:  # the FTS indexes optimized after them, as fts_give_back does, beside a holder too
+        after_prune = predict_free_pages(
+            conn, schema, pruned, messages_total,
+            extra_bytes=extra_bytes, fts_optimized=True, live_rollback=live_rollback,
+        )  # fmt: skip
     action, reason = rule(after_prune)
     free = after_prune["free_pages"] if after_prune else pragma(conn, "freelist_count")
     decision = {
         "mode": options["vacuum_mode"], "action": action, "skipped_reason": reason, "free_pages_predicted": free,
         "in_window": False,
     }  # fmt: skip
-    if action is None and window and held:
+    if action is None and window and held and rule(after_prune, alone=True)[0] == "full":
         # the window runs what a run with no holder runs: FTS5's optimize, then the VACUUM
-        alone = predicted(optimized=True)
-        if rule(alone, alone=True)[0] == "full":
-            decision.update(action="full", skipped_reason=None, in_window=True, held=reason)
-            decision["free_pages_predicted"] = alone["free_pages"] if alone else free
+        decision.update(action="full", skipped_reason=None, in_window=True, held=reason)
     return decision
 
 
@@ -327,7 +396,9 @@ def reclaim(conn, db_path, options, schema, decision, *, pruned, stop=None):
         "free_pages_predicted": decision["free_pages_predicted"],
     }  # fmt: skip
     if pruned:
-        report["fts_merge_steps"] = fts_give_back(conn, db_path, schema["fts"], options["batch_pause"], stop)
+        report["fts_merge_steps"] = fts_give_back(
+            conn, schema["fts"], options["batch_pause"], stop, bound=optimize_bound(options, db_path)
+        )
     report["free_pages_before_vacuum"] = pragma(conn, "freelist_count")
     replica = schema.get("litestream")
     action = decision["action"]

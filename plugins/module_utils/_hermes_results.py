@@ -181,7 +181,9 @@ PROFILE_FIELDS = (
     Field("reclaim", "dict", initial=None, doc=(
         "V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed) (in check mode an estimate), "
         "V(skipped_reason), V(free_pages_predicted) (the free pages the plan expects after the prune, which the "
-        "vacuum rule is applied to), V(in_window) (the full VACUUM waits for the service window), V(fts_merge_steps), "
+        "vacuum rule is applied to), V(in_window) (the full VACUUM waits for the service window), V(fts_merge_steps) "
+        "(the steps of FTS5's optimize after a prune, short write transactions sized to O(batch_time), beside a "
+        "live gateway too), "
         "and after a real run V(free_pages_before_vacuum) (measured), "
         "V(stopped_early), V(incremental_steps) and V(incremental_retries) (the C(incremental_vacuum) steps, each "
         "sized to O(batch_time), and those interrupted at the hard bound and retried with fewer pages) and "
@@ -192,8 +194,8 @@ PROFILE_FIELDS = (
         "mode, whether it would open), V(reason) (why not, or what went wrong in it), V(steps) (what needs the file "
         "alone, in this order V(backup) (the whole-file backup a live rollback-journal run deferred), "
         "V(optimize_storage) (Hermes's own C(hermes sessions optimize-storage), run with O(hermes_python) as the "
-        "file's owner where the file has that work left), V(fts_optimize) and V(vacuum_full)), V(estimate_s) (the "
-        "planned downtime), and after a real run "
+        "file's owner where the file has that work left), V(fts_optimize) (of what the gateway wrote since the "
+        "run's own) and V(vacuum_full)), V(estimate_s) (the planned downtime), and after a real run "
         "V(downtime_s) (from the drain until the gateway was back), V(done) (the steps completed), "
         "V(gateway_back) (the gateway serves again; false fails the profile) and V(auto_vacuum) (the file's mode "
         "after it, 2 for incremental). One window serves every profile of the run that planned one.",
@@ -211,8 +213,9 @@ PROFILE_FIELDS = (
         "back); V(skipped_reason), why nothing was elided (objects this collection does not know, an FTS index "
         "this SQLite cannot update); after a real run V(left_alone) (changed or protected since the plan), "
         "V(stopped_early), V(retries) (transactions still running at the hard bound, rolled back and retried "
-        "in halves), V(fts_optimize_steps) (FTS5's incremental optimize after the elision, run when no "
-        "other process holds the file) and V(fts_optimize_stopped) (why it was not run or not finished).",
+        "in halves), V(fts_optimize_steps) (FTS5's optimize after the elision, in short write "
+        "transactions sized to O(batch_time), beside a live gateway too) and V(fts_optimize_stopped) (why it was "
+        "not finished; the next run goes on).",
     )),
     Field("stores", "dict", initial=None, doc=(
         "Null without O(reclaim_stores). Else each other SQLite store found, by kind, with V(path), V(bytes), "

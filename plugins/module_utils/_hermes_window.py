@@ -1,8 +1,9 @@
 # Copyright: hermes_agent.ops contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The service window: the gateway drained, stopped, and always started again, around the steps
-that need state.db alone (a full VACUUM, which also switches the file to incremental auto_vacuum;
-FTS5's optimize after an elision; Hermes's own optimize-storage, _hermes_storage_upgrade).
+that need state.db alone (a full VACUUM, which also switches the file to incremental auto_vacuum,
+after FTS5's optimize of what the gateway wrote since the run's own; Hermes's own optimize-storage,
+_hermes_storage_upgrade).
 
 The plan (``plan_window``, in each profile's action plan) says whether a window opens and for
 what; the run opens one window for every profile that planned it, after their live work
@@ -93,12 +94,12 @@ def estimate_seconds(steps, db_bytes, messages=0):
     return total
 
 
-def plan_window(opts, reclaim, db_path, *, elision, backup_deferred=False, storage_upgrade=None):
+def plan_window(opts, reclaim, db_path, *, backup_deferred=False, storage_upgrade=None):
     """Whether this profile's run opens a window and for what: ``{"opened", "reason", "steps",
     "estimate_s", "downtime_s"}`` (None when no window is configured). ``reclaim`` is the plan's
     reclaim decision (a full VACUUM planned ``in_window``, after FTS5's optimize: the window runs
-    what a run with no holder runs); ``elision``: tool payloads are elided, and beside a holder
-    FTS5's optimize after it needs the file alone; ``backup_deferred``: the
+    what a run with no holder runs; FTS5's optimize after a prune or an elision runs live, in steps,
+    and needs no window of its own); ``backup_deferred``: the
     whole-file backup was due and the live run takes an archive instead, so a window that opens
     takes it first (never opened for it alone); ``storage_upgrade``: ``{"pending", "messages"}`` when
     Hermes's optimize-storage has work and ``hermes_python`` can run it (None otherwise)."""
@@ -106,7 +107,7 @@ def plan_window(opts, reclaim, db_path, *, elision, backup_deferred=False, stora
         return None
     held = bool(holders(db_path))
     steps = [OPTIMIZE_STORAGE] if storage_upgrade and held else []
-    if (elision or reclaim.get("in_window")) and held:  # the FTS entries the live work left, before the VACUUM
+    if reclaim.get("in_window") and held:  # the FTS segments the gateway wrote since the live optimize
         steps.append(FTS_OPTIMIZE)
     if reclaim.get("in_window"):
         steps.append(VACUUM_FULL)

@@ -100,9 +100,9 @@ options:
     description:
       - The systemd unit of the Hermes gateway, for a service window inside the run. The steps that need C(state.db)
         alone (a full C(VACUUM), which also makes the one-time switch to C(auto_vacuum=INCREMENTAL) with
-        O(vacuum_switch_incremental); FTS5's optimize after a tool-payload elision) run with the gateway drained and
-        stopped, when they pay and their estimated time fits O(max_downtime). Everything else runs with the gateway
-        up.
+        O(vacuum_switch_incremental), after FTS5's optimize of what the gateway wrote since) run with the gateway
+        drained and stopped, when they pay and their estimated time fits O(max_downtime). Everything else runs with
+        the gateway up.
       - A system unit, or the Hermes user's own C(systemctl --user) unit as C(hermes gateway install) makes it
         (C(hermes-gateway), or C(hermes-gateway-<profile>)); the system unit is used where there is one of that name.
         Off when omitted (with O(gateway_stop_command) it is not given).
@@ -483,10 +483,11 @@ profiles:
         - V(mode), V(action) (V(full), V(incremental) or null), V(bytes_freed) (in check mode an estimate),
           V(skipped_reason), V(free_pages_predicted) (the free pages the plan expects after the prune, which the
           vacuum rule is applied to), V(in_window) (the full VACUUM waits for the service window),
-          V(fts_merge_steps), and after a real run V(free_pages_before_vacuum) (measured), V(stopped_early),
-          V(incremental_steps) and V(incremental_retries) (the C(incremental_vacuum) steps, each sized to
-          O(batch_time), and those interrupted at the hard bound and retried with fewer pages) and V(checkpoint)
-          (null when none was run; V(checkpoint_skipped_reason) says why).
+          V(fts_merge_steps) (the steps of FTS5's optimize after a prune, short write transactions sized to
+          O(batch_time), beside a live gateway too), and after a real run V(free_pages_before_vacuum) (measured),
+          V(stopped_early), V(incremental_steps) and V(incremental_retries) (the C(incremental_vacuum) steps, each
+          sized to O(batch_time), and those interrupted at the hard bound and retried with fewer pages) and
+          V(checkpoint) (null when none was run; V(checkpoint_skipped_reason) says why).
       type: dict
     window:
       description:
@@ -494,11 +495,11 @@ profiles:
           mode, whether it would open), V(reason) (why not, or what went wrong in it), V(steps) (what needs the file
           alone, in this order V(backup) (the whole-file backup a live rollback-journal run deferred),
           V(optimize_storage) (Hermes's own C(hermes sessions optimize-storage), run with O(hermes_python) as the
-          file's owner where the file has that work left), V(fts_optimize) and V(vacuum_full)), V(estimate_s) (the
-          planned downtime), and after a real run V(downtime_s) (from the drain until the gateway was back), V(done)
-          (the steps completed), V(gateway_back) (the gateway serves again; false fails the profile) and
-          V(auto_vacuum) (the file's mode after it, 2 for incremental). One window serves every profile of the run
-          that planned one.
+          file's owner where the file has that work left), V(fts_optimize) (of what the gateway wrote since the
+          run's own) and V(vacuum_full)), V(estimate_s) (the planned downtime), and after a real run V(downtime_s)
+          (from the drain until the gateway was back), V(done) (the steps completed), V(gateway_back) (the gateway
+          serves again; false fails the profile) and V(auto_vacuum) (the file's mode after it, 2 for incremental).
+          One window serves every profile of the run that planned one.
       type: dict
     file_retention:
       description:
@@ -515,8 +516,9 @@ profiles:
           back); V(skipped_reason), why nothing was elided (objects this collection does not know, an FTS index this
           SQLite cannot update); after a real run V(left_alone) (changed or protected since the plan),
           V(stopped_early), V(retries) (transactions still running at the hard bound, rolled back and retried in
-          halves), V(fts_optimize_steps) (FTS5's incremental optimize after the elision, run when no other process
-          holds the file) and V(fts_optimize_stopped) (why it was not run or not finished).
+          halves), V(fts_optimize_steps) (FTS5's optimize after the elision, in short write transactions sized to
+          O(batch_time), beside a live gateway too) and V(fts_optimize_stopped) (why it was not finished; the next
+          run goes on).
       type: dict
     stores:
       description:

@@ -293,14 +293,15 @@ def test_elision_beside_a_live_writer_loses_no_append(tmp_path):
 def test_the_fts_optimize_stops_when_another_connection_writes_and_the_index_stays_usable(home, tmp_path):
     """Each commit of another connection adds an FTS5 segment, and the next incremental optimize step
     then starts one level higher: run on beside a writer, the index passed FTS5's 2,000 levels and no
-    connection could open it any more. The optimize stops at the first foreign commit instead."""
+    connection could open it any more. This optimize (the service window's) stops at the first foreign
+    commit instead; the run's own beside a writer goes on in positive merges (fts_optimize_live)."""
     db = home / "state.db"
     writer = WriterProcess(hermes_python(RELEASE), db, str(tmp_path / "writer.jsonl"), prefix="optimize-live")
     try:
         writer.start()
         time.sleep(0.5)
         profile = run_maintenance(_opts(home, vacuum_mode="never"))["profiles"][0]
-        assert profile["tool_payloads"]["fts_optimize_stopped"] == ["the file is held by another process"]
+        assert profile["tool_payloads"]["fts_optimize_stopped"] == [], profile["tool_payloads"]  # in live steps
         conn = sqlite3.connect(str(db), isolation_level=None, timeout=30)
         try:
             fts = [{"name": "messages_fts", "error": None}, {"name": "messages_fts_trigram", "error": None}]
