@@ -9,7 +9,6 @@ a child of a systemd manager) is still a possible holder.
 """
 
 import ctypes
-import json
 import os
 import shutil
 import sqlite3
@@ -17,7 +16,7 @@ import subprocess
 import time
 
 import pytest
-from hermes_reliability import user_with_dir
+from hermes_reliability import answer_as, user_with_dir
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_db
 
@@ -29,26 +28,6 @@ IMPOSTOR = (
     "libc.prctl(%d, b'(sd-pam)'); libc.prctl(%d, 0)\n"
     "print('ready', flush=True); time.sleep(60)\n"
 ) % (PR_SET_NAME, PR_SET_DUMPABLE)
-
-
-def _as_user(uid, gid, func):
-    """``func()``'s JSON answer from a fork that runs as ``uid``."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        try:
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            os.write(write, json.dumps(func()).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as handle:
-        answer = handle.read()
-    os.waitpid(pid, 0)
-    return json.loads(answer)
 
 
 @pytest.mark.root
@@ -71,8 +50,8 @@ def test_a_process_that_only_calls_itself_sd_pam_is_still_a_possible_holder():
             deadline = time.monotonic() + 10
             while _hermes_db._comm(impostor.pid) != "(sd-pam)" and time.monotonic() < deadline:
                 time.sleep(0.05)
-            found, hidden = _as_user(uid, gid, lambda: _hermes_db._scan_proc(db, set()))
-            closer = _as_user(uid, gid, lambda: _hermes_db._session_closer(impostor.pid))
+            found, hidden = answer_as(uid, gid, lambda: _hermes_db._scan_proc(db, set()))
+            closer = answer_as(uid, gid, lambda: _hermes_db._session_closer(impostor.pid))
         finally:
             impostor.kill()
             impostor.wait()
