@@ -158,7 +158,8 @@ def scheduled_runs(user, unit):
         pass
     blocks = [LOG_START + b for b in _read(config.get("log_file") or "/nonexistent").split(LOG_START)[1:]]
     runs = _runs(unit)
-    for run, block in zip(reversed(runs), reversed(blocks)):
+    # a run still going has written no block yet: pair the finished ones, newest first
+    for run, block in zip(reversed([r for r in runs if r["end"]]), reversed(blocks)):
         run["log"] = block
     return runs, config
 
