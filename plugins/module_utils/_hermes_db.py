@@ -642,7 +642,13 @@ def _scan_proc(db_path, exclude):
             except OSError:
                 readable = False
                 break
-        if not readable and int(pid) not in ancestors and not _exited(pid) and _could_open(pid, st):
+        if (
+            not readable
+            and int(pid) not in ancestors
+            and not _exited(pid)
+            and not _session_closer(pid)
+            and _could_open(pid, st)
+        ):
             hidden.append({"pid": int(pid), "command": _comm(pid), "evidence": "unreadable"})
     if _proc_hides_others() and os.geteuid() != 0 and st.st_mode & 0o066:
         hidden.append({"pid": None, "command": "other users' processes (/proc is hidepid)", "evidence": "unreadable"})
@@ -659,6 +665,29 @@ def _exited(pid):
         return False
 
 
+def _session_closer(pid):
+    """Whether ``pid`` is ``(sd-pam)``: the helper that a user's own systemd manager forks (and that
+    lives as long as it) to close the PAM session at its end. The manager of a Hermes user runs for
+    good once linger is on, which `hermes gateway install` turns on for the gateway's user unit. The
+    helper is not dumpable, so its owner cannot read its descriptors, but it opens no file of the
+    user's: not a possible holder. Known by its name and its parent, the manager's systemd."""
+    if _comm(pid) != "(sd-pam)":
+        return False
+    try:
+        return os.path.basename(os.readlink("/proc/%d/exe" % _parent(pid))) == "systemd"
+    except (OSError, TypeError):
+        return False
+
+
+def _parent(pid):
+    """The parent's pid from /proc/PID/stat (the field after "(comm) state"), or None."""
+    try:
+        with open("/proc/%s/stat" % pid) as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _ancestors():
     """The processes that started this one (init, cron, sshd, sudo, the Ansible connection).
 
@@ -668,13 +697,9 @@ def _ancestors():
     found by them. Their open files are still checked when they can be read.
     """
     chain, pid = set(), os.getppid()
-    while pid > 0 and pid not in chain:
+    while pid and pid > 0 and pid not in chain:
         chain.add(pid)
-        try:
-            with open("/proc/%d/stat" % pid) as handle:
-                pid = int(handle.read().rsplit(")", 1)[1].split()[1])  # the field after "(comm) state"
-        except (OSError, ValueError, IndexError):
-            break
+        pid = _parent(pid)
     return chain
 
 

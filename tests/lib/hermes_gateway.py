@@ -130,10 +130,10 @@ def _completion(kind, choices):
 
 
 class StubModel:
-    """The model server, in a daemon thread; ``url`` is its ``/v1`` base."""
+    """The model server, in a daemon thread; ``url`` is its ``/v1`` base (``port``: a free one when 0)."""
 
-    def __init__(self):
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ModelHandler)
+    def __init__(self, port=0):
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), _ModelHandler)
         self.server.daemon_threads = True
         self.server.calls = 0
         self.url = "http://127.0.0.1:%d/v1" % self.server.server_address[1]

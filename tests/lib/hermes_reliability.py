@@ -8,6 +8,7 @@ Plain Python 3.8+ standard library. Import with ``tests/lib`` on ``sys.path``::
 import contextlib
 import gzip
 import hashlib
+import json
 import os
 import pwd
 import re
@@ -285,6 +286,27 @@ def user_with_dir(user, prefix):
         yield uid, gid, base
     finally:
         shutil.rmtree(str(base), ignore_errors=True)
+
+
+def answer_as(uid, gid, func):
+    """``func()``'s answer (JSON-able) from a forked child switched to ``uid``/``gid`` (root only):
+    what that user sees, and root never runs that user's code in its own process."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            os.write(write, json.dumps(func()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        text = answer.read()
+    os.waitpid(pid, 0)
+    return json.loads(text)
 
 
 def chown_tree(root, uid, gid):

@@ -12,7 +12,7 @@ import sqlite3
 
 import pytest
 from hermes_releases import hermes_python_for, unreachable_packages
-from hermes_reliability import chown_tree, db_problems, files_not_owned_by, user_with_dir
+from hermes_reliability import answer_as, chown_tree, db_problems, files_not_owned_by, user_with_dir
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_release_delete import installed_capability
@@ -187,22 +187,7 @@ class SessionDB:
 
 def _capability_as(uid, gid, python):
     """installed_capability(python) in a child switched to the Hermes user (root never runs its code)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(read)
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            os.write(write, json.dumps(installed_capability(python)).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as answer:
-        text = answer.read()
-    os.waitpid(pid, 0)
-    return json.loads(text)
+    return answer_as(uid, gid, lambda: installed_capability(python))
 
 
 RAW_DELETE_MODULE = """
