@@ -21,7 +21,7 @@ systemd   (E = {host: fleet_gateway.py evidence}, R = converge's record, --refus
           by itself; its first run opened the service window around the gateway's user unit
           (the steps that need the file alone, the file incremental after); the client's
           requests failed only inside that run, none after, every turn answered and stored;
-          the gateway back (unit active, a holder).
+          the gateway back (unit active, serving).
 
 M = make_fleet_data.py's manifest, E/B = {host: fleet_inspect.py output}, R = the JSON
 record of the hermes_test_json callback, S = text files to search (repeatable). Prints one line
@@ -453,9 +453,12 @@ def phase_systemd(c, record, evidence, refused):
                 "%s: every message was answered on a retry" % host)  # fmt: skip
         c.check(ev["stored"] == answered, "%s: every answered turn is in state.db (nothing written lost)" % host,
                 "%d answered, %d stored" % (len(answered), len(ev["stored"])))  # fmt: skip
-        c.check(ev["gateway_active"] == "active" and bool(ev["holders"]),
-                "%s: the gateway is back (unit active, a holder on state.db)" % host,
-                "%s, holders %r" % (ev["gateway_active"], ev["holders"]))  # fmt: skip
+        # Back and serving: the unit active now, and the requests after the window answered and stored
+        # (above). No descriptor on state.db is asked for here: 0.22.2's writer connection retires after
+        # an idle window, and the client has stopped by now (the engine saw one when the window closed).
+        c.check(ev["gateway_active"] == "active",
+                "%s: the gateway is back (unit active; it served every request after the window)" % host,
+                "%s, holders now %r" % (ev["gateway_active"], ev["holders"]))  # fmt: skip
         c.check(ev["gateway_unit_path"].endswith("/.config/systemd/user/hermes-gateway.service"),
                 "%s: the gateway is the user unit Hermes installs" % host, ev["gateway_unit_path"])  # fmt: skip
         c.check(ev["auto_vacuum"] == 2, "%s: state.db is incremental after the window" % host, "%r" % ev["auto_vacuum"])
