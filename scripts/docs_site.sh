@@ -44,9 +44,10 @@ antsibull-docs sphinx-init --use-current --squash-hierarchy --fail-on-error --de
     --title "hermes_agent.ops" \
     --extra-html-theme-options documentation_home_url=https://docs.ansible.com/ hermes_agent.ops >/dev/null
 sed -i '/^intersphinx_mapping = {/,/^}/d' "$site/conf.py"
-# The two labels of ansible-core's docs that ansible-doc's generic text refers to: plain
-# text here, as no inventory of docs.ansible.com is reachable.
-echo 'nitpick_ignore = [("ref", "ansible_configuration_settings"), ("ref", "common_return_values")]' >>"$site/conf.py"
+# The labels of ansible-core's docs that ansible-doc's generic text refers to (the action
+# attribute of a module with an action plugin links action_plugins): plain text here, as no
+# inventory of docs.ansible.com is reachable.
+echo 'nitpick_ignore = [("ref", "ansible_configuration_settings"), ("ref", "common_return_values"), ("ref", "action_plugins")]' >>"$site/conf.py"
 # The role's page is antsibull-docs' (its argument specs); the role README's prose (what it
 # installs, the schedulers, examples) goes into it once antsibull-docs has written it.
 "$bin/python" - "$site/build.sh" "$bin/python" "$repo/scripts/md_to_rst.py" "$work/role-prose.rst" <<'PY'

@@ -89,7 +89,7 @@ written:
 results:
   description:
     - One entry per file written (in check mode, that a real run would write), in name order, shaped as a loop of
-      M(ansible.builtin.copy) tasks would register them.
+      C(ansible.builtin.copy) tasks would register them.
   returned: always
   type: list
   elements: dict

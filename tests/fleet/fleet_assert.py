@@ -388,7 +388,7 @@ def task_result(record, name, host):
     found = None
     for play in record.get("plays", []):
         for task in play.get("tasks", []):
-            if str(task.get("name")).split(" : ")[-1] == name and host in task.get("hosts", {}):
+            if str(task.get("name")).rsplit(" : ", maxsplit=1)[-1] == name and host in task.get("hosts", {}):
                 found = task["hosts"][host]
     return found
 

@@ -168,7 +168,7 @@ def wait_window(user, unit, timeout):
     """Wait until a finished run opened the window and a later run finished too."""
     deadline = time.monotonic() + float(timeout)
     while True:
-        runs, _ = scheduled_runs(user, unit)
+        runs = scheduled_runs(user, unit)[0]
         window = [i for i, r in enumerate(runs) if WINDOW_OPENED.search(r.get("log", "")) and r["end"]]
         if window and any(r["end"] for r in runs[window[0] + 1 :]):
             print("window in run %d of %d" % (window[0] + 1, len(runs)))

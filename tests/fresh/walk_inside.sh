@@ -105,7 +105,7 @@ while IFS= read -r cmd; do
         # What the docs say a command leaves behind, read right after it (the last one removes it).
         { echo "log $(stat -c '%s %U %a' "$log" 2>/dev/null || echo none)"
           echo "crontab $(crontab -l -u hermes 2>/dev/null | grep -c hermes-session-maintenance || true)"
-          echo "engine $(ls -d /usr/local/lib/hermes-ops/hermes /etc/hermes-ops/hermes 2>/dev/null | wc -l)"; } >"$out.state"
+          echo "engine $(for d in /usr/local/lib/hermes-ops/hermes /etc/hermes-ops/hermes; do [ -e "$d" ] && echo "$d"; done | wc -l)"; } >"$out.state"
         # No warning at all: getting_started's ansible.cfg names the interpreter choice, so not even
         # Ansible's interpreter-discovery notice may show.
         ! grep -n 'WARNING\]' "$out" || fail "warnings from: $run"
