@@ -655,7 +655,8 @@ def page(docs, page_dir=PAGE.parent, plots_dir=PLOTS, results_dir=RESULTS):
         text += [""] + section(doc, page_dir, results_dir, docs)
     text += [""] + note("optimize-storage")
     text += [""] + note("durability")
-    text += ["", "Three months of scheduled runs beside an always-on gateway: [benchmarks_window.md](benchmarks_window.md)."]
+    window = "[benchmarks_window.md](benchmarks_window.md)"
+    text += ["", "Three months of scheduled runs beside an always-on gateway: %s." % window]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(text)).rstrip("\n") + "\n"
 
 

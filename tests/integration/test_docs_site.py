@@ -29,7 +29,10 @@ SCREENSHOTS = REPO_ROOT / "build" / "docs-site-screenshots"
 
 # page -> what its first <h1> must say (the modules', the role's, the guides' Markdown titles)
 MODULES = ["session_maintenance", "session_restore", "state_db_info", "state_db_restore"]
-GUIDES = ["getting_started", "architecture", "safety", "compatibility", "fleet", "benchmarks", "benchmarks_elision", "benchmarks_window"]
+GUIDES = [
+    "getting_started", "architecture", "safety", "compatibility", "fleet",
+    "benchmarks", "benchmarks_elision", "benchmarks_window",
+]  # fmt: skip
 
 
 def _guide_title(name):
