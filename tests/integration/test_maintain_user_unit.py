@@ -13,17 +13,11 @@ import time
 
 import pytest
 from hermes_gateway import (
-    StubModel,
-    free_port,
     gateway_missing,
     gateway_pid,
     healthy,
+    supervised_gateway,
     supervisor_argv,
-    supervisor_start,
-    supervisor_stop,
-    wait_settled,
-    warm_up,
-    write_gateway_config,
 )
 from hermes_markers import release_module_marks
 from hermes_reliability import db_problems
@@ -80,28 +74,20 @@ def test_a_second_user_unit_or_one_beside_the_module_window_is_refused(ansible_p
 def test_maintain_runs_the_module_window_with_the_stop_and_start_commands(ansible_playbook, tmp_path):
     home = tmp_path / "home"
     db = str(make_big_rollback_home(home, 400, 40, seed=53, now=time.time()))
-    with StubModel() as model:
-        port = free_port()
-        write_gateway_config(home, model.url, port)
-        supervisor_start(home)
-        try:
-            warm_up(port)
-            wait_settled(db)
-            pid_before = gateway_pid(home)
-            extra = _extra(
-                home, hermes_maintenance_gateway_stop_command=supervisor_argv("stop", home),
-                hermes_maintenance_gateway_start_command=supervisor_argv("start", home),
-            )  # fmt: skip
-            rc, out = ansible_playbook("playbooks/maintain.yml", extra_vars=extra, env=ENV, check=True)
-            assert rc == 0, getattr(out, "text", out)
-            predicted = out.result("Maintain")["profiles"][0]["window"]
-            assert predicted["opened"] and "vacuum_full" in predicted["steps"], predicted
-            rc, out = ansible_playbook("playbooks/maintain.yml", extra_vars=extra, env=ENV)
-            assert rc == 0, getattr(out, "text", out)
-            window = out.result("Maintain")["profiles"][0]["window"]
-            assert window["opened"] and window["gateway_back"] and "vacuum_full" in window["done"], window
-            assert gateway_pid(home) not in (None, pid_before) and healthy(port)
-            assert any("service window" in line for line in out.result("Summary")["msg"])
-            assert db_problems(db) == []
-        finally:
-            supervisor_stop(home)
+    with supervised_gateway(home, db) as port:
+        pid_before = gateway_pid(home)
+        extra = _extra(
+            home, hermes_maintenance_gateway_stop_command=supervisor_argv("stop", home),
+            hermes_maintenance_gateway_start_command=supervisor_argv("start", home),
+        )  # fmt: skip
+        rc, out = ansible_playbook("playbooks/maintain.yml", extra_vars=extra, env=ENV, check=True)
+        assert rc == 0, getattr(out, "text", out)
+        predicted = out.result("Maintain")["profiles"][0]["window"]
+        assert predicted["opened"] and "vacuum_full" in predicted["steps"], predicted
+        rc, out = ansible_playbook("playbooks/maintain.yml", extra_vars=extra, env=ENV)
+        assert rc == 0, getattr(out, "text", out)
+        window = out.result("Maintain")["profiles"][0]["window"]
+        assert window["opened"] and window["gateway_back"] and "vacuum_full" in window["done"], window
+        assert gateway_pid(home) not in (None, pid_before) and healthy(port)
+        assert any("service window" in line for line in out.result("Summary")["msg"])
+        assert db_problems(db) == []

@@ -20,6 +20,7 @@ Ports are picked free at start (other test runs share the machine); the gateway'
 retried once if another process took it between the pick and the bind.
 """
 
+import contextlib
 import hashlib
 import http.client
 import http.server
@@ -522,3 +523,19 @@ if __name__ == "__main__":  # the supervisor: hermes_gateway.py start|stop HOME
         supervisor_stop(_home)
     else:
         sys.exit("usage: hermes_gateway.py start|stop HOME")
+
+
+@contextlib.contextmanager
+def supervised_gateway(home, db_path):
+    """A stub model and ``home``'s gateway started by the supervisor, answering and settled on
+    ``db_path``; yields the gateway's port, and stops it on leaving, on a failure too."""
+    with StubModel() as model:
+        port = free_port()
+        write_gateway_config(home, model.url, port)
+        supervisor_start(home)
+        try:
+            warm_up(port)
+            wait_settled(db_path)
+            yield port
+        finally:
+            supervisor_stop(home)

@@ -18,18 +18,12 @@ import time
 import pytest
 from hermes_gateway import (
     Client,
-    StubModel,
-    free_port,
     gateway_missing,
     gateway_pid,
     latency_summary,
     stored_user_messages,
+    supervised_gateway,
     supervisor_argv,
-    supervisor_start,
-    supervisor_stop,
-    wait_settled,
-    warm_up,
-    write_gateway_config,
 )
 from hermes_markers import release_module_marks
 from hermes_reliability import db_problems
@@ -52,16 +46,8 @@ def supervised(tmp_path):
     home = tmp_path / "home"
     db = str(copy_of_big_rollback_home(home, SIZE[0], SIZE[1], seed=53))
     assert journal_mode(db) == "delete" and q(db, "PRAGMA auto_vacuum")[0][0] == 0
-    with StubModel() as model:
-        port = free_port()
-        write_gateway_config(home, model.url, port)
-        supervisor_start(home)
-        try:
-            warm_up(port)
-            wait_settled(db)
-            yield home, db, port
-        finally:
-            supervisor_stop(home)
+    with supervised_gateway(home, db) as port:
+        yield home, db, port
 
 
 def window_options(home, **more):
