@@ -204,6 +204,11 @@ finish_step() {  # finish_step STEP STATUS
         passed=$((passed + 1))
     else
         failed=$((failed + 1))
+        # the failing tests' names and assertion lines first: the tail alone often shows only the count
+        if grep -qE '^_{3,} .+ _{3,}$' "$logs/$step.log"; then
+            echo "---- failed tests and their E lines in $logs/$step.log"
+            grep -E '^(_{3,} .+ _{3,}|E  .*)$' "$logs/$step.log" | head -n 40
+        fi
         echo "---- last $tail_lines lines of $logs/$step.log"
         tail -n "$tail_lines" "$logs/$step.log"
         echo "---- end of $logs/$step.log"

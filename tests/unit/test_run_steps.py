@@ -29,6 +29,8 @@ during:
 \t@test ! -e beside.done
 after-timing:
 \t@test -e beside.done
+pytestish:
+\t@printf '%s\\n' '____ test_cut_at_the_bound ____' 'E   AssertionError: cut done' && seq 1 100 && exit 1
 """
 
 BUDGETS = """\
@@ -39,6 +41,7 @@ slow 1 4
 broken 1 20
 drifting 1 20
 beside 5 20
+pytestish 1 20
 """
 
 
@@ -131,3 +134,12 @@ def test_a_timing_step_waits_for_the_jobs_started_beside_the_others(tmp_path):
     (tree / "beside.done").unlink()
     out, _err = _run(tree, "during", "beside", "after-timing").communicate(timeout=60)
     assert "waits" not in out and out.rstrip().endswith("steps: 3 passed, 0 failed"), out
+
+
+def test_a_failed_step_shows_its_failing_tests_and_assertions_above_the_tail(tmp_path):
+    """pytest's traceback sits far above the last lines, which hold only the counts."""
+    tree = _tree(tmp_path)
+    out, _err = _run(tree, "pytestish", STEP_TAIL="5").communicate(timeout=60)
+    head, tail = out.split("---- last 5 lines")
+    assert "____ test_cut_at_the_bound ____" in head and "E   AssertionError: cut done" in head, out
+    assert "\n100\n" in tail and "\n50\n" not in out, out
