@@ -44,7 +44,7 @@ from hermes_gateway import (  # noqa: E402
 )
 from hermes_rollback import WORDS, make_big_rollback_home  # noqa: E402
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine  # noqa: E402
+from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine, _hermes_profiles  # noqa: E402
 from hermes_fixtures import bulk_rows, copy_db, make_big_home  # noqa: E402
 
 FTS = ("messages_fts", "messages_fts_trigram")
@@ -210,6 +210,7 @@ def main():
     args = parser.parse_args()
     clock = ShiftedClock()
     _hermes_engine.time = clock
+    _hermes_profiles.time = clock  # each profile's run starts from its clock
     base = tempfile.mkdtemp(prefix="hermes-ops-months-")
     try:
         home = os.path.join(base, "home")

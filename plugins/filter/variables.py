@@ -30,7 +30,7 @@ from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import normalize_options
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_normalize import normalize_options
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_options import (
     NUMBER_TYPES,
     OPTIONS,

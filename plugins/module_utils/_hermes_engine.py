@@ -8,10 +8,6 @@ One profile's failure never stops the others; each result says what happened and
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import json
-import math
 import os
 import pwd
 import sqlite3
@@ -34,19 +30,18 @@ from ._hermes_db import (
     open_rw,
     refuse_wal_on_shared_filesystem,
 )
-from ._hermes_files import check_rules, describe, plan_files, plan_stores, reclaim_stores, remove_files
+from ._hermes_files import describe, plan_files, plan_stores, reclaim_stores, remove_files
 from ._hermes_hazards import (
-    auto_maintenance_meta,
     auto_prune_setting,
     database_backend,
-    held_hermes_locks,
     litestream_tables,
     no_checkpoint_on_close,
     refuse_during_hermes_operation,
 )
 from ._hermes_inspect import check_version, inspect_schema, quick_check, quick_check_small_tables, stats, unusable_fts
-from ._hermes_inventory import inventory, session_ids
-from ._hermes_options import BY_NAME, OPTIONS, check_option, defaults
+from ._hermes_inventory import session_ids
+from ._hermes_normalize import for_profile, normalize_options
+from ._hermes_options import BY_NAME, defaults
 from ._hermes_payloads import (
     PAYLOAD_PREFIX,
     ElideResult,
@@ -55,200 +50,18 @@ from ._hermes_payloads import (
     take_payload_archive,
 )
 from ._hermes_plan import DAY, build_plan
+from ._hermes_profiles import NO_PROFILES, ProfileLock, backups_of, each_profile, owner_of, run_as_owner, sessions_dir
 from ._hermes_reclaim import fts_optimize_live, optimize_bound, reclaim, wal_budget
 from ._hermes_release import release_prune_set
 from ._hermes_release_delete import HERMES, ReleaseDeleter, choose_deleter, release_prune, release_prune_on_copy
 from ._hermes_results import new_profile_result
-from ._hermes_storage import storage
 from ._hermes_undo import settle as settle_sliced
-from ._hermes_window import GatewayControl, check_window_options, run_window, window_words
+from ._hermes_window import GatewayControl, run_window, window_words
 from ._hermes_window import configured as window_configured
-
-NO_PROFILES = "no_profiles"  # a home that exists but holds no state.db (a profile's status; a run's)
-LOCK_SUFFIX = ".auto-maintenance.lock"  # the file Hermes's own auto-maintenance locks
 
 DEFAULTS = defaults()  # the option table's defaults (_hermes_options.OPTIONS)
 VACUUM_MODES = BY_NAME["vacuum_mode"].choices
 ROLLBACK_CACHE_KB = 32768  # page cache of the maintenance connection beside a live rollback-mode gateway
-
-
-def normalize_options(options):
-    """Fill defaults and refuse nonsense with a message that names the option."""
-    opts = defaults()
-    opts.update({k: v for k, v in (options or {}).items() if v is not None})
-    if not opts["hermes_home"]:
-        opts["hermes_home"] = [os.path.join(os.path.expanduser("~"), ".hermes")]
-    if isinstance(opts["hermes_home"], str):
-        opts["hermes_home"] = [opts["hermes_home"]]
-    for option in OPTIONS:
-        problem = check_option(option, opts[option.name])
-        if problem:
-            raise MaintenanceError(problem)
-    if opts["delete_with"] == "hermes" and not opts["hermes_python"]:
-        raise MaintenanceError(
-            "delete_with=hermes needs hermes_python: the interpreter of the Hermes installed on the host"
-        )
-    if opts["unknown_schema"] == "release_rules" and not opts["hermes_python"]:
-        raise MaintenanceError(
-            "unknown_schema=release_rules needs hermes_python: the interpreter of the Hermes installed on the host"
-        )
-    problem = check_window_options(opts)
-    if problem:
-        raise MaintenanceError(problem)
-    opts["prune_days_by_source"] = _by_source(opts["prune_days_by_source"])
-    opts["prune_days_by_profile"] = _by_profile(opts["prune_days_by_profile"])
-    opts["file_retention"] = check_rules(opts["file_retention"])
-    _check_retentions(opts, "")
-    for profile in sorted(opts["prune_days_by_profile"]):
-        _check_retentions(for_profile(opts, profile), "prune_days_by_profile[%s]." % profile)
-    return opts
-
-
-def _check_retentions(opts, prefix):
-    retentions = [(prefix + "prune_days", opts["prune_days"])]
-    retentions += [
-        ("%sprune_days_by_source[%s]" % (prefix, k), v) for k, v in sorted(opts["prune_days_by_source"].items())
-    ]
-    for name, days in retentions:
-        if float(opts["zombie_days"]) > float(days):
-            raise MaintenanceError(
-                "zombie_days (%s) is larger than %s (%s): a zombie would be pruned before it could be closed; "
-                "use zombie_days <= %s" % (opts["zombie_days"], name, days, name)
-            )
-
-
-def _days_value(name, days):
-    """A retention in days as a float; anything else is refused, naming the entry."""
-    if isinstance(days, bool) or not isinstance(days, (int, float, str)):
-        raise MaintenanceError("%s must be a number of days (got %r)" % (name, days))
-    try:
-        number = float(days)
-    except ValueError:
-        raise MaintenanceError("%s must be a number of days (got %r)" % (name, days)) from None
-    if math.isnan(number) or number < 0:
-        raise MaintenanceError("%s must not be negative (got %s)" % (name, days))
-    return number
-
-
-def _by_source(value, name="prune_days_by_source"):
-    """prune_days_by_source as {source: float days}; anything else is refused, naming the entry."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise MaintenanceError("%s must be a mapping of source to days, such as {cron: 3} (got %r)" % (name, value))
-    out = {}
-    for source, days in value.items():
-        if not isinstance(source, str) or not source:
-            raise MaintenanceError("%s: %r is no session source name" % (name, source))
-        out[source] = _days_value("%s[%s]" % (name, source), days)
-    return out
-
-
-def _by_profile(value):
-    """prune_days_by_profile as {profile: {"prune_days"?, "prune_days_by_source"?}}, refusing nonsense."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise MaintenanceError("prune_days_by_profile must be a mapping of profile name to days (got %r)" % (value,))
-    out = {}
-    for profile, rule in value.items():
-        name = "prune_days_by_profile[%s]" % profile
-        if not isinstance(profile, str) or not profile:
-            raise MaintenanceError("prune_days_by_profile: %r is no profile name" % (profile,))
-        if not isinstance(rule, dict):
-            rule = {"prune_days": rule}
-        unknown = set(rule) - {"prune_days", "prune_days_by_source"}
-        if unknown or not rule:
-            raise MaintenanceError(
-                "%s takes days, or a mapping with prune_days and/or prune_days_by_source (got %r)" % (name, rule)
-            )
-        out[profile] = {}
-        if "prune_days" in rule:
-            out[profile]["prune_days"] = _days_value(name + ".prune_days", rule["prune_days"])
-        if "prune_days_by_source" in rule:
-            out[profile]["prune_days_by_source"] = _by_source(
-                rule["prune_days_by_source"], name + ".prune_days_by_source"
-            )
-    return out
-
-
-def for_profile(opts, name):
-    """The options one profile runs with: its prune_days_by_profile entry over the run's retention."""
-    rule = opts["prune_days_by_profile"].get(name)
-    if not rule:
-        return opts
-    return dict(opts, **rule)
-
-
-def profile_path(home, name):
-    """Where profile NAME keeps its state.db: HOME/state.db for 'default', else HOME/profiles/NAME/."""
-    if name == "default":
-        return os.path.join(home, "state.db")
-    return os.path.join(home, "profiles", name, "state.db")
-
-
-def discover_profiles(home, wanted=None):
-    """(name, state.db path) for HOME/state.db ('default') and HOME/profiles/*/state.db."""
-    found = []
-    if os.path.lexists(profile_path(home, "default")):
-        found.append(("default", profile_path(home, "default")))
-    profiles_dir = os.path.join(home, "profiles")
-    if os.path.isdir(profiles_dir):
-        for name in sorted(os.listdir(profiles_dir)):
-            path = os.path.join(profiles_dir, name, "state.db")
-            if os.path.lexists(path):
-                found.append((name, path))
-    if wanted:
-        found = [item for item in found if item[0] in wanted]
-    return found
-
-
-def sessions_dir(db_path):
-    """Hermes keeps transcripts in the profile's own home, beside its state.db."""
-    return os.path.join(os.path.dirname(db_path), "sessions")
-
-
-class ProfileLock:
-    """A non-blocking flock on state.db.auto-maintenance.lock, shared with Hermes.
-
-    Check mode only probes an existing lock file (it creates nothing). ``owner`` (uid, gid)
-    is given to a lock file this creates, so a root caller leaves none that locks Hermes out.
-    """
-
-    def __init__(self, db_path, check_mode, owner=None):
-        self.path = db_path + LOCK_SUFFIX
-        self.fd = None
-        flags = os.O_NOFOLLOW | (os.O_RDONLY if check_mode else os.O_RDWR | os.O_CREAT)
-        if check_mode and not os.path.exists(self.path):
-            return
-        existed = os.path.lexists(self.path)
-        try:
-            self.fd = os.open(self.path, flags, 0o600)
-        except OSError as exc:
-            raise MaintenanceError("cannot open lock file %s: %s" % (self.path, exc.strerror)) from None
-        if owner is not None and not existed and os.geteuid() == 0:
-            os.fchown(self.fd, *owner)
-        try:
-            fcntl.flock(self.fd, (fcntl.LOCK_SH if check_mode else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(self.fd)
-            self.fd = None
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise ProfileSkipped(
-                    "another maintenance run (ours or Hermes's auto-maintenance) holds %s" % self.path
-                ) from None
-            raise
-
-    def release(self):
-        if self.fd is not None:
-            os.close(self.fd)  # closing drops the flock; the file stays for Hermes
-            self.fd = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.release()
 
 
 def hermes_retention(home, opts):
@@ -536,11 +349,6 @@ def _check_owner(db_path, st, opts):
         )
 
 
-def backups_of(home, backup_dir=None):
-    """The directory a home's backups go to: backup_dir when given, else HOME/backups."""
-    return os.path.abspath(backup_dir or os.path.join(home, "backups"))
-
-
 def _interval_due(opts, backup_dir, name, now):
     interval = opts["backup_interval_days"]
     if interval is None:
@@ -656,82 +464,6 @@ def _retain(result, opts, *, backup_dir, name, now, lister):
     )  # fmt: skip
 
 
-def run_as_owner(uid, fn, *args, **kwargs):
-    """As root, do a profile's work as the owner of its state.db, in a child process.
-
-    Every file the engine creates (WAL, lock, backups) then belongs to the Hermes user,
-    and a root-owned -shm can never lock the gateway out of its own database.
-    """
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        code = 0
-        try:
-            os.close(read_fd)
-            pw = pwd.getpwuid(uid)
-            os.setgroups(os.getgrouplist(pw.pw_name, pw.pw_gid))
-            os.setgid(pw.pw_gid)
-            os.setuid(uid)
-            os.environ["HOME"] = pw.pw_dir
-            payload = json.dumps(fn(*args, **kwargs)).encode()
-            with os.fdopen(write_fd, "wb") as pipe:
-                pipe.write(payload)
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        data = pipe.read()
-    os.waitpid(pid, 0)
-    if not data:
-        raise MaintenanceError("the worker process for uid %d died before reporting" % uid)
-    return json.loads(data.decode())
-
-
-def _owner_of(path):
-    try:
-        return os.lstat(path).st_uid
-    except OSError:
-        return None
-
-
-def _each_profile(opts, work, *, check_mode):
-    now = time.time()
-    results = []
-    for home in opts["hermes_home"]:
-        home = os.path.abspath(os.path.expanduser(home))
-        profiles = discover_profiles(home, opts["profiles"])
-        if not profiles:
-            missing = new_profile_result(home, "default", os.path.join(home, "state.db"))
-            # A home with nothing to maintain is not a success: the run says so (no_profiles).
-            exists = os.path.isdir(home)
-            missing["status"] = NO_PROFILES if exists or opts["allow_empty_homes"] else "failed"
-            missing["error"] = (
-                "no state.db under %s (no profile matches %s)" % (home, opts["profiles"] or "any")
-                if exists
-                else "no state.db under %s: the home does not exist yet (allow_empty_homes)" % home
-                if opts["allow_empty_homes"]
-                else "%s is the database file; give its home, %s (hermes_home)" % (home, os.path.dirname(home))
-                if os.path.isfile(home) and os.path.basename(home) == "state.db"
-                else "Hermes home %s does not exist: check hermes_home" % home
-            )
-            results.append(missing)
-            continue
-        for name, path in profiles:
-            uid = _owner_of(path)
-            if os.geteuid() == 0 and uid not in (None, 0):
-                try:
-                    results.append(run_as_owner(uid, work, home, name, path, opts, check_mode=check_mode, now=now))
-                except MaintenanceError as exc:
-                    failed = new_profile_result(home, name, path)
-                    failed["status"], failed["error"] = "failed", str(exc)
-                    results.append(failed)
-            else:
-                results.append(work(home, name, path, opts, check_mode=check_mode, now=now))
-    return results
-
-
 def service_window(opts, profiles):
     """One window for every profile whose plan opened one, after all their live work: the gateway
     drained and stopped (as the caller: root's stop and start), the steps as each file's owner, the
@@ -763,7 +495,7 @@ def service_window(opts, profiles):
 
 def _common_owner(profiles):
     """The pwd entry of the one owner of the profiles' state.db files, else None."""
-    owners = {_owner_of(p["path"]) for p in profiles}
+    owners = {owner_of(p["path"]) for p in profiles}
     return pwd.getpwuid(owners.pop()) if len(owners) == 1 and None not in owners else None
 
 
@@ -776,7 +508,7 @@ def check_gateway(opts, profiles):
     if not (window_configured(opts) and ok):
         return
     owner = _common_owner(ok)
-    if owner is None and len({_owner_of(p["path"]) for p in ok}) > 1:
+    if owner is None and len({owner_of(p["path"]) for p in ok}) > 1:
         return
     refused = GatewayControl(opts, owner).refusal()
     for p in ok if refused else ():
@@ -819,7 +551,7 @@ def run_maintenance(options, check_mode=False):
     opts = normalize_options(options)
     old_umask = os.umask(0o077)  # backups, lock files: private chat history
     try:
-        profiles = _each_profile(opts, maintain_profile, check_mode=check_mode)
+        profiles = each_profile(opts, maintain_profile, check_mode=check_mode)
         check_gateway(opts, profiles)
         if not check_mode:
             service_window(opts, profiles)
@@ -958,66 +690,3 @@ def format_summary_line(p, check_mode=False, opts=None):
     if p["status"] == "failed":
         line += " FAILED: %s" % p["error"]
     return line
-
-
-def profile_info(home, name, db_path, opts, check_mode, now):
-    """Read-only facts about one profile; reports what it can even when maintenance would refuse."""
-    info = {"name": name, "home": home, "path": db_path, "status": "ok", "error": None, "sqlite": engine_sqlite()}
-    opts = for_profile(opts, name)
-    db = None
-    try:
-        st = check_db_file(db_path)
-        info["database_backend"] = database_backend(home, db_path)
-        db = ReadOnlyDB(db_path, opts["busy_timeout"])
-        schema = inspect_schema(db.conn, home)
-        schema["catalogue"] = read_catalogue(db.conn)
-        info["catalogue"] = summary(schema["catalogue"])
-        file_holders = holders(db_path)
-        # Beside a gateway in rollback-journal mode every read blocks its commits: short reads only.
-        live_rollback = bool(file_holders) and journal_mode(db.conn, db_path) != "wal"
-        info.update(stats(db.conn, db_path, short_reads=live_rollback))
-        info["storage"] = storage(db.conn, live_rollback)
-        info.update(
-            schema_version=schema["schema_version"],
-            fts_layout=schema["fts_layout"],
-            fts_unusable=unusable_fts(schema),
-            auto_vacuum=schema["auto_vacuum"],
-            holders=file_holders,
-            mode="%o" % (st.st_mode & 0o777),
-            hermes_locks_held=held_hermes_locks(db_path),
-            litestream=litestream_tables(db.conn),
-            hermes_auto_maintenance=dict(auto_maintenance_meta(db.conn), config=auto_prune_setting(home)),
-        )
-        backup_dir = backups_of(home, opts["backup_dir"])
-        backups, archives = list_backups(backup_dir, name), list_archives(backup_dir, name)
-        info["newest_backup"] = _newest(backups, now)
-        info["backups"] = len(backups)
-        # Where a whole-file backup could not be taken beside the gateway: the archives kept instead.
-        info["newest_archive"] = _newest(archives, now)
-        info["archives"] = len(archives)
-        root = os.path.dirname(db_path)
-        info["home_files"] = inventory(root, session_ids(db.conn), skip=("profiles",) if name == "default" else ())
-        plan = build_plan(db.conn, schema, opts, now, sessions_dir(db_path), short_reads=live_rollback)
-        info.update(
-            idle_open=len(plan.zombies),
-            prunable_sessions=len(plan.delete_order),
-            prunable_messages=plan.messages_pruned,
-            bad_time_rows=plan.bad_time_rows,
-        )
-    except (MaintenanceError, sqlite3.Error, OSError) as exc:
-        info["status"], info["error"] = "failed", str(exc)
-    finally:
-        if db is not None:
-            db.close()
-    return info
-
-
-def _newest(stamped, now):
-    """The newest of ``stamped`` (path, unix time; newest first) as {"path", "age_days"}, or None."""
-    return {"path": stamped[0][0], "age_days": round((now - stamped[0][1]) / DAY, 2)} if stamped else None
-
-
-def gather_info(options):
-    """Stats of every profile, for reports; opens read-only and writes nothing."""
-    opts = normalize_options(options)
-    return {"profiles": _each_profile(opts, profile_info, check_mode=True), "sqlite": engine_sqlite()}

@@ -18,7 +18,7 @@ import stat
 import time
 
 from ._hermes_db import fsync_path
-from ._hermes_engine import gather_info
+from ._hermes_info import gather_info
 
 PREFIX = "hermes_ops_"
 FILE_MODE = 0o644  # node_exporter runs as its own user and must read it; no chat content in it

@@ -56,8 +56,8 @@ from ._hermes_db import (
     holders,
     sqlite_uri,
 )
-from ._hermes_engine import LOCK_SUFFIX, ProfileLock, backups_of, profile_path
 from ._hermes_inspect import quick_check_rows
+from ._hermes_profiles import LOCK_SUFFIX, ProfileLock, backups_of, profile_path
 
 PARTIAL = ".state.db.restore.partial"
 ASIDE_PREFIX = "state.db.pre-restore-"

@@ -50,9 +50,10 @@ import sys
 import time
 
 from ._hermes_db import MaintenanceError, fsync_path, makedirs_durable
-from ._hermes_engine import DEFAULTS, run_as_owner, run_maintenance
+from ._hermes_engine import DEFAULTS, run_maintenance
 from ._hermes_metrics import record_config_error, record_run
 from ._hermes_options import BY_NAME
+from ._hermes_profiles import run_as_owner
 
 try:
     import fcntl

@@ -73,7 +73,6 @@ from ._hermes_db import (
     refuse_wal_on_shared_filesystem,
     sqlite_uri,
 )
-from ._hermes_engine import LOCK_SUFFIX, ProfileLock, backups_of, profile_path, run_as_owner
 from ._hermes_fence import RETIRED_PREFIX, retired
 from ._hermes_hazards import refuse_during_hermes_operation
 from ._hermes_inspect import REQUIRED_COLUMNS, columns, quick_check_rows
@@ -87,6 +86,7 @@ from ._hermes_payloads import (
     restore_payloads,
 )
 from ._hermes_plan import load_sessions, parents_first, taken_along
+from ._hermes_profiles import LOCK_SUFFIX, ProfileLock, backups_of, profile_path, run_as_owner
 from ._hermes_restore import db_counts, unpack_backup
 
 ID_CHUNK = 500  # message ids looked up per read transaction of state.db

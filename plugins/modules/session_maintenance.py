@@ -560,8 +560,9 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support 
     maintenance_argument_spec,
 )
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import NO_PROFILES, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_metrics import record_run
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_profiles import NO_PROFILES
 
 
 def main():

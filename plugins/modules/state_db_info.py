@@ -232,7 +232,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support import shared_argument_spec
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_info import gather_info
 
 
 def main():

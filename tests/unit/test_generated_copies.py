@@ -191,7 +191,7 @@ def test_vacuum_switch_incremental_is_settable_from_role_and_maintain_playbook()
 def test_state_db_info_documents_every_key_of_a_profile(tmp_path):
     """Its RETURN was once written by hand and missed keys the engine returns (home,
     page_count, auto_vacuum, mode); now it is generated from the table this compares with."""
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_info import gather_info
     from hermes_fixtures import build_home, standard_scenario
 
     build_home(str(tmp_path), "v30", standard_scenario("v30")[0])

@@ -10,11 +10,9 @@ import time
 import pytest
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import (
-    gather_info,
-    normalize_options,
-    run_maintenance,
-)
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_info import gather_info
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_normalize import normalize_options
 from hermes_fixtures import add_index_with_missing_tokenizer, build_home, layout_available, missing_venv_message
 
 OLD = [

@@ -16,7 +16,8 @@ from hermes_markers import release_module_marks
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import PruneResult, prune
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_catalogue import read_catalogue
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import open_rw
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_info import gather_info
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_inspect import inspect_schema
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_plan import build_plan
 from hermes_fixtures import (

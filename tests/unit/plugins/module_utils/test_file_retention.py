@@ -26,7 +26,8 @@ import time
 import pytest
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import normalize_options, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_normalize import normalize_options
 from hermes_fixtures import build_home, hermes_python, layout_available, missing_venv_message, run_release
 
 LAYOUT = "hermes-0.22.2.post1"

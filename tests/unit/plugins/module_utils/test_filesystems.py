@@ -27,7 +27,8 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import
     parse_mountinfo,
     shared_filesystem,
 )
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_info import gather_info
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_restore import plan_restore, restore
 from hermes_fixtures import hermes_python, make_big_home
 

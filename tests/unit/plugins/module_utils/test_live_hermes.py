@@ -35,7 +35,8 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import
     holders,
     sqlite_wal_reset_affected,
 )
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_info import gather_info
 from hermes_fixtures import build_home, hermes_python
 
 RELEASE = "0.22.2.post1"
@@ -578,7 +579,7 @@ def test_our_run_skips_while_hermes_auto_maintenance_holds_the_lock_and_shows_it
 
 def test_hermes_auto_maintenance_skips_while_our_run_holds_the_lock(tmp_path):
     release_site_packages()
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import ProfileLock
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_profiles import ProfileLock
 
     home = tmp_path / "home"
     db = build_0222(home, [{"id": "ancient", "messages": 2, "days": 120}])

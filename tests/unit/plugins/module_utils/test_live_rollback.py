@@ -32,7 +32,8 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_archive i
     reopen_closed,
     restore_sessions,
 )
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_info import gather_info
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_metrics import profile_figures
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import (
     list_missing,
@@ -196,8 +197,8 @@ def test_rollback_mode_without_holders_takes_the_whole_file_backup(base_db, tmp_
 
 def test_short_reads_plan_and_count_like_one_read(base_db, tmp_path):
     """The plan and the message count built from many short reads equal those of one long read."""
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import normalize_options
     from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_inspect import inspect_schema, stats
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_normalize import normalize_options
     from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_plan import build_plan
 
     home, db = fresh_home(base_db, tmp_path)

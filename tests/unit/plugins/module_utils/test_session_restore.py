@@ -19,7 +19,8 @@ from hermes_rollback import RELEASE, make_big_rollback_home
 from hermes_writer import WriterProcess
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import ProfileLock, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_profiles import ProfileLock
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_from_archive
 from hermes_fixtures import hermes_python
 

@@ -31,7 +31,8 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_en
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_payloads as payloads_engine
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import backup_name
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_info import gather_info
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_payloads import PAYLOAD_PREFIX, fts_optimize
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_tool_payloads
 from hermes_fixtures import (

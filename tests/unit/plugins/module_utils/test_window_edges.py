@@ -20,7 +20,8 @@ from hermes_rollback import RELEASE, make_big_rollback_home
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_window as window
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import normalize_options, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_normalize import normalize_options
 from hermes_fixtures import APPEND_MESSAGES, build_home, copy_db, hermes_python, run_release_code, terminal_dump
 
 RELEASE_LAYOUT = "hermes-" + RELEASE

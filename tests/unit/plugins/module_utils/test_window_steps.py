@@ -32,8 +32,9 @@ from hermes_reliability import chown_tree, db_problems, user_with_dir
 from hermes_reliability import query as q
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_as_owner, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_inventory import store_facts
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_profiles import run_as_owner
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_storage_upgrade import (
     run_storage_upgrade,
     storage_upgrade_pending,
