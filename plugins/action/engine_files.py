@@ -15,8 +15,12 @@ ENGINE_GLOB = "_hermes_*.py"
 
 
 def engine_files():
-    """File name -> text of every engine file, read on the controller."""
-    files = {path.name: path.read_text(encoding="utf-8") for path in sorted(ENGINE_DIR.glob(ENGINE_GLOB))}
+    """Path in the package ("sqlite/db.py") -> text of every engine file, read on the controller."""
+    files = {
+        path.relative_to(ENGINE_DIR).as_posix(): path.read_text(encoding="utf-8")
+        for path in sorted(ENGINE_DIR.rglob(ENGINE_GLOB))
+        if "__pycache__" not in path.parts
+    }
     if not files:
         raise AnsibleActionFail("no engine files (%s) in %s: the collection is incomplete" % (ENGINE_GLOB, ENGINE_DIR))
     return files
