@@ -164,7 +164,7 @@ def restore_phase(home, profile, before, control=None):
     """The undo from the run's whole-file backup, its payload archive deleted, beside the 20 ms writer."""
     from hermes_writer import WriterProcess, latency_stats
 
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import (
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.sessions import (
         restore_tool_payloads,
     )
     from hermes_fixtures import hermes_python
@@ -242,7 +242,10 @@ def child(code, home, live, out, limit=None, restore=False, trace=None, control_
     sys.path.insert(0, str(Path(code) / "build" / "collections"))
     from hermes_writer import WriterProcess, latency_stats
 
-    from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
+    try:
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as engine
+    except ImportError:  # a tree from before the engine's layers
+        from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
     from hermes_fixtures import hermes_python
 
     phases = {"spans": []}  # <name>_start/_end: its last call; spans: every call, in order
@@ -262,7 +265,8 @@ def child(code, home, live, out, limit=None, restore=False, trace=None, control_
     holds = []  # how long each elision transaction held the write lock (engines that have _elide_group)
     interrupted = []  # the size of each group interrupted at the hard bound
     traced = []  # with --trace: each transaction, its FTS5 structure before and after
-    payloads = sys.modules.get(engine.__name__.rsplit(".", 1)[0] + "._hermes_payloads")
+    utils = engine.__name__.split("._hermes", 1)[0]
+    payloads = sys.modules.get(utils + "._hermes.apply.elision") or sys.modules.get(utils + "._hermes_payloads")
     if payloads is not None and hasattr(payloads, "_elide_group"):
         real_group = payloads._elide_group
 

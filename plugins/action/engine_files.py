@@ -10,8 +10,8 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
 # The engine: this collection's own module_utils, the files the role's runner imports.
-ENGINE_DIR = Path(__file__).resolve().parent.parent / "module_utils"
-ENGINE_GLOB = "_hermes_*.py"
+ENGINE_DIR = Path(__file__).resolve().parent.parent / "module_utils" / "_hermes"
+ENGINE_GLOB = "*.py"
 
 
 def engine_files():

@@ -10,10 +10,10 @@ short_description: Install the collection's maintenance engine on a host as the 
 version_added: 0.1.0
 description:
   - Installs the engine that the scheduled job of the role C(hermes_agent.ops.session_maintenance) runs (the
-    collection's C(plugins/module_utils/_hermes_*.py)) and an empty C(__init__.py) into O(dest), in one module run
-    where a copy per file would cost a transfer and several round trips each. An engine file in a subdirectory of the
-    package gets that directory (the owner and group of the files, their mode with search where it grants read) and an
-    empty C(__init__.py) in it; a symlink or a file in place of such a directory fails the run.
+    collection's C(plugins/module_utils/_hermes/), its subdirectories included) and an empty C(__init__.py) into
+    O(dest), in one module run where a copy per file would cost a transfer and several round trips each.
+  - Each subdirectory of the engine is made in O(dest) with the owner and group of the files and their mode, with search
+    where it grants read (C(0644) gives C(0755)); a symlink or a file in place of such a directory fails the run.
   - The action plugin of the same name reads the engine files on the controller, from the collection the plugin belongs
     to, and passes their contents to the module.
   - On the host each file's content, owner, group and mode are compared with what is installed and only the files that
@@ -87,7 +87,7 @@ written:
   returned: always
   type: list
   elements: str
-  sample: ["/usr/local/lib/hermes-ops/hermes/lib/hermes_ops/_hermes_engine.py"]
+  sample: ["/usr/local/lib/hermes-ops/hermes/lib/hermes_ops/maintain/run.py"]
 results:
   description:
     - One entry per file written (in check mode, that a real run would write), in name order, shaped as a loop of
@@ -99,7 +99,7 @@ results:
     dest:
       description: The file's full path.
       type: str
-      sample: /usr/local/lib/hermes-ops/hermes/lib/hermes_ops/_hermes_engine.py
+      sample: /usr/local/lib/hermes-ops/hermes/lib/hermes_ops/maintain/run.py
     changed:
       description: Always true (only files written are listed).
       type: bool
@@ -128,7 +128,7 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
-# What each directory of the package holds besides the engine files: the empty marker that makes it a package.
+# What the package holds besides the engine files: the empty marker that makes it a package.
 PACKAGE_MARKER = "__init__.py"
 # An engine file: its path in the package, each part a Python name ("maintain.py", "sqlite/db.py").
 ENGINE_FILE = re.compile(r"^(?:[A-Za-z_]\w*/)*[A-Za-z_]\w*\.py$")
@@ -165,17 +165,18 @@ def main():
     written = [r["dest"] for r in results]
     extra = [os.path.join(p["dest"], name) for name in plan["extra"]]
     result = dict(changed=bool(written), written=written, results=results, extra=extra, invocation=invocation)
-    if module._diff and written:
+    # The diff names the files; a directory made or set on the way shows in its files' paths.
+    files = [r for r, (name, _why) in zip(results, plan["write"]) if wanted[name][0] is not None]
+    if module._diff and files:
         verb = "would write" if module.check_mode else "wrote"
-        result["diff"] = dict(
-            prepared="\n".join("%s %s (%s)" % (verb, r["dest"], ", ".join(r["why"])) for r in results)
-        )
+        result["diff"] = dict(prepared="\n".join("%s %s (%s)" % (verb, r["dest"], ", ".join(r["why"])) for r in files))
     module.exit_json(**result)
 
 
 def wanted_files(texts, owner, group, mode):
-    """path -> (bytes, uid or None, gid or None, mode): the engine files, the package marker of each of
-    their directories, and those directories (bytes None; the mode with search where it grants read)."""
+    """path -> (bytes, uid or None, gid or None, mode): the engine files, the package marker, and the
+    package's subdirectories (bytes None; the mode with search where it grants read). A subdirectory
+    needs no marker: it is a namespace package found only inside this one."""
     for name in texts:
         if not ENGINE_FILE.match(name) or os.path.basename(name) == PACKAGE_MARKER:
             raise ValueError("%r is not an engine file name (a .py path of Python names in the package)" % name)
@@ -186,8 +187,8 @@ def wanted_files(texts, owner, group, mode):
     except ValueError:
         raise ValueError("mode %r is not an octal number such as 0644" % mode) from None
     files = {name: (text.encode("utf-8"), uid, gid, bits) for name, text in texts.items()}
-    for directory in {os.path.dirname(name) for name in texts} | {""}:
-        files[os.path.join(directory, PACKAGE_MARKER)] = (b"", uid, gid, bits)
+    files[PACKAGE_MARKER] = (b"", uid, gid, bits)
+    for directory in {os.path.dirname(name) for name in texts}:
         while directory:
             files[directory] = (None, uid, gid, bits | (bits & 0o444) >> 2)
             directory = os.path.dirname(directory)
