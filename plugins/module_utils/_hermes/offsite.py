@@ -39,9 +39,8 @@ import subprocess
 import sys
 import time
 
-from .backup.whole_file import _NAME as BACKUP_NAME
-from .backup.whole_file import stamp_time
-from .report.metrics import _labels, _number, metrics_filename, write_atomically
+from .backup.whole_file import BACKUP_NAME, stamp_time
+from .report.metrics import metrics_filename, prometheus_labels, prometheus_number, write_atomically
 from .sqlite.db import fsync_path
 
 TAG = "hermes-ops"
@@ -495,12 +494,13 @@ def render(result, previous, finished):
         if name in figures:
             full = METRICS_PREFIX + name
             lines += ["# HELP %s %s" % (full, help_text), "# TYPE %s gauge" % full]
-            lines.append("%s%s %s" % (full, _labels(labels), _number(figures[name])))
+            lines.append("%s%s %s" % (full, prometheus_labels(labels), prometheus_number(figures[name])))
     full = METRICS_PREFIX + "last_run_status"
     lines += ["# HELP %s 1 for the last push's reason (none: it succeeded)." % full, "# TYPE %s gauge" % full]
     for reason in ALL_REASONS:
         lines.append(
-            "%s%s %s" % (full, _labels(labels + [("reason", reason)]), "1" if reason == result["reason"] else "0")
+            "%s%s %s"
+            % (full, prometheus_labels(labels + [("reason", reason)]), "1" if reason == result["reason"] else "0")
         )
     return "\n".join(lines) + "\n"
 

@@ -108,7 +108,7 @@ db.close()
 )
 
 
-def _check_python(python, what):
+def check_python(python, what):
     if os.geteuid() == 0:
         raise MaintenanceError(
             "%s runs the Hermes user's interpreter %s, and this run is root on a root-owned state.db: refused "
@@ -124,7 +124,7 @@ class ReleaseDeleter:
     """The installed Hermes's interpreter, serving deletes on ``db_path`` one batch per request."""
 
     def __init__(self, python, db_path, hermes_home, what="delete_with=hermes"):
-        _check_python(python, what)
+        check_python(python, what)
         self.python, self.what = python, what
         env = {
             "HOME": os.environ.get("HOME", hermes_home),
@@ -232,7 +232,7 @@ def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause,
     whole is retried a session at a time, so that only the refused one stays (``result.refused``).
     ``remove`` false (check mode, on a copy): transcripts are counted, not removed.
     """
-    from .prune import _fenced, _skip_with_ancestors, _still_prunable  # the engine's own re-check
+    from .prune import is_fenced, skip_with_ancestors, still_prunable  # the engine's own re-check
 
     skipped = result.left_alone
     db_path = conn.execute("PRAGMA database_list").fetchone()[2]
@@ -241,7 +241,7 @@ def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause,
     turn = WriterTurn(writing, pause) if writing else None
     queue = collections.deque((sid, False) for sid in plan.delete_order)  # (session, to be deleted alone)
     cost = TransactionCost()
-    fenced = _fenced(schema)
+    fenced = is_fenced(schema)
     while queue:
         result.stopped = stop() if stop else None
         if result.stopped:
@@ -261,8 +261,8 @@ def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause,
         routed = set() if fenced else routed_sessions(conn, schema)
         ids = []
         for sid in batch:
-            if sid in skipped or sid in routed or not _still_prunable(conn, sid, plan, schema, leased):
-                _skip_with_ancestors(sid, plan, skipped)
+            if sid in skipped or sid in routed or not still_prunable(conn, sid, plan, schema, leased):
+                skip_with_ancestors(sid, plan, skipped)
                 continue
             ids.append(sid)
         if not ids:
@@ -277,7 +277,7 @@ def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause,
             for sid in ids:
                 if sid not in gone:
                     result.refused.append({"session": sid, "by": deleter.release, "message": answer["error"]})
-                    _skip_with_ancestors(sid, plan, skipped)
+                    skip_with_ancestors(sid, plan, skipped)
         if fenced and gone:
             drop_routes(conn, schema["tables"], sorted(gone))  # a release whose delete left them
         result.sessions += len(gone)
@@ -311,7 +311,7 @@ def drop_routes(conn, tables, sids):
 def release_prune_on_copy(conn, plan, schema, python, *, batch_size, batch_time, end_reason):
     """Check mode: the run's zombie closes, then the same loop, on a private copy (SQLite's backup
     API) in a fresh 0700 directory, removed afterwards. Returns (PruneResult, the deleter's info)."""
-    _check_python(python, "delete_with=hermes")
+    check_python(python, "delete_with=hermes")
     scratch = tempfile.mkdtemp(prefix="hermes-ops-delete-")
     copy_conn = None
     try:
@@ -390,7 +390,7 @@ print(json.dumps({"release": release, "version": version, "why": why}))
 def installed_capability(python):
     """{"release", "version", "why"} of the Hermes at ``python``: ``why`` None when its own delete
     publishes upstream's deletion fence, else what it lacks."""
-    _check_python(python, "delete_with auto")
+    check_python(python, "delete_with auto")
     scratch = tempfile.mkdtemp(prefix="hermes-ops-version-")
     try:
         env = {"HOME": scratch, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}

@@ -431,7 +431,7 @@ def _list_first_slice(conn, schema, plan, batch, keep_copy, sliced_list):
     sid, chunk = batch[0]
     if len(batch) != 1 or not chunk or undo.recording() == sid:
         return
-    undo.expected = _fence_preview(conn, schema, sid) if _fenced(schema) else {}
+    undo.expected = _fence_preview(conn, schema, sid) if is_fenced(schema) else {}
     archive, owned = keep_copy([sid], {sid: plan.messages.get(sid, 0)})
     db_path = conn.execute("PRAGMA database_list").fetchone()[2]
     if sliced_list:  # the sessions listed before are gone or whole: durably so, before their list is rewritten
@@ -493,7 +493,7 @@ def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts)
     with write_transaction(conn):
         budget.begin()
         leased = live_leases(conn, schema, time.time())
-        fenced = _fenced(schema)
+        fenced = is_fenced(schema)
         # with the runtime ledger the fence removes a deleted session's routes, as Hermes does
         routed = set() if fenced else routed_sessions(conn, schema)
         schema["_conversations"] = local_conversations(conn) if fenced else {}
@@ -508,14 +508,14 @@ def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts)
             for offset in range(index, index + take):
                 sid, chunk = batch[offset]
                 budget.unit, budget.armed = offset, offset > 0 and not whole  # the first session always completes
-                if sid in skipped or sid in routed or not _still_prunable(conn, sid, plan, schema, leased):
-                    _skip_with_ancestors(sid, plan, skipped)
+                if sid in skipped or sid in routed or not still_prunable(conn, sid, plan, schema, leased):
+                    skip_with_ancestors(sid, plan, skipped)
                     _put_back(conn, schema, sid, counts, "resumed, written to or leased during its delete")
                     continue
                 group.append((sid, chunk))
             if whole and len(group) < len(batch):  # one segment stays: so do the others
                 for sid, _chunk in group:
-                    _skip_with_ancestors(sid, plan, skipped)
+                    skip_with_ancestors(sid, plan, skipped)
                 group = []
             # Interrupted inside the group's statements: what came before it is retried on its own
             # (a first group of several is split in two instead; a single first session completes).
@@ -583,7 +583,7 @@ def _delete_one(conn, schema, sid, chunk, has_prompts, counts, plan, skipped):
         conn.execute("RELEASE hermes_ops_session")
         note = _put_back(conn, schema, sid, counts, "refused by %s during its delete" % refused_by)
         counts.refused.append({"session": sid, "by": refused_by, "message": str(exc) + note})
-        _skip_with_ancestors(sid, plan, skipped)
+        skip_with_ancestors(sid, plan, skipped)
         return False
     conn.execute("RELEASE hermes_ops_session")
     counts.add(one)
@@ -599,12 +599,12 @@ def _delete_session(conn, schema, sid, chunk, has_prompts, counts):
     undo = schema.get("_undo")
     if chunk:  # a slice of a session larger than batch_size, oldest messages first
         first = undo.recording() != sid
-        if _fenced(schema):
+        if is_fenced(schema):
             _refuse_live_work(conn, schema, sid, first)
         if first:
             undo.start(sid)
         undo.active(True)
-        if first and _fenced(schema):
+        if first and is_fenced(schema):
             fence_retire(conn, schema["tables"], [sid])
             if undo.expected is not None and undo.fence_records() != undo.expected:
                 raise FenceRefused("its fence changed between its listing and its first slice (retried next run)")
@@ -651,7 +651,7 @@ def _delete_sessions(conn, schema, sids, has_prompts, counts):
                     part,
                 )
             ]
-        if _fenced(schema):  # upstream's deletion fence, in this transaction, before the rows go
+        if is_fenced(schema):  # upstream's deletion fence, in this transaction, before the rows go
             conversations = schema.get("_conversations") or {}
             guarded = LEDGER_GUARD in schema["catalogue"]["raises"].values()
             live = [sid for sid in part if fence_check(conn, sid, conversations, guarded, part)]
@@ -677,7 +677,7 @@ def _delete_sessions(conn, schema, sids, has_prompts, counts):
             ).rowcount
 
 
-def _fenced(schema):
+def is_fenced(schema):
     """A store with the gateway runtime ledger gets upstream's whole deletion fence."""
     return bool(schema.get("catalogue", {}).get("ledger")) and "state_meta" in schema["tables"]
 
@@ -775,7 +775,7 @@ def _batches(plan, batch_size):
         yield batch
 
 
-def _still_prunable(conn, sid, plan, schema, leased):
+def still_prunable(conn, sid, plan, schema, leased):
     """Re-check inside the transaction: a session resumed or leased since the plan stays."""
     cols = ["ended_at", "end_reason"] + [c for c in ("pinned", "last_activity_at") if c in schema["session_columns"]]
     row = conn.execute("SELECT %s FROM sessions WHERE id = ?" % ", ".join(cols), (sid,)).fetchone()
@@ -799,7 +799,7 @@ def _still_prunable(conn, sid, plan, schema, leased):
     return newer is None
 
 
-def _skip_with_ancestors(sid, plan, skipped):
+def skip_with_ancestors(sid, plan, skipped):
     """Keep a session and everything whose deletion depends on it going first."""
     while sid is not None and sid not in skipped and sid in plan.messages:
         skipped.add(sid)

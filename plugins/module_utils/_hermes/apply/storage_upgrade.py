@@ -22,7 +22,7 @@ import tempfile
 import time
 
 from ..sqlite.db import MB, sqlite_uri
-from .hermes_deletes import _check_python
+from .hermes_deletes import check_python
 
 OPTIMIZE_STORAGE = "optimize_storage"
 # 0.22.2 rebuilt 50,000 messages in 115.3 s on 2 shared cores (docs/benchmarks.md): its backfill
@@ -66,7 +66,7 @@ def run_storage_upgrade(python, home, db_path, deadline, vacuum):
     interrupted (SIGINT, then SIGKILL) at ``deadline`` (epoch seconds); ``vacuum`` False passes
     ``--no-vacuum`` (the window's own VACUUM follows). Returns ``{"done", "reason", "seconds"}``:
     done only when the file has no upgrade work left (Hermes exits 0 also when it refused)."""
-    _check_python(python, "the window's optimize-storage")
+    check_python(python, "the window's optimize-storage")
     began = time.monotonic()
     env = {
         "HOME": os.environ.get("HOME", home),

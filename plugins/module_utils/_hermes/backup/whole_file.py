@@ -90,7 +90,7 @@ def list_stamped(backup_dir, profile, pattern):
     return [(path, stamp) for path, stamp, _seq in found]
 
 
-_NAME = stamped_pattern(PREFIX, r"\.db(?P<gz>\.gz)?")
+BACKUP_NAME = stamped_pattern(PREFIX, r"\.db(?P<gz>\.gz)?")
 
 
 def backup_name(profile, when, seq=0):
@@ -99,12 +99,12 @@ def backup_name(profile, when, seq=0):
 
 def list_backups(backup_dir, profile):
     """This profile's finished backups, newest first, as (path, unix time)."""
-    return list_stamped(backup_dir, profile, _NAME)
+    return list_stamped(backup_dir, profile, BACKUP_NAME)
 
 
 def parse_backup_name(name):
     """(profile, unix time) of a finished backup's file name, else None."""
-    match = _NAME.match(name)
+    match = BACKUP_NAME.match(name)
     return (match.group("profile"), stamp_time(match.group("stamp"))) if match else None
 
 

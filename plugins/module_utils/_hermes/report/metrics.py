@@ -125,11 +125,11 @@ def _escape(value):
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _labels(labels):
+def prometheus_labels(labels):
     return "{" + ",".join('%s="%s"' % (k, _escape(v)) for k, v in labels) + "}"
 
 
-def _number(value):
+def prometheus_number(value):
     if isinstance(value, bool):
         return "1" if value else "0"
     if isinstance(value, int):
@@ -243,7 +243,7 @@ def _family(name, kind, help_text, samples):
         return []
     full = PREFIX + name
     out = ["# HELP %s %s" % (full, help_text), "# TYPE %s %s" % (full, kind)]
-    out.extend("%s%s %s" % (full, _labels(labels), _number(value)) for labels, value in samples)
+    out.extend("%s%s %s" % (full, prometheus_labels(labels), prometheus_number(value)) for labels, value in samples)
     return out
 
 

@@ -374,7 +374,7 @@ def test_a_run_stopped_halfway_reports_what_it_committed(tmp_path, monkeypatch):
         for i in range(9)
     ]
     db = str(build_home(str(tmp_path), "v30", specs))
-    real_check = hermes_apply_prune._still_prunable
+    real_check = hermes_apply_prune.still_prunable
     seen = []
 
     def locked_after_two_batches(conn, sid, *args):
@@ -383,7 +383,7 @@ def test_a_run_stopped_halfway_reports_what_it_committed(tmp_path, monkeypatch):
             raise sqlite3.OperationalError("database is locked")
         return real_check(conn, sid, *args)
 
-    monkeypatch.setattr(hermes_apply_prune, "_still_prunable", locked_after_two_batches)
+    monkeypatch.setattr(hermes_apply_prune, "still_prunable", locked_after_two_batches)
     profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0})[
         "profiles"
     ][0]

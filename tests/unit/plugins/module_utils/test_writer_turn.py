@@ -220,7 +220,7 @@ def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried(tmp_path, 
         assert setup.execute("PRAGMA journal_mode=WAL").fetchone() == ("wal",)
         setup.close()
     monkeypatch.setattr(hermes_apply_prune, "PROGRESS_STEPS", 1)
-    real_check, slowed, in_this_transaction = hermes_apply_prune._still_prunable, [], []
+    real_check, slowed, in_this_transaction = hermes_apply_prune.still_prunable, [], []
 
     def preempted_once(conn, sid, plan, schema, leased):
         # The process loses the CPU for a while, holding the lock: at p03 (on a machine slow enough
@@ -231,7 +231,7 @@ def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried(tmp_path, 
             time.sleep(0.3)  # well past the hard bound (0.15 s)
         return real_check(conn, sid, plan, schema, leased)
 
-    monkeypatch.setattr(hermes_apply_prune, "_still_prunable", preempted_once)
+    monkeypatch.setattr(hermes_apply_prune, "still_prunable", preempted_once)
     opened, real_transaction = [], hermes_apply_prune.write_transaction
 
     def counted(conn):
