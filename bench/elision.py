@@ -244,8 +244,11 @@ def child(code, home, live, out, limit=None, restore=False, trace=None, control_
 
     try:
         from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as engine
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info
     except ImportError:  # a tree from before the engine's layers
         from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
+
+        gather_info = engine.gather_info
     from hermes_fixtures import hermes_python
 
     phases = {"spans": []}  # <name>_start/_end: its last call; spans: every call, in order
@@ -311,7 +314,7 @@ def child(code, home, live, out, limit=None, restore=False, trace=None, control_
     home = Path(home)
     opts = {"hermes_home": [str(home)], "prune_days": 3650, "tool_payload_days": 30}
     opts["vacuum_mode"] = "auto" if live else "full"
-    before = storage_summary(engine.gather_info, home)
+    before = storage_summary(gather_info, home)
     digest = rows_digest(home / "state.db") if restore else None
     writer = control = None
     python = hermes_python("hermes-" + RELEASE)
@@ -346,7 +349,7 @@ def child(code, home, live, out, limit=None, restore=False, trace=None, control_
                 result["writer"]["control_worst"] = latency_stats(
                     noise, phases.get("elide_start"), phases.get("elide_end"))["max"]  # fmt: skip
                 result["writer"]["control_worst_run"] = latency_stats(noise, t0, t1)["max"]
-        result["storage_after"] = storage_summary(engine.gather_info, home)
+        result["storage_after"] = storage_summary(gather_info, home)
         if restore:
             result["restore"] = restore_phase(home, profile, digest, control)
         if trace:

@@ -63,6 +63,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup im
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup import whole_file as backup
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite import db as db_
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as engine
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report import info
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore import whole_file as restore
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore import sessions as srestore
 home, steps = sys.argv[2], json.loads(sys.argv[3])
@@ -94,7 +95,7 @@ for step in steps:
     if step.get("backup_api"):
         backup.RAW_WAL_LIMIT = -1
     if kind == "info":
-        out = engine.gather_info(options)["profiles"][0]
+        out = info.gather_info(options)["profiles"][0]
     elif kind == "maintain":
         out = engine.run_maintenance(options, check_mode=step.get("check_mode", False))["profiles"][0]
     elif kind == "restore":
