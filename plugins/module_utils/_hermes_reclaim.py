@@ -38,6 +38,12 @@ INCREMENTAL_PAGES = 1000  # pages freed per incremental_vacuum step without a ti
 INCREMENTAL_FIRST = 200  # pages of the first timed step, before the rate per page is known
 INCREMENTAL_MOST = 4000  # pages of one timed step at most
 INCREMENTAL_PROGRESS = 100  # SQLite VM steps between two looks at the clock (a page is a few of them)
+# In WAL mode a step's frames stay in the -wal until a checkpoint, and the -wal keeps the size of the
+# most frames written between two restarts: steps of at most about the gateway's own checkpoint interval
+# (SQLite's 1000 frames). Measured on a 0.19.0 file: an FTS5 merge writes 3.5-3.9 frames a page, an
+# incremental_vacuum step about 1.3 a page freed.
+FTS_WAL_MOST = 256
+INCREMENTAL_WAL_MOST = 800
 AUTO_VACUUM_INCREMENTAL = 2
 
 
@@ -103,6 +109,7 @@ def fts_optimize_live(conn, fts, wait, stop=None, bound=None):
 def _optimize_index_live(conn, table, wait, stop, bound):
     name = '"%s"' % table.replace('"', '""')
     pages = OPTIMIZE_FIRST if bound else MERGE_PAGES
+    most = step_most(conn, FTS_WAL_MOST)
     hard = hard_bound(bound) if bound else None
     running = [None]  # when the merge statement began, while it runs: never the BEGIN, COMMIT or ROLLBACK
     steps = stalls = cut = 0
@@ -141,7 +148,7 @@ def _optimize_index_live(conn, table, wait, stop, bound):
             wait(held)
             did = conn.total_changes - before >= 2  # FTS5's documented "work was done" signal
             if bound:
-                pages = next_pages(pages, held, bound)
+                pages = next_pages(pages, held, bound, most)
             if not started and not did:
                 return steps, None  # one segment already: nothing to optimize
             started = True
@@ -240,7 +247,8 @@ def incremental_vacuum(conn, pause, stop=None, bound=None):
     cannot keep a lock hold within a writer's polls. None: INCREMENTAL_PAGES a step, untimed.
     """
     steps = retries = 0
-    pages = INCREMENTAL_FIRST if bound else INCREMENTAL_PAGES
+    most = step_most(conn, INCREMENTAL_WAL_MOST)
+    pages = INCREMENTAL_FIRST if bound else min(INCREMENTAL_PAGES, most)
     hard = hard_bound(bound) if bound else None
     began = [0.0]
     wait = turn_after_commit(conn, pause)
@@ -260,7 +268,7 @@ def incremental_vacuum(conn, pause, stop=None, bound=None):
             held = time.monotonic() - began[0]
             steps += 1
             if bound:
-                pages = next_pages(pages, held, bound)
+                pages = next_pages(pages, held, bound, most)
             wait(held)
     finally:
         if hard:
@@ -268,11 +276,16 @@ def incremental_vacuum(conn, pause, stop=None, bound=None):
     return steps, retries
 
 
-def next_pages(pages, held, bound):
-    """The next step's pages: 0.8 x the bound at the last step's rate, at most 4 times as many."""
+def next_pages(pages, held, bound, most=INCREMENTAL_MOST):
+    """The next step's pages: 0.8 x the bound at the last step's rate, at most 4 times as many and ``most``."""
     per_page = held / float(pages)
-    fit = int(0.8 * bound / per_page) if per_page > 0 else INCREMENTAL_MOST
-    return max(1, min(fit, 4 * pages, INCREMENTAL_MOST))
+    fit = int(0.8 * bound / per_page) if per_page > 0 else most
+    return max(1, min(fit, 4 * pages, most))
+
+
+def step_most(conn, wal_most):
+    """The pages of one step at most: ``wal_most`` in WAL mode, INCREMENTAL_MOST otherwise."""
+    return wal_most if pragma(conn, "journal_mode").lower() == "wal" else INCREMENTAL_MOST
 
 
 def step_bound(options, db_path):
