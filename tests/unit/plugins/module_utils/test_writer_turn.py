@@ -134,7 +134,8 @@ def test_probe_counts_a_wal_writers_checkpoint_as_its_turn(tmp_path):
     conn = open_rw(db)
     conn.execute("SELECT COUNT(*) FROM t").fetchone()
     writing = writer_probe(db, wal=True)
-    proc = subprocess.Popen([sys.executable, "-c", CHECKPOINTER, db], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    argv = [sys.executable, "-c", CHECKPOINTER, db]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "written"
         assert not writing()  # committed: neither the write lock nor a checkpoint
