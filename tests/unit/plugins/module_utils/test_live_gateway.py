@@ -46,6 +46,17 @@ pytestmark = release_module_marks(RELEASE) + [
 ]
 
 
+def served_and_stored(client, db, t0, t1):
+    """No request failed, some ran during our run (t0..t1) within STALL_LIMIT, every turn answered is in
+    state.db and the file is sound; returns the latency summary during the run."""
+    during = latency_summary(client.between(t0, t1))
+    assert [a for a in client.snapshot() if not a["ok"]] == []
+    assert during["count"] > 0 and during["worst_ms"] < STALL_LIMIT * 1000, during
+    assert stored_user_messages(db, client.prefix) == client.messages_sent
+    assert db_problems(db) == []
+    return during
+
+
 @pytest.fixture
 def gateway_home(tmp_path, request):
     """A big 0.22.2 home served by a real gateway; ``incremental`` (indirect): switched first,
@@ -113,11 +124,7 @@ def test_space_comes_back_live_after_the_switch(gateway_home, tmp_path):
     # beside a writer would climb a level per foreign commit; so the live file keeps the deleted
     # rows' FTS entries, and the ratio is a figure (what is left of FTS beside a live writer).
     ratio = reclaim["bytes_freed"] / float(alone["reclaim"]["bytes_freed"])
-    during = latency_summary(client.between(t0, t1))
-    assert [a for a in client.snapshot() if not a["ok"]] == []
-    assert during["count"] > 0 and during["worst_ms"] < STALL_LIMIT * 1000, during
-    assert stored_user_messages(db, client.prefix) == client.messages_sent
-    assert db_problems(db) == []
+    during = served_and_stored(client, db, t0, t1)
     print(
         "\nafter the switch: live run gave back %d bytes in %d incremental steps (%d retried), %.2f of the no-holder"
         " run's %d; client during %s"
@@ -161,11 +168,7 @@ def test_a_wal_file_keeps_a_small_wal_beside_the_gateway(tmp_path):
         assert reclaim["checkpoint"] is None and "WAL-reset" in reclaim["checkpoint_skipped_reason"], reclaim
     frame = live["before"]["page_size"] + 24
     assert wal_after <= 4 * CHECKPOINT_FRAMES * frame, (wal_before, wal_after)
-    during = latency_summary(client.between(t0, t1))
-    assert [a for a in client.snapshot() if not a["ok"]] == []
-    assert during["count"] > 0 and during["worst_ms"] < STALL_LIMIT * 1000, during
-    assert stored_user_messages(db, client.prefix) == client.messages_sent
-    assert db_problems(db) == []
+    during = served_and_stored(client, db, t0, t1)
     print(
         "\n0.19.0 WAL file beside the gateway: -wal %.1f MB before our run (the gateway's), %.1f MB after it; "
         "%d sessions pruned, %d FTS steps, %d incremental steps; client during %s"
