@@ -243,9 +243,9 @@ def open_rw(path, busy_timeout=BUSY_TIMEOUT):
         # lock refuses.
         conn.execute("PRAGMA wal_autocheckpoint=0")
     if wal:
-        # When one of our commits restarts the -wal (the first after a complete checkpoint: no
-        # checkpoint of ours), SQLite cuts the file to this: the -wal keeps no more than its frames
-        # of the frames our steps wrote before (Hermes's own limit, 64 MiB, leaves them all).
+        # A commit of ours that restarts the -wal (the first after a complete checkpoint, the
+        # holder's) cuts the file to that commit's frames. Without a limit the -wal keeps the size
+        # of the most frames written between two restarts; Hermes's own, 64 MiB, cuts only above it.
         conn.execute("PRAGMA journal_size_limit=%d" % WAL_KEEP)
     return conn
 

@@ -176,9 +176,9 @@ def window_steps(entry, opts, deadline):
                 fts_optimize(conn, schema["fts"], lambda _took: None, None)
             report["done"].append(step)
         if conn is not None:
-            # The gateway is stopped: a WAL file's -wal is checkpointed and cut to nothing here (TRUNCATE),
-            # the -wal the live steps before the window and the window's own left, which beside the
-            # gateway no checkpoint of ours may touch (an SQLite with the WAL-reset bug).
+            # The gateway is stopped: a WAL file's -wal (the live steps' frames and the window's own) is
+            # checkpointed and cut here (TRUNCATE), which beside the gateway no checkpoint of ours may do
+            # on an SQLite with the WAL-reset bug.
             checkpoint(conn, db_path)
     except MaintenanceError as exc:
         report["reason"] = str(exc)
