@@ -3,7 +3,8 @@
     fleet_assert.py PHASE --manifest M [--evidence E] [--before B] [--record R] [--stdout S]
 
 PHASE     what must hold
-idempotent  ``schedule.yml`` applied a second time: no host changed or failed.
+idempotent  ``schedule.yml`` applied a second time: no host changed or failed (the systemd host
+          too, its timer check included, whether or not the timer was running its service).
 cron      the job fired by itself on every host: job in the user's crontab, log lines with
           the expected counts, database counts and kept ids, a backup per healthy profile,
           files still the user's (0600), the broken profile logged as FAILED.
@@ -15,6 +16,9 @@ check     ``maintain.yml --check``: every database byte-identical (B vs E), pred
 real      ``maintain.yml``: counts = manifest, databases hold exactly the kept sessions.
 again     ``maintain.yml`` again: no change reported anywhere (broken still fails).
 report    ``report.yml``: a table row for every host and profile.
+timer-running  (E = {host: what verify.yml kept}) the role's timer check run while the timer ran
+          the service it fired (made 20 s longer): it found it running, waited, and passed with
+          the timer waiting and a next elapse.
 systemd   (E = {host: fleet_gateway.py evidence}, R = converge's record, --refused = the record
           of schedule.yml --check with an OnCalendar in the past) the systemd host: that apply
           failed naming the variable; the role said its timer will fire; the timer ran the job
@@ -347,8 +351,9 @@ def phase_maintain(c, manifest, record, mode, before=None, evidence=None):
 
 
 def phase_idempotent(c, manifest, record):
+    """Every host of the manifest, and every other host the run reached (the systemd host)."""
     stats = record.get("stats", {})
-    for host in sorted(manifest["homes"]):
+    for host in sorted(set(manifest["homes"]) | set(stats)):
         st = stats.get(host)
         if not c.check(st is not None, "%s: schedule.yml ran" % host):
             continue
@@ -428,8 +433,8 @@ def phase_systemd(c, record, evidence, refused):
                 "%s: the timer is active and enabled" % host, "%r" % ev["timer"])  # fmt: skip
         opened = [(r, WINDOW_LINE.search(r.get("log", ""))) for r in finished]
         opened = [(r, m) for r, m in opened if m]
-        if not c.check(bool(opened), "%s: a scheduled run opened the service window" % host,
-                       "logs: %r" % [r.get("log", "")[-400:] for r in runs]):  # fmt: skip
+        seen = [(_clock(r["start"]), r["result"], r.get("log", "")[-400:]) for r in runs]
+        if not c.check(bool(opened), "%s: a scheduled run opened the service window" % host, "runs: %r" % seen):
             continue
         run, words = opened[0]
         downtime, steps, reason = float(words.group(1)), words.group(2).strip(), words.group(3)
@@ -437,6 +442,12 @@ def phase_systemd(c, record, evidence, refused):
         c.check("vacuum_full" in steps and not reason and 0 < downtime <= 120,
                 "%s: the window ran the steps that need the file alone (%s), %.1f s down" % (host, steps, downtime),
                 words.group(0))  # fmt: skip
+        pruned = re.search(r" pruned=(\d+) ", run["log"])
+        c.check(bool(pruned) and int(pruned.group(1)) > 0, "%s: that run pruned the old sessions (%s)"
+                % (host, pruned and pruned.group(0).strip()), run["log"][-600:])  # fmt: skip
+        c.check(ev.get("hermes_last_auto_prune") is None,
+                "%s: Hermes's own auto-prune never ran (sessions.auto_prune: false), so the timer's run did the work"
+                % host, "state_meta.last_auto_prune = %r" % ev.get("hermes_last_auto_prune"))  # fmt: skip
         c.check(len(opened) == 1, "%s: no window in the runs after it" % host, "%d windows" % len(opened))
         attempts = ev["client"]["attempts"]
         failed = [a for a in attempts if not a["ok"]]
@@ -472,6 +483,22 @@ def phase_systemd(c, record, evidence, refused):
         )  # fmt: skip
 
 
+def phase_timer_running(c, evidence):
+    """The role's timer check run while the timer ran the service it fired (no next elapse then):
+    it waited for that run to end and passed with the timer waiting for a next elapse."""
+    for host, ev in sorted(evidence.items()):
+        if not c.check(bool(ev), "%s: evidence collected" % host):
+            continue
+        shown = dict(line.split("=", 1) for line in ev.get("shown") or [] if "=" in line)
+        c.check(ev.get("fired") is True, "%s: the timer fired the service by itself (SubState running)" % host)
+        c.check(int(ev.get("polls") or 1) >= 2, "%s: the check found the service running and asked again" % host,
+                "asked %s time(s)" % ev.get("polls"))  # fmt: skip
+        c.check(ev.get("failed") is None, "%s: the check passed" % host, str(ev.get("failed")))
+        c.check(shown.get("SubState") == "waiting" and bool(shown.get("NextElapseUSecRealtime")),
+                "%s: it ended with the timer waiting, next at %s" % (host, shown.get("NextElapseUSecRealtime")),
+                "%r" % shown)  # fmt: skip
+
+
 def _clock(at):
     return time.strftime("%H:%M:%S", time.gmtime(at))
 
@@ -479,7 +506,9 @@ def _clock(at):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument(
-        "phase", choices=["idempotent", "cron", "absent", "quiet", "check", "real", "again", "report", "systemd"]
+        "phase",
+        choices=["idempotent", "cron", "absent", "quiet", "check", "real", "again", "report", "systemd"]
+        + ["timer-running"],
     )
     parser.add_argument("--manifest", required=True)
     parser.add_argument("--evidence")
@@ -511,6 +540,8 @@ def main(argv=None):
         phase_maintain(c, manifest, record, args.phase, before=before, evidence=evidence)
     elif args.phase == "systemd":
         phase_systemd(c, record, evidence, load(args.refused))
+    elif args.phase == "timer-running":
+        phase_timer_running(c, evidence)
     elif args.phase == "report":
         texts = []
         for path in args.stdout:

@@ -4,7 +4,7 @@
     fleet_gateway.py home OUT.tar.gz SESSIONS MESSAGES   (on the controller) the gateway's home
     fleet_gateway.py model PORT                 the stub model (a systemd unit runs it)
     fleet_gateway.py configure HOME MODEL_PORT API_PORT
-    fleet_gateway.py ready HOME                 /health, one answered turn, Hermes's start-up prune done
+    fleet_gateway.py ready HOME                 /health and one answered turn
     fleet_gateway.py client API_PORT OUT        a request every 100 ms until SIGTERM, then OUT (JSON)
     fleet_gateway.py wait-window USER UNIT.service TIMEOUT   a run with the window, and one after it
     fleet_gateway.py evidence HOME USER CLIENT_OUT GATEWAY_UNIT MAINTENANCE_UNIT   (as root: JSON)
@@ -36,7 +36,6 @@ from hermes_gateway import (  # noqa: E402
     configured_port,
     stored_user_messages,
     wait_healthy,
-    wait_settled,
     warm_up,
     write_gateway_config,
 )
@@ -79,10 +78,7 @@ def ready(home):
     port = configured_port(home)
     wait_healthy(port, timeout=180)
     warm_up(port, timeout=120)
-    print(
-        "gateway answers on %d; Hermes's start-up prune ran at %s"
-        % (port, wait_settled(os.path.join(home, "state.db"), 180))
-    )
+    print("gateway answers on %d" % port)
 
 
 def client(port, out):
@@ -144,12 +140,22 @@ def _runs(unit):
 
 
 LOG_START = "=== Session Maintenance Start"
+BLOCK_STARTED = re.compile(r"(\d{4}-\d\d-\d\d) (\d\d:\d\d:\d\d)$", re.M)  # its first line's day and start
 WINDOW_OPENED = re.compile(r"service window [\d.]+ s:")  # the summary's words for a window that opened
+
+
+def _block_started(block):
+    """When the run that wrote ``block`` started (the runner's local-time stamp, whole seconds)."""
+    words = BLOCK_STARTED.search(block.split("\n", 1)[0])
+    return time.mktime(time.strptime(" ".join(words.groups()), "%Y-%m-%d %H:%M:%S")) if words else None
 
 
 def scheduled_runs(user, unit):
     """The maintenance unit's runs (journal: start, end, result), each with its part of the
-    runner's log (its START .. DONE block; both lists in order, the log's the newest ones)."""
+    runner's log (its START .. DONE block), paired by time: a block belongs to the latest run
+    that started before it (the runner's stamp has whole seconds). The runner writes its block
+    as it ends, a moment before systemd marks the run done, so the newest block may belong to a
+    run still going; pairing by position would give it to the run before."""
     config = {}
     try:
         with open("/etc/hermes-ops/%s/maintenance.json" % user) as handle:
@@ -158,9 +164,11 @@ def scheduled_runs(user, unit):
         pass
     blocks = [LOG_START + b for b in _read(config.get("log_file") or "/nonexistent").split(LOG_START)[1:]]
     runs = _runs(unit)
-    # a run still going has written no block yet: pair the finished ones, newest first
-    for run, block in zip(reversed([r for r in runs if r["end"]]), reversed(blocks)):
-        run["log"] = block
+    for block in blocks:
+        started = _block_started(block)
+        owners = [r for r in runs if started is not None and r["start"] <= started + 1]
+        if owners:
+            owners[-1]["log"] = block
     return runs, config
 
 
@@ -187,6 +195,7 @@ def evidence(home, user, client_out, gateway_unit, maintenance_unit):
     try:
         auto_vacuum = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
         journal = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        hermes_pruned = conn.execute("SELECT value FROM state_meta WHERE key = 'last_auto_prune'").fetchone()
     finally:
         conn.close()
     user_manager = ["systemctl", "--user", "--machine=%s@" % user]
@@ -201,6 +210,7 @@ def evidence(home, user, client_out, gateway_unit, maintenance_unit):
         "holders": _holders(db),
         "auto_vacuum": auto_vacuum,
         "journal_mode": journal,
+        "hermes_last_auto_prune": hermes_pruned and hermes_pruned[0],
         "runs": runs,
         "timer": dict(line.split("=", 1) for line in timer.splitlines() if "=" in line),
         "metrics": _read(os.path.join(config.get("metrics_dir") or "/nonexistent", "hermes_ops_%s.prom" % user)),
@@ -209,7 +219,9 @@ def evidence(home, user, client_out, gateway_unit, maintenance_unit):
 
 
 def configure(home, model_port, api_port):
-    write_gateway_config(home, "http://127.0.0.1:%s/v1" % model_port, int(api_port))
+    """As docs/fleet.md tells an operator whose pruning this collection schedules: Hermes's own
+    auto-prune off, so the timer's run is the only one that prunes and vacuums the file."""
+    write_gateway_config(home, "http://127.0.0.1:%s/v1" % model_port, int(api_port), "sessions: {auto_prune: false}\n")
 
 
 COMMANDS = {
