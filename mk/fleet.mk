@@ -2,7 +2,8 @@
 # the real cron daemon. Included by the Makefile (`include mk/fleet.mk`); uses its .venv
 # ($(BIN), $(STAMP)) and collection-link. Everything else the scenario needs is installed
 # by tests/fleet/run.sh, each step idempotent: podman/runc/debootstrap (apt-get), the
-# image localhost/hermes-ops-fleet:bookworm (debootstrap + podman import, cached),
+# image localhost/hermes-ops-fleet:bookworm (debootstrap + podman import, cached) and the
+# systemd host's localhost/hermes-ops-fleet-systemd:bookworm (podman build + apt-get, cached),
 # containers.podman (extracted from the `ansible` wheel on PyPI into .cache/fleet).
 
 BIN ?= $(CURDIR)/.venv/bin
@@ -17,8 +18,9 @@ FLEET_TIMEOUT ?= 1700
 fleet: $(STAMP) collection-link ## fleet test: molecule test -s fleet (3 podman hosts, cron fires the job)
 	FLEET_BIN=$(BIN) FLEET_TIMEOUT=$(FLEET_TIMEOUT) bash tests/fleet/run.sh test
 
-fleet-image: ## build the fleet's container image if missing (tests/fleet/build-image.sh)
+fleet-image: ## build the fleet's container images if missing (tests/fleet/build-image.sh, build-systemd-image.sh)
 	bash tests/fleet/build-image.sh
+	bash tests/fleet/build-systemd-image.sh
 
 fleet-collections: $(STAMP) ## extract containers.podman from the ansible wheel into .cache/fleet
 	bash tests/fleet/install-collections.sh $(BIN)/python

@@ -24,7 +24,8 @@ done
 
 export CONTAINERS_CONF="$repo/tests/fleet/containers.conf"
 "$repo/tests/fleet/build-image.sh"
-stamp "image ready"
+"$repo/tests/fleet/build-systemd-image.sh"
+stamp "images ready"
 "$repo/tests/fleet/install-collections.sh" "$bin/python"
 # Hermes releases that write some of the fleet's databases (hermes-0.x layouts)
 bash "$repo/tests/setup_hermes_venvs.sh"

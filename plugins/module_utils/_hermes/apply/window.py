@@ -171,11 +171,15 @@ def window_steps(entry, opts, deadline):
                     report["reason"] = "no VACUUM: %s" % blocked
                     continue
                 full_vacuum(conn, opts["vacuum_switch_incremental"])
-                checkpoint(conn, db_path)
             elif step == FTS_OPTIMIZE:
                 schema = inspect_schema(conn, entry["home"])
                 fts_optimize(conn, schema["fts"], lambda _took: None, None)
             report["done"].append(step)
+        if conn is not None:
+            # The gateway is stopped: a WAL file's -wal (the live steps' frames and the window's own) is
+            # checkpointed and cut here (TRUNCATE), which beside the gateway no checkpoint of ours may do
+            # on an SQLite with the WAL-reset bug.
+            checkpoint(conn, db_path)
     except MaintenanceError as exc:
         report["reason"] = str(exc)
     except sqlite3.OperationalError as exc:

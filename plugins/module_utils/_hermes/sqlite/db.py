@@ -242,6 +242,11 @@ def open_rw(path, busy_timeout=BUSY_TIMEOUT):
         # checkpoints at close only when it gets the EXCLUSIVE lock, which a holder's SHARED
         # lock refuses.
         conn.execute("PRAGMA wal_autocheckpoint=0")
+    if wal:
+        # A commit of ours that restarts the -wal (the first after a complete checkpoint, the
+        # holder's) cuts the file to that commit's frames. Without a limit the -wal keeps the size
+        # of the most frames written between two restarts; Hermes's own, 64 MiB, cuts only above it.
+        conn.execute("PRAGMA journal_size_limit=%d" % WAL_KEEP)
     return conn
 
 
@@ -373,6 +378,9 @@ def engine_sqlite():
     }
 
 
+# What our connection leaves of the -wal when its commit restarts it (journal_size_limit).
+WAL_KEEP = 0
+
 # While the engine may not checkpoint, the WAL frames nobody has checkpointed yet stay below
 # this (Hermes bounds its own WAL to the same 64 MiB with journal_size_limit): the work stops
 # between transactions there and the next run goes on.
@@ -435,6 +443,8 @@ def lock_owner(path, start, length):
 
 # The -shm's WAL_WRITE_LOCK byte (WALINDEX_LOCK_OFFSET 120 + 0): in WAL mode a writer holds it
 # from its BEGIN IMMEDIATE to the end of its COMMIT, as a rollback-journal writer holds RESERVED.
+# The next byte is WAL_CKPT_LOCK, held by a checkpoint while it runs: Hermes checkpoints right
+# after its commit, once the write lock is free again.
 WAL_WRITE_LOCK_BYTE = SHM_LOCK_RANGE[0]
 
 
@@ -444,14 +454,21 @@ def writer_probe(path, wal=False):
     ``wal``: from its ``BEGIN IMMEDIATE`` to the end of its COMMIT), or None when this process has
     no descriptor on that file to ask with.
 
+    With ``wal`` the checkpoint the writer runs after its commit (WAL_CKPT_LOCK) counts as part of
+    its turn: a transaction of ours that begins while that checkpoint still copies frames reads
+    from the -wal, and a writer reading from it may not restart it, so beside a gateway that
+    commits between each of our steps nobody ever restarted the -wal and it grew by every frame
+    written (131 MB in one run on a 212 MB file). Begun after the checkpoint, our first commit
+    restarts it, as the gateway's own would.
+
     Call it only while the connection that opened ``path`` stays open: it asks through that
     connection's own descriptor (closing any descriptor of the file would drop SQLite's locks).
     """
     fd = _own_fd(path + "-shm" if wal else path)
     if fd is None:
         return None
-    byte = WAL_WRITE_LOCK_BYTE if wal else PENDING_BYTE + 1
-    query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, byte, 1, 0) + b"\0" * 16
+    byte, length = (WAL_WRITE_LOCK_BYTE, 2) if wal else (PENDING_BYTE + 1, 1)
+    query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, byte, length, 0) + b"\0" * 16
     size = struct.calcsize(_FLOCK)
 
     def writing():

@@ -109,6 +109,52 @@ def test_probe_sees_a_wal_writer_through_the_shm_write_lock(tmp_path):
     conn.close()
 
 
+CHECKPOINTER = textwrap.dedent(
+    """
+    import sqlite3, sys
+    conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(  # about 50 MB of frames for the checkpoint to copy
+        "INSERT INTO t WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 12000) "
+        "SELECT randomblob(3000) FROM n"
+    )
+    conn.execute("COMMIT")
+    print("written", flush=True)
+    sys.stdin.readline()
+    print("checkpoint", flush=True)
+    print(conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone(), flush=True)
+    """
+)
+
+
+def test_probe_counts_a_wal_writers_checkpoint_as_its_turn(tmp_path):
+    """Hermes checkpoints right after its commit, the write lock free again: a transaction of ours begun
+    then reads from the -wal and may not restart it, so the probe says "writing" until the checkpoint ends."""
+    db = rollback_db(tmp_path, journal="wal")
+    conn = open_rw(db)
+    conn.execute("SELECT COUNT(*) FROM t").fetchone()
+    writing = writer_probe(db, wal=True)
+    argv = [sys.executable, "-c", CHECKPOINTER, db]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "written"
+        assert not writing()  # committed: neither the write lock nor a checkpoint
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "checkpoint"
+        seen = 0
+        while proc.poll() is None:
+            seen += writing()
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+    answer = proc.stdout.read()
+    assert seen > 0, "the probe never saw the checkpoint (%s)" % answer.strip()
+    assert not writing()
+    conn.close()
+
+
 def test_a_wal_turn_is_never_longer_than_the_pause(tmp_path):
     db = rollback_db(tmp_path, journal="wal")
     conn = open_rw(db)
