@@ -173,7 +173,9 @@ def test_optimize_storage_interrupted_at_the_bound_resumes_and_refuses_root():
         pytest.skip(missing_venv_message(WAL_RELEASE))
     with user_with_dir(USER, "hermes-ops-optimize-bound-") as (uid, gid, base):
         home = base / "home"
-        db = str(make_big_home(str(home), WAL_RELEASE, 200, 20, old_fraction=0.0, seed=12))
+        # 12,000 messages: Hermes may run on past SIGINT (a chunk that swallows it), so the whole
+        # upgrade must take longer than the cut plus STOP_GRACE, or the "cut" run can end done
+        db = str(make_big_home(str(home), WAL_RELEASE, 600, 20, old_fraction=0.0, seed=12))
         assert open_with_release(RELEASE, db)["schema_version"] == 31  # migrated and flagged
         messages = q(db, "SELECT COUNT(*) FROM messages")[0][0]
         chown_tree(home, uid, gid)
@@ -183,8 +185,8 @@ def test_optimize_storage_interrupted_at_the_bound_resumes_and_refuses_root():
         with pytest.raises(MaintenanceError, match="root never runs code from the Hermes account"):
             run_storage_upgrade(python, str(home), db, time.time() + 60, vacuum=True)
 
-        # 3 s: well inside the FTS phases (about 12 s here) even on a machine twice as fast; a cut before
-        # Hermes's handler is installed leaves the flag, which counts as work left too
+        # 3 s: well inside the FTS phases even on a machine twice as fast; a cut before Hermes runs
+        # leaves the flag, which counts as work left too
         cut = run_as_owner(uid, run_storage_upgrade, python, str(home), db, time.time() + 3.0, True)
         assert not cut["done"] and "interrupted at the bound" in cut["reason"], cut
         with sqlite3.connect("file:%s?mode=ro" % db, uri=True) as conn:  # its markers, or the flag (cut early)
