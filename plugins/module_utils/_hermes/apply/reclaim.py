@@ -20,6 +20,7 @@ from ..sqlite.db import (
     WAL_BUDGET,
     describe_holders,
     file_size,
+    frame_bytes,
     free_bytes,
     holders,
     is_wal_file,
@@ -64,7 +65,7 @@ def wal_budget(conn, db_path, replica=None):
     if policy is not None or replica or not is_wal_file(db_path):
         return None  # we checkpoint at the end (or Litestream does, or there is no WAL)
     patient = [True]
-    pile = PILE_FRAMES * (pragma(conn, "page_size") + 24)  # a frame: the page and its 24-byte header
+    pile = PILE_FRAMES * frame_bytes(pragma(conn, "page_size"))
 
     def stop():
         pending = wal_pending_bytes(db_path)

@@ -86,11 +86,10 @@ def run_storage_upgrade(python, home, db_path, deadline, vacuum):
         output = " ".join(line.strip() for line in log.read().replace("\r", "\n").splitlines() if line.strip())
     left = _pending_after(db_path)
     report = {"done": left is None, "reason": None, "seconds": round(time.monotonic() - began, 1)}
-    if left is None:
-        pass  # done, even when the bound cut Hermes's closing VACUUM (the window's own reclaim follows)
-    elif interrupted:
+    # No work left is done, even when the bound cut Hermes's closing VACUUM (the window's own reclaim follows).
+    if left is not None and interrupted:
         report["reason"] = "optimize-storage interrupted at the bound (max_downtime): Hermes resumes it next time"
-    else:
+    elif left is not None:
         tail = output[-OUTPUT_TAIL:]
         report["reason"] = "optimize-storage left work (%s), exit %s: %s" % (left, proc.returncode, tail)
     return report

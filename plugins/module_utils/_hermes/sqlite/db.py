@@ -405,7 +405,12 @@ def wal_pending_bytes(db_path):
         return 0
     page = struct.unpack_from("=H", head, 14)[0]
     frames = struct.unpack_from("=I", head, 16)[0] - struct.unpack_from("=I", head, 96)[0]
-    return max(0, frames) * ((65536 if page == 1 else page) + 24)
+    return max(0, frames) * frame_bytes(65536 if page == 1 else page)
+
+
+def frame_bytes(page_size):
+    """A WAL frame's size: the page and its 24-byte frame header."""
+    return page_size + 24
 
 
 def is_wal_file(path):
