@@ -24,7 +24,7 @@ from hermes_releases import hermes_python_for  # noqa: E402
 from hermes_reliability import chown_tree, user_with_dir  # noqa: E402
 from hermes_writer import WriterProcess, latency_stats  # noqa: E402
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance  # noqa: E402
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance  # noqa: E402
 from hermes_fixtures import copy_db, hermes_python, make_big_home, session_ids  # noqa: E402
 
 LAYOUT = "hermes-0.22.2.post1"

@@ -66,7 +66,7 @@ def template(workdir):
 
 
 def variant(workdir, name, journal, synchronous, durable, commits, pause):
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import commits_durable, open_rw
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import commits_durable, open_rw
 
     home = workdir / name.replace("/", "-").replace(" ", "-").replace("+", "-")
     shutil.rmtree(home, ignore_errors=True)

@@ -164,7 +164,7 @@ def restore_phase(home, profile, before, control=None):
     """The undo from the run's whole-file backup, its payload archive deleted, beside the 20 ms writer."""
     from hermes_writer import WriterProcess, latency_stats
 
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import (
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.sessions import (
         restore_tool_payloads,
     )
     from hermes_fixtures import hermes_python
@@ -242,7 +242,13 @@ def child(code, home, live, out, limit=None, restore=False, trace=None, control_
     sys.path.insert(0, str(Path(code) / "build" / "collections"))
     from hermes_writer import WriterProcess, latency_stats
 
-    from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
+    try:
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as engine
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info
+    except ImportError:  # a tree from before the engine's layers
+        from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
+
+        gather_info = engine.gather_info
     from hermes_fixtures import hermes_python
 
     phases = {"spans": []}  # <name>_start/_end: its last call; spans: every call, in order
@@ -262,7 +268,8 @@ def child(code, home, live, out, limit=None, restore=False, trace=None, control_
     holds = []  # how long each elision transaction held the write lock (engines that have _elide_group)
     interrupted = []  # the size of each group interrupted at the hard bound
     traced = []  # with --trace: each transaction, its FTS5 structure before and after
-    payloads = sys.modules.get(engine.__name__.rsplit(".", 1)[0] + "._hermes_payloads")
+    utils = engine.__name__.split("._hermes", 1)[0]
+    payloads = sys.modules.get(utils + "._hermes.apply.elision") or sys.modules.get(utils + "._hermes_payloads")
     if payloads is not None and hasattr(payloads, "_elide_group"):
         real_group = payloads._elide_group
 
@@ -307,7 +314,7 @@ def child(code, home, live, out, limit=None, restore=False, trace=None, control_
     home = Path(home)
     opts = {"hermes_home": [str(home)], "prune_days": 3650, "tool_payload_days": 30}
     opts["vacuum_mode"] = "auto" if live else "full"
-    before = storage_summary(engine.gather_info, home)
+    before = storage_summary(gather_info, home)
     digest = rows_digest(home / "state.db") if restore else None
     writer = control = None
     python = hermes_python("hermes-" + RELEASE)
@@ -342,7 +349,7 @@ def child(code, home, live, out, limit=None, restore=False, trace=None, control_
                 result["writer"]["control_worst"] = latency_stats(
                     noise, phases.get("elide_start"), phases.get("elide_end"))["max"]  # fmt: skip
                 result["writer"]["control_worst_run"] = latency_stats(noise, t0, t1)["max"]
-        result["storage_after"] = storage_summary(engine.gather_info, home)
+        result["storage_after"] = storage_summary(gather_info, home)
         if restore:
             result["restore"] = restore_phase(home, profile, digest, control)
         if trace:

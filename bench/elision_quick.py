@@ -19,10 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lib"))
 import collection_paths  # noqa: E402, F401  # pylint: disable=unused-import
 from hermes_writer import WriterProcess, latency_stats  # noqa: E402
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import (  # noqa: E402
-    gather_info,
-    run_maintenance,
-)
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance  # noqa: E402
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info  # noqa: E402
 from hermes_fixtures import (  # noqa: E402
     APPEND_MESSAGES,
     build_home,

@@ -5,7 +5,7 @@ maintenance-like change (deduplication at work).
 
 Builds a state.db-like SQLite file of about --mb MB (sessions and messages of word text, as
 chat is), backs it up with SQLite's backup API under the engine's backup name, and pushes it
-with the engine's own push (_hermes_offsite.push) to a fresh local restic repository. Then
+with the engine's own push (offsite.push) to a fresh local restic repository. Then
 deletes the oldest 3% of the messages and adds 1% new ones (a prune without VACUUM: the freed
 pages are reused), backs up again and pushes the second backup. Prints one JSON document:
 seconds, bytes read and bytes the repository grew by, per push. Runs as root (the push
@@ -28,8 +28,8 @@ from common import collections_root  # noqa: E402
 collections_root()
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "build" / "collections"))
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_backup as backup  # noqa: E402
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_offsite as offsite  # noqa: E402
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes import offsite  # noqa: E402
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup import whole_file as backup  # noqa: E402
 
 OWNER = 65534
 MB = 1024 * 1024

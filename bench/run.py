@@ -78,7 +78,9 @@ def refusal(mode, args):
         return "no venv with Hermes %s (.cache/venvs/hermes-%s): run tests/setup_hermes_venvs.sh" % (release, release)
     if release != "0.19.0":  # Hermes >= 0.20 picks the journal mode from the linked SQLite
         sys.path.insert(0, collections_root())
-        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import sqlite_wal_reset_affected
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import (
+            sqlite_wal_reset_affected,
+        )
 
         chosen = "delete" if sqlite_wal_reset_affected(sqlite3.sqlite_version_info) else "wal"
         if chosen != MODES[mode]["journal"]:

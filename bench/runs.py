@@ -56,7 +56,7 @@ print(json.dumps({"sessions_pruned": n, "phases": phases, "start": t0, "end": t2
 OURS_CODE = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-import ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine as E
+import ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run as E
 phases = {}
 def wrap(name, module=E, label=None):
     real = getattr(module, name)
@@ -71,7 +71,7 @@ def wrap(name, module=E, label=None):
 for name in ("preflight_check", "quick_check", "stats", "build_plan", "take_backup", "take_archive",
              "close_zombies", "prune", "reclaim"):
     wrap(name)
-import ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup as B
+import ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup.whole_file as B
 for name, label in (("_copy_files", "backup.copy"), ("_copy_snapshot", "backup.copy_api"), ("verify", "backup.verify")):
     wrap(name, B, label)
 import sqlite3
@@ -288,7 +288,7 @@ def time_cp(src, dst):
 def backup_vs_cp(workdir, base, reps=5, wal=True):
     """``take_backup`` of a copy of ``base`` with no holder (the service-window path), switched to
     WAL mode unless ``wal`` is false, against cp and cp + fsync, interleaved; medians."""
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import take_backup
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup.whole_file import take_backup
 
     home = workdir / "backup-src"
     shutil.rmtree(home, ignore_errors=True)
@@ -337,7 +337,7 @@ def disk_refusals(workdir, base):
     ``run_maintenance`` twice, with no holder: the defaults (a backup beside the home), and with no
     backup and ``vacuum_mode: full`` (nothing old enough to prune, so the VACUUM is all it would do).
     Each must say why it refused, and leave state.db byte for byte as it was, with no journal."""
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 
     if os.geteuid() != 0:
         return {"tried": False, "why": "needs root to mount a tmpfs of a chosen size"}
@@ -453,7 +453,7 @@ def sweep(mode, workdir, n, grid, reps=1, interval=0.02):
 def measure(mode, args, argv, name=None):
     """The whole bench of ``mode`` as its results document (what bench/results/<name>.json holds)."""
     sys.path.insert(0, collections_root())
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import DEFAULTS
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import DEFAULTS
 
     workdir = args.workdir
     workdir.mkdir(parents=True, exist_ok=True)

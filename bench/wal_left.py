@@ -55,7 +55,7 @@ def measure(workdir, n):
     try:
         holder.stdout.readline()
         sys.path.insert(0, collections_root())
-        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 
         started = time.time()
         result = run_maintenance({"hermes_home": [str(home)], "backup": False})

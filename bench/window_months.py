@@ -44,7 +44,8 @@ from hermes_gateway import (  # noqa: E402
 )
 from hermes_rollback import WORDS, make_big_rollback_home  # noqa: E402
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine  # noqa: E402
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.host import profiles as hermes_host_profiles
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as hermes_maintain_run  # noqa: E402
 from hermes_fixtures import bulk_rows, copy_db, make_big_home  # noqa: E402
 
 FTS = ("messages_fts", "messages_fts_trigram")
@@ -135,11 +136,11 @@ def month(home, db, twin, port, payload_days):
     with Client(port, retry=True) as client:
         time.sleep(2.0)
         t0 = time.monotonic()
-        live = _hermes_engine.run_maintenance(dict(options, hermes_home=[home]))["profiles"][0]
+        live = hermes_maintain_run.run_maintenance(dict(options, hermes_home=[home]))["profiles"][0]
         t1 = time.monotonic()
         time.sleep(8.0)
     twin_before = size(twin)
-    alone = _hermes_engine.run_maintenance(dict(common, hermes_home=[os.path.dirname(twin)]))
+    alone = hermes_maintain_run.run_maintenance(dict(common, hermes_home=[os.path.dirname(twin)]))
     alone = alone["profiles"][0]
     attempts = client.snapshot()
     window = live["window"] or {}
@@ -209,7 +210,8 @@ def main():
     parser.add_argument("--cache", help="a state.db path: the file built is kept there, and used when it exists")
     args = parser.parse_args()
     clock = ShiftedClock()
-    _hermes_engine.time = clock
+    hermes_maintain_run.time = clock
+    hermes_host_profiles.time = clock  # each profile's run starts from its clock
     base = tempfile.mkdtemp(prefix="hermes-ops-months-")
     try:
         home = os.path.join(base, "home")

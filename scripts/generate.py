@@ -5,8 +5,8 @@
 The support matrix (tests/matrix.yml: the cores, the Pythons per role, the SQLite builds, the
 Hermes releases) is copied the same way into the build files, pins and docs that name it.
 
-The engine reads its options from ``plugins/module_utils/_hermes_options.py`` and its
-result keys from ``_hermes_results.py`` at run time. Ansible needs some of that as text
+The engine reads its options from ``plugins/module_utils/_hermes/options.py`` and its
+result keys from ``_hermes/results.py`` at run time. Ansible needs some of that as text
 (DOCUMENTATION, both modules' RETURN, the doc fragment, the role's defaults and argument specs, the
 role's config template, ``playbooks/maintain.yml``) and so do the tables of the README, the
 role's README and the guides. Each copy sits between two marker lines::
@@ -44,13 +44,13 @@ WIDTH = 116
 def load_tables(root):
     """The option and result tables of the tree at ``root`` (plain files, no package needed)."""
     tables = {}
-    for name in ("_hermes_options", "_hermes_results"):
-        path = os.path.join(root, "plugins", "module_utils", name + ".py")
+    for name in ("options", "results"):
+        path = os.path.join(root, "plugins", "module_utils", "_hermes", name + ".py")
         spec = importlib.util.spec_from_file_location("hermes_generate_" + name, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         tables[name] = module
-    return tables["_hermes_options"], tables["_hermes_results"]
+    return tables["options"], tables["results"]
 
 
 # ---- rendering helpers -------------------------------------------------------------------
@@ -557,7 +557,7 @@ def main(argv=None):
     if args.check and stale:
         sys.stderr.write(
             "generate.py: generated blocks differ from the option/result tables or tests/matrix.yml in: %s\n"
-            "edit plugins/module_utils/_hermes_options.py, _hermes_results.py or tests/matrix.yml, not the copies, "
+            "edit plugins/module_utils/_hermes/options.py, _hermes/results.py or tests/matrix.yml, not the copies, "
             "then run: python3 scripts/generate.py\n" % ", ".join(stale)
         )
         return 1

@@ -36,7 +36,7 @@ REQUIRED = [
     "meta/runtime.yml",
     "plugins/modules/session_maintenance.py",
     "plugins/modules/state_db_info.py",
-    "plugins/module_utils/_hermes_engine.py",
+    "plugins/module_utils/_hermes/maintain/run.py",
     "plugins/doc_fragments/hermes.py",
     "roles/session_maintenance/meta/argument_specs.yml",
     "roles/session_maintenance/tasks/main.yml",

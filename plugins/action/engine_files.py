@@ -10,13 +10,17 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
 # The engine: this collection's own module_utils, the files the role's runner imports.
-ENGINE_DIR = Path(__file__).resolve().parent.parent / "module_utils"
-ENGINE_GLOB = "_hermes_*.py"
+ENGINE_DIR = Path(__file__).resolve().parent.parent / "module_utils" / "_hermes"
+ENGINE_GLOB = "*.py"
 
 
 def engine_files():
-    """File name -> text of every engine file, read on the controller."""
-    files = {path.name: path.read_text(encoding="utf-8") for path in sorted(ENGINE_DIR.glob(ENGINE_GLOB))}
+    """Path in the package ("sqlite/db.py") -> text of every engine file, read on the controller."""
+    files = {
+        path.relative_to(ENGINE_DIR).as_posix(): path.read_text(encoding="utf-8")
+        for path in sorted(ENGINE_DIR.rglob(ENGINE_GLOB))
+        if "__pycache__" not in path.parts
+    }
     if not files:
         raise AnsibleActionFail("no engine files (%s) in %s: the collection is incomplete" % (ENGINE_GLOB, ENGINE_DIR))
     return files

@@ -8,7 +8,7 @@ class ModuleDocFragment:
     # Where the databases are, and the selection thresholds shared by both modules.
     DOCUMENTATION = r"""
 options:
-  # BEGIN GENERATED: options (scripts/generate.py, from plugins/module_utils/_hermes_options.py)
+  # BEGIN GENERATED: options (scripts/generate.py, from plugins/module_utils/_hermes/options.py)
   hermes_home:
     description:
       - Hermes homes to work on. Each home's C(state.db) is profile C(default); each C(profiles/<name>/state.db) below

@@ -29,13 +29,13 @@ import yaml
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import normalize_options
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_options import (
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.checked_options import normalize_options
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.options import (
     NUMBER_TYPES,
     OPTIONS,
     ROLE_NONE,
 )
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 
 ROLE_PREFIX = "hermes_maintenance_"
 # The name spaces checked: a variable in them that the collection does not know is a mistake.

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ._hermes_options import BY_NAME, MAINTENANCE, SHARED, options_in
+from ._hermes.options import BY_NAME, MAINTENANCE, SHARED, options_in
 
 
 def _spec(option):

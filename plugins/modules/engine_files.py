@@ -10,8 +10,10 @@ short_description: Install the collection's maintenance engine on a host as the 
 version_added: 0.1.0
 description:
   - Installs the engine that the scheduled job of the role C(hermes_agent.ops.session_maintenance) runs (the
-    collection's C(plugins/module_utils/_hermes_*.py)) and an empty C(__init__.py) into O(dest), in one module run
-    where a copy per file would cost a transfer and several round trips each.
+    collection's C(plugins/module_utils/_hermes/), its subdirectories included) and an empty C(__init__.py) into
+    O(dest), in one module run where a copy per file would cost a transfer and several round trips each.
+  - Each subdirectory of the engine is made in O(dest) with the owner and group of the files and their mode, with search
+    where it grants read (C(0644) gives C(0755)); a symlink or a file in place of such a directory fails the run.
   - The action plugin of the same name reads the engine files on the controller, from the collection the plugin belongs
     to, and passes their contents to the module.
   - On the host each file's content, owner, group and mode are compared with what is installed and only the files that
@@ -85,7 +87,7 @@ written:
   returned: always
   type: list
   elements: str
-  sample: ["/usr/local/lib/hermes-ops/hermes/lib/hermes_ops/_hermes_engine.py"]
+  sample: ["/usr/local/lib/hermes-ops/hermes/lib/hermes_ops/maintain/run.py"]
 results:
   description:
     - One entry per file written (in check mode, that a real run would write), in name order, shaped as a loop of
@@ -97,7 +99,7 @@ results:
     dest:
       description: The file's full path.
       type: str
-      sample: /usr/local/lib/hermes-ops/hermes/lib/hermes_ops/_hermes_engine.py
+      sample: /usr/local/lib/hermes-ops/hermes/lib/hermes_ops/maintain/run.py
     changed:
       description: Always true (only files written are listed).
       type: bool
@@ -109,7 +111,8 @@ results:
       elements: str
       sample: ["content"]
 extra:
-  description: Engine files (C(_hermes_*.py)) in O(dest) that the collection does not have, full paths, in name order.
+  description: Engine files (C(.py) files of Python names) in O(dest) and its subdirectories that the collection does
+    not have, full paths, in name order.
   returned: always
   type: list
   elements: str
@@ -127,9 +130,12 @@ from ansible.module_utils.basic import AnsibleModule
 
 # What the package holds besides the engine files: the empty marker that makes it a package.
 PACKAGE_MARKER = "__init__.py"
-ENGINE_FILE = re.compile(r"^_hermes_\w+\.py$")
+# An engine file: its path in the package, each part a Python name ("maintain.py", "sqlite/db.py").
+ENGINE_FILE = re.compile(r"^(?:[A-Za-z_]\w*/)*[A-Za-z_]\w*\.py$")
 # Temporary files of a write: hidden, never importable, removed by the next run if a crash left one.
 TEMP_PREFIX = ".engine_files."
+# Python's own caches beside the sources: neither engine files nor extra ones.
+CACHE_DIR = "__pycache__"
 
 
 def main():
@@ -159,19 +165,21 @@ def main():
     written = [r["dest"] for r in results]
     extra = [os.path.join(p["dest"], name) for name in plan["extra"]]
     result = dict(changed=bool(written), written=written, results=results, extra=extra, invocation=invocation)
-    if module._diff and written:
+    # The diff names the files; a directory made or set on the way shows in its files' paths.
+    files = [r for r, (name, _why) in zip(results, plan["write"]) if wanted[name][0] is not None]
+    if module._diff and files:
         verb = "would write" if module.check_mode else "wrote"
-        result["diff"] = dict(
-            prepared="\n".join("%s %s (%s)" % (verb, r["dest"], ", ".join(r["why"])) for r in results)
-        )
+        result["diff"] = dict(prepared="\n".join("%s %s (%s)" % (verb, r["dest"], ", ".join(r["why"])) for r in files))
     module.exit_json(**result)
 
 
 def wanted_files(texts, owner, group, mode):
-    """name -> (bytes, uid or None, gid or None, mode): the engine files and the package marker."""
+    """path -> (bytes, uid or None, gid or None, mode): the engine files, the package marker, and the
+    package's subdirectories (bytes None; the mode with search where it grants read). A subdirectory
+    needs no marker: it is a namespace package found only inside this one."""
     for name in texts:
-        if not ENGINE_FILE.match(name):
-            raise ValueError("%r is not an engine file name (_hermes_*.py)" % name)
+        if not ENGINE_FILE.match(name) or os.path.basename(name) == PACKAGE_MARKER:
+            raise ValueError("%r is not an engine file name (a .py path of Python names in the package)" % name)
     uid = None if owner is None else _id(owner, pwd.getpwnam, "pw_uid", "user")
     gid = None if group is None else _id(group, grp.getgrnam, "gr_gid", "group")
     try:
@@ -180,6 +188,10 @@ def wanted_files(texts, owner, group, mode):
         raise ValueError("mode %r is not an octal number such as 0644" % mode) from None
     files = {name: (text.encode("utf-8"), uid, gid, bits) for name, text in texts.items()}
     files[PACKAGE_MARKER] = (b"", uid, gid, bits)
+    for directory in {os.path.dirname(name) for name in texts}:
+        while directory:
+            files[directory] = (None, uid, gid, bits | (bits & 0o444) >> 2)
+            directory = os.path.dirname(directory)
     return files
 
 
@@ -194,14 +206,14 @@ def _id(value, lookup, field, what):
 
 def plan_install(dest, wanted, must_exist=True):
     """What to write, with why, and the installed engine files the collection lacks."""
-    try:
-        present = set(os.listdir(dest))
-    except FileNotFoundError:
+    if not os.path.isdir(dest):
         if must_exist:
             raise ValueError(
                 "the directory does not exist: create it first, with the owner and mode it must have"
             ) from None
         present = set()
+    else:
+        present = set(_installed(dest))
     write = []
     for name in sorted(wanted):
         why = _differences(os.path.join(dest, name), wanted[name]) if name in present else ["new"]
@@ -211,13 +223,24 @@ def plan_install(dest, wanted, must_exist=True):
     return {"write": write, "extra": extra}
 
 
+def _installed(dest):
+    """Every path under DEST, relative to it (symlinks listed, not followed; caches left out)."""
+    for root, dirs, files in os.walk(dest):
+        dirs[:] = [d for d in dirs if d != CACHE_DIR]
+        for name in dirs + files:
+            yield os.path.relpath(os.path.join(root, name), dest)
+
+
 def _differences(path, want):
     data, uid, gid, mode = want
     st = os.lstat(path)
-    if not stat.S_ISREG(st.st_mode):
+    if data is None:
+        if not stat.S_ISDIR(st.st_mode):
+            raise ValueError("%s is not a directory: remove it, the engine's package goes there" % path)
+    elif not stat.S_ISREG(st.st_mode):
         return ["not a regular file"]
     why = []
-    if st.st_size != len(data) or _read(path) != data:
+    if data is not None and (st.st_size != len(data) or _read(path) != data):
         why.append("content")
     if uid is not None and st.st_uid != uid:
         why.append("owner")
@@ -235,20 +258,40 @@ def _read(path):
 
 
 def write_files(dest, wanted, names):
-    """Write each named file atomically and durably.
+    """Write each named file atomically and durably, its directories first.
 
     A crash between a temporary file's creation and its rename leaves that file (hidden, never
     imported) and the old engine file, which the next run therefore rewrites: it removes the
     leftovers then.
     """
-    for name in os.listdir(dest):
-        if name.startswith(TEMP_PREFIX):
+    for name in _installed(dest):
+        if os.path.basename(name).startswith(TEMP_PREFIX):
             os.unlink(os.path.join(dest, name))
-    for name in names:
-        _write_atomically(dest, name, *wanted[name])
-    dir_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+    changed = {dest}
+    for name in names:  # in name order: a directory before what it holds
+        path = os.path.join(dest, name)
+        if wanted[name][0] is None:
+            _directory(path, *wanted[name][1:])
+        else:
+            _write_atomically(os.path.dirname(path), os.path.basename(path), *wanted[name])
+        changed.add(os.path.dirname(path))
+    for directory in sorted(changed, reverse=True):
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)  # the renames are on disk before anything relies on them
+        finally:
+            os.close(dir_fd)
+
+
+def _directory(path, uid, gid, mode):
+    """A directory of the package, made or set to its owner, group and mode (never through a symlink)."""
+    if not os.path.lexists(path):
+        os.mkdir(path, 0o700)
+    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
-        os.fsync(dir_fd)  # the renames are on disk before anything relies on them
+        if uid is not None or gid is not None:
+            os.fchown(dir_fd, -1 if uid is None else uid, -1 if gid is None else gid)
+        os.fchmod(dir_fd, mode)
     finally:
         os.close(dir_fd)
 

@@ -28,7 +28,7 @@ extends_documentation_fragment:
   - hermes_agent.ops.hermes
   - hermes_agent.ops.hermes.ATTRIBUTES
 options:
-  # BEGIN GENERATED: options (scripts/generate.py, from plugins/module_utils/_hermes_options.py)
+  # BEGIN GENERATED: options (scripts/generate.py, from plugins/module_utils/_hermes/options.py)
   end_reason:
     description:
       - C(end_reason) written on closed zombies. The default is one Hermes treats as recoverable.
@@ -288,7 +288,7 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-# BEGIN GENERATED: return (scripts/generate.py, from plugins/module_utils/_hermes_results.py)
+# BEGIN GENERATED: return (scripts/generate.py, from plugins/module_utils/_hermes/results.py)
 status:
   description:
     - V(ok), V(failed) (a profile failed) or V(no_profiles) (a home held no C(state.db)).
@@ -559,9 +559,10 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support 
     diff_of,
     maintenance_argument_spec,
 )
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import NO_PROFILES, run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_metrics import record_run
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.host.profiles import NO_PROFILES
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.metrics import record_run
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 
 
 def main():

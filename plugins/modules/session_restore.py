@@ -317,13 +317,13 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support 
     option_spec,
     restore_argument_spec,
 )
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import (
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.sessions import (
     list_missing,
     restore_selected,
     restore_tool_payloads,
     selection,
 )
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 
 
 def main():

@@ -50,7 +50,7 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-# BEGIN GENERATED: return (scripts/generate.py, from plugins/module_utils/_hermes_results.py)
+# BEGIN GENERATED: return (scripts/generate.py, from plugins/module_utils/_hermes/results.py)
 profiles:
   description: One entry per profile found.
   returned: always
@@ -211,7 +211,7 @@ profiles:
           is V(other)). V(stores) gives C(cron/executions.db), C(cron/deliveries.db) and C(cron/notepad.db) with
           V(bytes), V(page_count), V(page_size), V(free_pages), V(reclaimable_bytes) (what a VACUUM would give back;
           nothing is reclaimed), V(journal_mode), V(auto_vacuum) and V(error).
-        - The kinds (_hermes_inventory.KINDS) are V(state_db), V(malformed_backup), V(retired_wal) (messages may be
+        - The kinds (plan.inventory.KINDS) are V(state_db), V(malformed_backup), V(retired_wal) (messages may be
           missing from C(state.db), see docs/fleet.md), V(pre_update_emergency), V(hermes_locks),
           V(hermes_backup_zip), V(hermes_ops_archive), V(hermes_ops_backup), V(state_snapshots),
           V(pending_messages), V(transcripts), V(orphaned_transcripts) (whose session is no longer in C(state.db)),
@@ -231,8 +231,8 @@ sqlite:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support import shared_argument_spec
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 
 
 def main():

@@ -122,9 +122,9 @@ msg:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._ansible_support import restore_argument_spec
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import profile_path
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_restore import plan_restore, restore
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.host.profiles import profile_path
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.whole_file import plan_restore, restore
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 
 
 def main():

@@ -18,7 +18,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import sqlite_wal_reset_affected
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import sqlite_wal_reset_affected
 
 REPO = Path(__file__).resolve().parents[2]
 LINE = re.compile(

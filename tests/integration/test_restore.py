@@ -28,7 +28,7 @@ from hermes_reliability import (
     world_traversable_dir,
 )
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from hermes_fixtures import (
     build_home,
     layout_available,

@@ -29,7 +29,7 @@ from hermes_reliability import (
 from hermes_rollback import RELEASE, journal_mode, make_big_rollback_home, release_view
 from hermes_writer import WriterProcess
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from hermes_fixtures import hermes_python
 
 pytestmark = [

@@ -82,7 +82,7 @@ def test_first_check_diff_is_short_and_every_run_is_quiet(ansible_playbook, host
     # at, one assert per stage, loops where tasks differed only in their path (260 lines, 73 of
     # them diff lines, 40 tasks when this was written).
     assert len(lines) < MAX_CHECK_DIFF_LINES, text
-    assert "_hermes_engine.py" in text  # each engine file is still named
+    assert "maintain/run.py" in text  # each engine file is still named
     assert not LIB.exists()
 
     try:

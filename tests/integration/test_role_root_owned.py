@@ -107,7 +107,7 @@ def _plant(h):
     pkg = h.home / "hermes_ops"
     pkg.mkdir()
     (pkg / "__init__.py").write_text(code("hermes_ops"))
-    (pkg / "_hermes_runner.py").write_text(code("hermes_ops") + "def main(argv=None):\n    return 0\n")
+    (pkg / "runner.py").write_text(code("hermes_ops") + "def main(argv=None):\n    return 0\n")
     (h.home / "sitecustomize.py").write_text(code("sitecustomize"))
     (h.home / "startup.py").write_text(code("startup"))
     site = _user_python_site(h)
@@ -141,9 +141,12 @@ def _run_wrapper(h, env, *args, **run_options):
 def test_engine_wrapper_and_config_are_roots_and_the_user_cannot_write_them(ansible_playbook, host):
     h = host
     _apply(ansible_playbook, h, hermes_maintenance_scheduler="hermes")
-    engine = sorted((LIB / "lib" / "hermes_ops").glob("*.py"))
-    assert {p.name for p in engine} >= {"__init__.py", "_hermes_engine.py", "_hermes_runner.py"}
-    for path in [LIB, LIB / "lib", LIB / "lib" / "hermes_ops", LIB / "bin"]:
+    package = LIB / "lib" / "hermes_ops"
+    engine = sorted(package.rglob("*.py"))
+    layers = sorted(p for p in package.rglob("*") if p.is_dir())
+    assert {p.relative_to(package).as_posix() for p in engine} >= {"__init__.py", "maintain/run.py", "runner.py"}
+    assert {"sqlite", "maintain"} <= {p.name for p in layers}
+    for path in [LIB, LIB / "lib", LIB / "lib" / "hermes_ops", LIB / "bin", *layers]:
         assert _ls(path) == ("drwxr-xr-x", "root", 0), path
     for path in engine:
         assert _ls(path) == ("-rw-r--r--", "root", 0), path
@@ -159,7 +162,7 @@ def test_engine_wrapper_and_config_are_roots_and_the_user_cannot_write_them(ansi
     assert config["log_file"] == str(h.data / "log" / "maintenance.log")
 
     attempts = [f"open({str(p)!r}, 'a')" for p in [*engine, WRAPPER, CONFIG]]
-    attempts += [f"open({str(d / 'planted.py')!r}, 'w')" for d in [LIB / "lib" / "hermes_ops", LIB / "bin", ETC]]
+    attempts += [f"open({str(d / 'planted.py')!r}, 'w')" for d in [package, *layers, LIB / "bin", ETC]]
     attempts += [f"os.rename({str(CONFIG)!r}, {str(CONFIG)!r} + '.old')", f"os.chmod({str(WRAPPER)!r}, 0o777)"]
     for attempt in attempts:
         proc = subprocess.run(
@@ -192,15 +195,15 @@ def test_engine_wrapper_and_config_are_roots_and_the_user_cannot_write_them(ansi
 
     # A re-apply copies back exactly the engine files that differ from the collection's (one
     # changed, one with another mode) and leaves the others alone.
-    source = REPO_ROOT / "plugins" / "module_utils"
-    with open(str(LIB / "lib" / "hermes_ops" / "_hermes_engine.py"), "a") as changed:
+    source = REPO_ROOT / "plugins" / "module_utils" / "_hermes"
+    with open(str(LIB / "lib" / "hermes_ops" / "maintain/run.py"), "a") as changed:
         changed.write("# changed on the host\n")
-    os.chmod(str(LIB / "lib" / "hermes_ops" / "_hermes_runner.py"), 0o600)
+    os.chmod(str(LIB / "lib" / "hermes_ops" / "runner.py"), 0o600)
     out = _apply(ansible_playbook, h, hermes_maintenance_scheduler="hermes")
     installs = [t for t in out.tasks() if t["name"].endswith("Install the engine as package hermes_ops")]
     install = installs[-1]["hosts"]["localhost"]
-    copied = sorted(Path(r["dest"]).name for r in install["results"] if r.get("changed"))
-    assert copied == ["_hermes_engine.py", "_hermes_runner.py"], install
+    copied = sorted(Path(r["dest"]).relative_to(package).as_posix() for r in install["results"] if r.get("changed"))
+    assert copied == ["maintain/run.py", "runner.py"], install
     assert len(install["results"]) == 2, install
     for name in copied:
         assert (LIB / "lib" / "hermes_ops" / name).read_bytes() == (source / name).read_bytes()
@@ -233,7 +236,7 @@ def test_root_never_imports_what_the_user_planted(ansible_playbook, host):
     # Control: the way the runner used to start imports every planted file but PYTHONSTARTUP
     # (only read by an interactive interpreter), so each plant would have run.
     control = subprocess.run(
-        ["/usr/bin/python3", "-m", "hermes_ops._hermes_runner", "--config", str(CONFIG), "--dry-run"],
+        ["/usr/bin/python3", "-m", "hermes_ops.runner", "--config", str(CONFIG), "--dry-run"],
         cwd=str(h.home),
         env=dict(env, PYTHONPATH=f"{LIB / 'lib'}:{h.home}"),
         capture_output=True,
@@ -313,17 +316,17 @@ def test_an_interpreter_the_user_can_change_is_refused(ansible_playbook, host):
 OLD_WRAPPER = """#!/bin/sh
 PYTHONPATH={lib}${{PYTHONPATH:+:$PYTHONPATH}}
 export PYTHONPATH
-exec /usr/bin/python3 -m hermes_ops._hermes_runner --config {config} "$@"
+exec /usr/bin/python3 -m hermes_ops.runner --config {config} "$@"
 """
 
 
 def _lay_out_old_install(h):
     """What the role installed before: engine, wrapper, config and log in the user's directory."""
     pkg = h.data / "lib" / "hermes_ops"
-    pkg.mkdir(parents=True)
+    shutil.copytree(
+        str(REPO_ROOT / "plugins" / "module_utils" / "_hermes"), str(pkg), ignore=shutil.ignore_patterns("__pycache__")
+    )
     (pkg / "__init__.py").write_text("")
-    for src in (REPO_ROOT / "plugins" / "module_utils").glob("_hermes_*.py"):
-        shutil.copy(str(src), str(pkg / src.name))
     (h.data / "bin").mkdir()
     wrapper = h.data / "bin" / "hermes-session-maintenance"
     wrapper.write_text(OLD_WRAPPER.format(lib=h.data / "lib", config=h.data / "maintenance.json"))

@@ -76,7 +76,7 @@ CHILD = (
     + r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as engine
 
 for name, attr in (("backup", "take_backup"), ("zombies", "close_zombies"), ("prune", "prune"),
                    ("reclaim", "reclaim")):

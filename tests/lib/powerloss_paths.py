@@ -32,9 +32,11 @@ LOG = ("=== Session Maintenance Start old\nold run\n", "=== Session Maintenance 
 CHILD = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.hermes_agent.ops.plugins.module_utils import (
-    _hermes_apply, _hermes_backup, _hermes_db, _hermes_engine, _hermes_files, _hermes_metrics, _hermes_restore,
-    _hermes_runner, _hermes_session_restore)
+import importlib
+for module in ("apply.prune", "backup.whole_file", "sqlite.db", "maintain.run", "apply.files", "report.metrics",
+               "restore.whole_file", "runner", "restore.sessions"):  # as hermes_apply_prune, ... (the patches' names)
+    globals()["hermes_" + module.replace(".", "_")] = importlib.import_module(
+        "ansible_collections.hermes_agent.ops.plugins.module_utils._hermes." + module)
 job = json.loads(sys.argv[2])
 for patch in job["disable"]:
     exec(patch)
@@ -43,21 +45,21 @@ if job["kind"] == "maintenance":
     for name, data in job.get("hermes_writes", {}).items():  # Hermes writing a file, no fsync
         with open(os.path.join(home, name), "wb") as handle:
             handle.write(bytes.fromhex(data))
-    result = _hermes_engine.run_maintenance(job["options"])
+    result = hermes_maintain_run.run_maintenance(job["options"])
     bad = [p for p in result["profiles"] if p.get("status") != "ok"]
     assert not bad, bad
 elif job["kind"] == "restore":
-    plan = _hermes_restore.plan_restore(home, "default")
-    _hermes_restore.restore(plan)
+    plan = hermes_restore_whole_file.plan_restore(home, "default")
+    hermes_restore_whole_file.restore(plan)
 elif job["kind"] == "session_restore":
     import sqlite3  # a live holder (the gateway): our connection's close cannot checkpoint
     holder = sqlite3.connect(os.path.join(home, "state.db"))
     holder.execute("SELECT count(*) FROM sessions").fetchall()
-    chosen = _hermes_session_restore.selection(sessions=job["gone"])
-    _hermes_session_restore.restore_selected(home, "default", backup="newest", select=chosen)
+    chosen = hermes_restore_sessions.selection(sessions=job["gone"])
+    hermes_restore_sessions.restore_selected(home, "default", backup="newest", select=chosen)
 elif job["kind"] == "metrics_log":
-    _hermes_metrics.write_atomically(os.path.join(home, "metrics"), "hermes_ops_x.prom", job["metrics"])
-    _hermes_runner.append_log(os.path.join(home, "logs", "maintenance.log"), job["log"], 12)
+    hermes_report_metrics.write_atomically(os.path.join(home, "metrics"), "hermes_ops_x.prom", job["metrics"])
+    hermes_runner.append_log(os.path.join(home, "logs", "maintenance.log"), job["log"], 12)
 print("done")
 """
 
@@ -72,18 +74,18 @@ time.sleep(600)
 # name: (path it shows on, what the child does to the engine first)
 CONTROLS = {
     "backup_dir_created_durably": (
-        "prune-wal-no-transcripts", "_hermes_backup.makedirs_durable = lambda p, m: os.makedirs(p, m)"),
-    "transcripts_after_durable_commit": ("prune-wal-frames", "_hermes_apply.commits_durable = lambda p: None"),
-    "transcript_list_durable": ("prune-wal-frames", "_hermes_apply.pending_durable = lambda p: None"),
-    "transcript_removals_durable": ("prune-wal-frames", "_hermes_apply.removals_durable = lambda p: None"),
-    "rollback_synchronous_extra": ("prune-rollback-vacuum", "_hermes_db.ROLLBACK_SYNCHRONOUS = 'FULL'"),
-    "restore_aside_durable": ("restore", "_hermes_restore.aside_durable = lambda a, d: None"),
-    "restore_settles_the_old_file": ("restore", "_hermes_restore.settle = lambda db: 'not settled'"),
+        "prune-wal-no-transcripts", "hermes_backup_whole_file.makedirs_durable = lambda p, m: os.makedirs(p, m)"),
+    "transcripts_after_durable_commit": ("prune-wal-frames", "hermes_apply_prune.commits_durable = lambda p: None"),
+    "transcript_list_durable": ("prune-wal-frames", "hermes_apply_prune.pending_durable = lambda p: None"),
+    "transcript_removals_durable": ("prune-wal-frames", "hermes_apply_prune.removals_durable = lambda p: None"),
+    "rollback_synchronous_extra": ("prune-rollback-vacuum", "hermes_sqlite_db.ROLLBACK_SYNCHRONOUS = 'FULL'"),
+    "restore_aside_durable": ("restore", "hermes_restore_whole_file.aside_durable = lambda a, d: None"),
+    "restore_settles_the_old_file": ("restore", "hermes_restore_whole_file.settle = lambda db: 'not settled'"),
     "session_restore_pending_after_commits": (
-        "session-restore", "_hermes_session_restore.commits_durable = lambda p: None"),
-    "retention_newest_durable": ("file-retention", "_hermes_files.newest_durable = lambda item: None"),
-    "metrics_rename_durable": ("metrics-log", "_hermes_metrics.fsync_path = lambda p: None"),
-    "runner_log_durable": ("metrics-log", "_hermes_runner.fsync_path = lambda p: None"),
+        "session-restore", "hermes_restore_sessions.commits_durable = lambda p: None"),
+    "retention_newest_durable": ("file-retention", "hermes_apply_files.newest_durable = lambda item: None"),
+    "metrics_rename_durable": ("metrics-log", "hermes_report_metrics.fsync_path = lambda p: None"),
+    "runner_log_durable": ("metrics-log", "hermes_runner.fsync_path = lambda p: None"),
 }  # fmt: skip
 # The same, for every fsync at once: the child run under eatmydata (fsync a no-op in the libc).
 EATMYDATA_PATHS = ("prune-wal-frames", "restore")
@@ -323,7 +325,7 @@ class Deep:
     def release_reads(self, db, kept, counts=None):
         """Violations: the release cannot open ``db``, counts other sessions and messages than one
         of ``counts`` (when given), or its search finds none of ``kept``."""
-        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import is_wal_file
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import is_wal_file
 
         release = WAL_RELEASE if is_wal_file(db) else RELEASE
         python = hermes_python(release)
@@ -344,13 +346,15 @@ class Deep:
     def rerun_converges(self, shome, options, end_sessions, recorded_home):
         """Violations: a rerun fails, or keeps other sessions than the uninterrupted run, or leaves
         the list of a sliced delete, or a second rerun changes anything."""
-        from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine
-        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_undo import SLICED_SUFFIX
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.undo import SLICED_SUFFIX
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import (
+            run as hermes_maintain_run,
+        )
 
         _moved_archives(os.path.join(shome, "state.db" + SLICED_SUFFIX), recorded_home, shome)
         options = dict(options, hermes_home=[shome])
         self.counts["reruns"] += 1
-        first = _hermes_engine.run_maintenance(options)
+        first = hermes_maintain_run.run_maintenance(options)
         bad = ["rerun: %s" % p.get("error") for p in first["profiles"] if p.get("status") != "ok"]
         if bad:
             return bad
@@ -373,19 +377,24 @@ class Deep:
     def rerun_restore_converges(self, shome, options, new):
         """Violations: restoring again on the state fails or does not end with the backup's rows
         (``new``), the maintenance after it fails, or a second maintenance run changes anything."""
-        from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine, _hermes_restore
-        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import (
+            run as hermes_maintain_run,
+        )
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore import (
+            whole_file as hermes_restore_whole_file,
+        )
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 
         options = dict(options, hermes_home=[shome])
         self.counts["reruns"] += 1
         db = os.path.join(shome, "state.db")
         try:
-            _hermes_restore.restore(_hermes_restore.plan_restore(shome, PROFILE))
+            hermes_restore_whole_file.restore(hermes_restore_whole_file.plan_restore(shome, PROFILE))
         except MaintenanceError as exc:
             return ["restoring again: %s" % exc]
         if full_rows(db) != new:
             return ["restoring again does not end with the backup's rows"]
-        first = _hermes_engine.run_maintenance(options)
+        first = hermes_maintain_run.run_maintenance(options)
         bad = [
             "maintenance after the restore: %s" % p.get("error") for p in first["profiles"] if p.get("status") != "ok"
         ]
@@ -397,18 +406,20 @@ class Deep:
     def rerun_session_restore_converges(self, shome, recorded_home, gone, end_rows):
         """Violations: restoring the sessions again on the state fails or does not end with the
         uninterrupted run's rows (``end_rows``), or a third restore changes anything."""
-        from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_session_restore
-        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore import (
+            sessions as hermes_restore_sessions,
+        )
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 
         self.counts["reruns"] += 1
         db = os.path.join(shome, "state.db")
         _moved_home(os.path.join(shome, "backups", ".hermes-ops-restore_%s.pending" % PROFILE), recorded_home, shome)
-        chosen = _hermes_session_restore.selection(sessions=gone)
+        chosen = hermes_restore_sessions.selection(sessions=gone)
         try:
-            _hermes_session_restore.restore_selected(shome, PROFILE, backup="newest", select=chosen)
+            hermes_restore_sessions.restore_selected(shome, PROFILE, backup="newest", select=chosen)
             if full_rows(db) != end_rows:
                 return ["restoring the sessions again does not end with the uninterrupted run's rows"]
-            _hermes_session_restore.restore_selected(shome, PROFILE, backup="newest", select=chosen)
+            hermes_restore_sessions.restore_selected(shome, PROFILE, backup="newest", select=chosen)
         except MaintenanceError as exc:
             return ["restoring the sessions again: %s" % exc]
         if full_rows(db) != end_rows:
@@ -418,10 +429,12 @@ class Deep:
 
     @staticmethod
     def _second_run_changes_nothing(db, options):
-        from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import (
+            run as hermes_maintain_run,
+        )
 
         before = full_rows(db)
-        second = _hermes_engine.run_maintenance(options)
+        second = hermes_maintain_run.run_maintenance(options)
         if second["changed"] or full_rows(db) != before:
             return ["a second rerun changed something: %s" % second.get("summary")]
         return []
@@ -481,8 +494,13 @@ def _db_violations(db):
 
 def _finished_copies(home):
     """Rows of every finished backup or archive the restore's own checks accept."""
-    from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_restore, _hermes_session_restore
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore import (
+        sessions as hermes_restore_sessions,
+    )
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore import (
+        whole_file as hermes_restore_whole_file,
+    )
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 
     sessions, messages = set(), set()
     backups = os.path.join(home, "backups")
@@ -492,14 +510,14 @@ def _finished_copies(home):
             continue
         try:
             if name.startswith("hermes-ops-archive_"):
-                _hermes_session_restore.check_archive(path)
+                hermes_restore_sessions.check_archive(path)
                 plain = path
             elif name.startswith("hermes-ops_"):
-                _hermes_restore.verify_backup(path)
+                hermes_restore_whole_file.verify_backup(path)
                 plain = path
                 if name.endswith(".gz"):
                     plain = os.path.join(backups, ".check.db")
-                    _hermes_restore.unpack_backup(path, plain)
+                    hermes_restore_whole_file.unpack_backup(path, plain)
             else:
                 continue
             s, m = _rows(plain)

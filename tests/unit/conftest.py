@@ -4,7 +4,7 @@
 
 Makes these imports work in a plain ``pytest tests/unit`` run (no install, no activation)::
 
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
     import hermes_fixtures          # tests/lib/hermes_fixtures.py
 
 by putting ``<repo>/build/collections`` (creating the ``ansible_collections/hermes_agent/ops``

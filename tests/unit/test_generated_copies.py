@@ -22,7 +22,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "generate.py"
-TABLES = ["plugins/module_utils/_hermes_options.py", "plugins/module_utils/_hermes_results.py", "tests/matrix.yml"]
+TABLES = ["plugins/module_utils/_hermes/options.py", "plugins/module_utils/_hermes/results.py", "tests/matrix.yml"]
 # generate.py also checks that each admitted core has its sanity ignore file.
 TABLES += sorted(str(p.relative_to(REPO)) for p in (REPO / "tests" / "sanity").glob("ignore-*.txt"))
 PREFIX = "hermes_maintenance_"
@@ -191,7 +191,7 @@ def test_vacuum_switch_incremental_is_settable_from_role_and_maintain_playbook()
 def test_state_db_info_documents_every_key_of_a_profile(tmp_path):
     """Its RETURN was once written by hand and missed keys the engine returns (home,
     page_count, auto_vacuum, mode); now it is generated from the table this compares with."""
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info
     from hermes_fixtures import build_home, standard_scenario
 
     build_home(str(tmp_path), "v30", standard_scenario("v30")[0])
@@ -252,7 +252,7 @@ def test_each_default_is_written_once_outside_the_generated_blocks(option):
         except UnicodeDecodeError:
             continue
         found += [(path, line.strip()) for line in hand_written_lines(text) if setting.search(line) or row.search(line)]
-    assert [path for path, _line in found] == ["plugins/module_utils/_hermes_options.py"], found
+    assert [path for path, _line in found] == ["plugins/module_utils/_hermes/options.py"], found
 
 
 def test_role_declares_the_bare_engine_option_names_it_refuses():

@@ -11,7 +11,7 @@ import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import sqlite_wal_reset_affected
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import sqlite_wal_reset_affected
 
 TASKS = Path(__file__).resolve().parents[2] / "roles" / "session_maintenance" / "tasks" / "runner_python.yml"
 VERSIONS = ["3.6.23", "3.7.0", "3.40.1", "3.44.5", "3.44.6", "3.44.7", "3.45.0", "3.45.1", "3.46.1", "3.50.6"]

@@ -53,18 +53,18 @@ from hermes_reliability import COLLECTIONS_ROOT, MARKS, db_problems, full_rows, 
 from hermes_rollback import RELEASE, journal_mode, make_big_rollback_home
 from hermes_writer import WriterProcess
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_archive import (
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup.archive import (
     ARCHIVE_CHUNK,
     list_archives,
     restore_sessions,
 )
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import (
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.sessions import (
     check_archive,
     resolve_archive,
     restore_from_archive,
 )
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 from hermes_fixtures import hermes_python, reopen_as_zombies, run_release_code
 
 # `slow`: the default trials take about two minutes, so the Python and SQLite matrix legs
@@ -98,9 +98,9 @@ CHILD = (
     + r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply as apply_
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_archive as archive
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import prune as apply_
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup import archive
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as engine
 KILL_AT = int(sys.argv[3])
 
 apply_.write_transaction = marked(apply_.write_transaction)
@@ -414,8 +414,8 @@ RESTORE_CHILD = (
     + r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_archive as archive
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_from_archive
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup import archive
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.sessions import restore_from_archive
 home, name, sessions, KILL_AT = sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5])
 
 archive.write_transaction = marked(archive.write_transaction)

@@ -15,8 +15,13 @@ from hermes_markers import release_module_marks
 from hermes_reliability import record_fdatasync
 from hermes_rollback import RELEASE, make_big_rollback_home
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_backup
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_archive import archived_sessions, take_archive
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup import (
+    whole_file as hermes_backup_whole_file,
+)
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup.archive import (
+    archived_sessions,
+    take_archive,
+)
 
 pytestmark = release_module_marks(RELEASE)
 STEP = 256 * 1024
@@ -32,7 +37,7 @@ def test_a_growing_archive_is_flushed_every_step(tmp_path, monkeypatch):
     counts = dict(conn.execute("SELECT session_id, COUNT(*) FROM messages GROUP BY session_id"))
     must_contain = {sid: counts.get(sid, 0) for sid in old}
 
-    monkeypatch.setattr(_hermes_backup, "BACKUP_STEP_BYTES", STEP)
+    monkeypatch.setattr(hermes_backup_whole_file, "BACKUP_STEP_BYTES", STEP)
     flushed = record_fdatasync(monkeypatch)  # (descriptor's file, its size then) of each fdatasync
     try:
         backup = take_archive(conn, str(db), str(backups), "default", old, must_contain)

@@ -7,8 +7,11 @@ import sqlite3
 import stat
 import time
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import apply_retention, backup_name
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup.whole_file import (
+    apply_retention,
+    backup_name,
+)
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from hermes_fixtures import build_home
 
 SPECS = [

@@ -18,7 +18,7 @@ import time
 import pytest
 from hermes_reliability import db_problems, query
 
-import ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup as backup_mod
+import ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup.whole_file as backup_mod
 from hermes_fixtures import build_home
 
 BACKUPS = 8

@@ -9,12 +9,10 @@ import time
 
 import pytest
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import (
-    gather_info,
-    normalize_options,
-    run_maintenance,
-)
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.checked_options import normalize_options
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 from hermes_fixtures import add_index_with_missing_tokenizer, build_home, layout_available, missing_venv_message
 
 OLD = [
@@ -317,17 +315,19 @@ def test_unsafe_backup_dir_refused_before_any_change(home, tmp_path_factory):
 
 def test_failed_backup_changes_nothing(home, monkeypatch):
     """ENOSPC from the disk: the partial file goes, the database stays as it was."""
-    from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_backup
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup import (
+        whole_file as hermes_backup_whole_file,
+    )
 
     real_copy = shutil.copyfileobj
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(_hermes_backup.shutil, "copyfileobj", full_disk)
+    monkeypatch.setattr(hermes_backup_whole_file.shutil, "copyfileobj", full_disk)
     before = digest(home / "state.db")
     profile = run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "backup_compress": True})["profiles"][0]
-    monkeypatch.setattr(_hermes_backup.shutil, "copyfileobj", real_copy)
+    monkeypatch.setattr(hermes_backup_whole_file.shutil, "copyfileobj", real_copy)
     assert profile["status"] == "failed" and "ran out of space" in profile["error"]
     assert digest(home / "state.db") == before
     assert os.listdir(home / "backups") == []
@@ -335,14 +335,14 @@ def test_failed_backup_changes_nothing(home, monkeypatch):
 
 def test_session_resumed_during_the_run_is_left_alone(tmp_path, monkeypatch):
     """Hermes reopens a planned session before its batch: the in-transaction re-check keeps it."""
-    from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as hermes_maintain_run
 
     specs = [
         {"id": "s%02d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
         for i in range(20)
     ]
     db = str(build_home(str(tmp_path), "v30", specs))
-    real_build_plan = _hermes_engine.build_plan
+    real_build_plan = hermes_maintain_run.build_plan
 
     def plan_then_resume(*args):
         plan = real_build_plan(*args)
@@ -356,7 +356,7 @@ def test_session_resumed_during_the_run_is_left_alone(tmp_path, monkeypatch):
         gateway.close()
         return plan
 
-    monkeypatch.setattr(_hermes_engine, "build_plan", plan_then_resume)
+    monkeypatch.setattr(hermes_maintain_run, "build_plan", plan_then_resume)
     profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)], "batch_size": 6})["profiles"][0]
     assert profile["status"] == "ok"
     assert profile["sessions_pruned"] == 19 and profile["sessions_left_alone"] == 1
@@ -367,14 +367,14 @@ def test_session_resumed_during_the_run_is_left_alone(tmp_path, monkeypatch):
 
 def test_a_run_stopped_halfway_reports_what_it_committed(tmp_path, monkeypatch):
     """The gateway locks us out after some batches: the result still counts what was done."""
-    from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import prune as hermes_apply_prune
 
     specs = OLD + [
         {"id": "p%02d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
         for i in range(9)
     ]
     db = str(build_home(str(tmp_path), "v30", specs))
-    real_check = _hermes_apply._still_prunable
+    real_check = hermes_apply_prune.still_prunable
     seen = []
 
     def locked_after_two_batches(conn, sid, *args):
@@ -383,7 +383,7 @@ def test_a_run_stopped_halfway_reports_what_it_committed(tmp_path, monkeypatch):
             raise sqlite3.OperationalError("database is locked")
         return real_check(conn, sid, *args)
 
-    monkeypatch.setattr(_hermes_apply, "_still_prunable", locked_after_two_batches)
+    monkeypatch.setattr(hermes_apply_prune, "still_prunable", locked_after_two_batches)
     profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0})[
         "profiles"
     ][0]
@@ -397,7 +397,7 @@ def test_a_run_stopped_halfway_reports_what_it_committed(tmp_path, monkeypatch):
 @pytest.mark.parametrize("batch_time, transactions", [(1e-9, 10), (60, 1)])
 def test_batch_time_bounds_each_transaction(tmp_path, monkeypatch, batch_time, transactions):
     """The write lock is given back after batch_time, however many messages batch_size allows."""
-    from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import prune as hermes_apply_prune
 
     specs = [
         {"id": "p%02d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
@@ -405,13 +405,13 @@ def test_batch_time_bounds_each_transaction(tmp_path, monkeypatch, batch_time, t
     ]
     build_home(str(tmp_path), "v30", specs)
     opened = []
-    real_transaction = _hermes_apply.write_transaction
+    real_transaction = hermes_apply_prune.write_transaction
 
     def counted(conn):
         opened.append(1)
         return real_transaction(conn)
 
-    monkeypatch.setattr(_hermes_apply, "write_transaction", counted)
+    monkeypatch.setattr(hermes_apply_prune, "write_transaction", counted)
     options = {
         "prune_days": 7,
         "hermes_home": [str(tmp_path)],

@@ -13,12 +13,13 @@ import time
 import pytest
 from hermes_markers import release_module_marks
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import PruneResult, prune
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_catalogue import read_catalogue
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import open_rw
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_inspect import inspect_schema
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_plan import build_plan
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.prune import PruneResult, prune
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.plan.selection import build_plan
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import open_rw
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.store.catalogue import read_catalogue
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.store.schema import inspect_schema
 from hermes_fixtures import (
     RUNTIME_GUARD,
     add_runtime_ledger,

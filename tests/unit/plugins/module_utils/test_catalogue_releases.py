@@ -6,7 +6,10 @@ import sqlite3
 
 import pytest
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_catalogue import fully_known, read_catalogue
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.store.catalogue import (
+    fully_known,
+    read_catalogue,
+)
 from hermes_fixtures import LAYOUTS, UPGRADES, build_home, layout_available, missing_venv_message
 
 pytestmark = [pytest.mark.slow, pytest.mark.releases]

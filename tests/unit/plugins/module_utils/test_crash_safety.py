@@ -47,9 +47,10 @@ from hermes_reliability import (
     user_with_dir,
 )
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply, _hermes_engine
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import list_backups
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import prune as hermes_apply_prune
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup.whole_file import list_backups
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as hermes_maintain_run
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from hermes_fixtures import build_home, layout_available, make_big_home, standard_scenario
 
 # SIGKILL trials: children killed at random points, then every database checked.
@@ -323,7 +324,7 @@ def test_killed_worker_is_reported_and_the_other_profiles_maintained(monkeypatch
         for profile in (None, "work"):
             build_home(str(home), "v30", specs, profile=profile)
         chown_tree(home, uid, gid)
-        real_prune, real_remove = _hermes_engine.prune, _hermes_apply.remove_files
+        real_prune, real_remove = hermes_maintain_run.prune, hermes_apply_prune.remove_files
         worker = {"dies": False}  # each profile's worker is its own forked process
 
         def prune_and_mark(conn, *args, **kwargs):
@@ -335,8 +336,8 @@ def test_killed_worker_is_reported_and_the_other_profiles_maintained(monkeypatch
                 os.kill(os.getpid(), signal.SIGKILL)
             return real_remove(paths)
 
-        monkeypatch.setattr(_hermes_engine, "prune", prune_and_mark)
-        monkeypatch.setattr(_hermes_apply, "remove_files", remove_then_die)
+        monkeypatch.setattr(hermes_maintain_run, "prune", prune_and_mark)
+        monkeypatch.setattr(hermes_apply_prune, "remove_files", remove_then_die)
         first = {
             p["name"]: p
             for p in run_maintenance({"prune_days": 7, "hermes_home": [str(home)], "batch_size": 3})["profiles"]

@@ -25,15 +25,15 @@ from hermes_markers import release_module_marks
 from hermes_reliability import COLLECTIONS_ROOT
 from hermes_reliability import query as rows
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_fence as fence
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import PruneResult, prune
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_catalogue import read_catalogue
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import open_rw
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_fence import _json
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_inspect import inspect_schema
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_plan import build_plan
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_undo import SLICED_SUFFIX
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.prune import PruneResult, prune
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.undo import SLICED_SUFFIX
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.plan.selection import build_plan
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import open_rw
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.store import fence
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.store.catalogue import read_catalogue
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.store.fence import _json
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.store.schema import inspect_schema
 from hermes_fixtures import add_runtime_ledger, build_home, hermes_python, open_with_release, run_release_code
 
 LAYOUT = "hermes-0.22.2.post1"
@@ -314,8 +314,8 @@ def test_a_run_failing_between_two_slices_puts_the_session_back_before_it_fails(
 KILLED_BETWEEN_SLICES = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply as apply
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import prune as apply
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 real = apply._prune_batch
 
 def batch_then_wait(conn, plan, schema, batch, *args):

@@ -20,9 +20,9 @@ import time
 
 import pytest
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_actions import human_size
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_reclaim import full_vacuum
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.reclaim import full_vacuum
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.actions import human_size
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from hermes_fixtures import layout_available, make_big_home, missing_venv_message
 
 WAL_RELEASE, ROLLBACK_RELEASE = "hermes-0.19.0", "hermes-0.22.2.post1"

@@ -31,9 +31,9 @@ import pytest
 from collection_paths import COLLECTIONS_ROOT
 from hermes_markers import release_module_marks
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_payloads import list_payload_archives
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_tool_payloads
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.elision import list_payload_archives
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.sessions import restore_tool_payloads
 from hermes_fixtures import (
     APPEND_MESSAGES,
     build_home,
@@ -57,7 +57,7 @@ TOMBSTONES = "SELECT COUNT(*) FROM messages WHERE role = 'tool' AND substr(conte
 CHILD = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 profile = run_maintenance(json.loads(sys.argv[2]))["profiles"][0]
 print(json.dumps({"status": profile["status"], "error": profile["error"]}))
 """

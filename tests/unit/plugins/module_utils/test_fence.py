@@ -20,17 +20,20 @@ from pathlib import Path
 import pytest
 from hermes_markers import release_module_marks
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_fence as fence
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import PruneResult, prune
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_catalogue import fully_known, read_catalogue
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError, open_rw
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_inspect import inspect_schema
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_plan import build_plan
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import (
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.prune import PruneResult, prune
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.plan.selection import build_plan
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.sessions import (
     restore_selected,
     selection,
 )
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError, open_rw
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.store import fence
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.store.catalogue import (
+    fully_known,
+    read_catalogue,
+)
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.store.schema import inspect_schema
 from hermes_fixtures import add_runtime_ledger, build_home, open_with_release, query_one
 
 LAYOUT = "hermes-0.22.2.post1"

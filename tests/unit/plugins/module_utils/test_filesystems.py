@@ -19,16 +19,17 @@ import time
 import pytest
 from hermes_reliability import full_rows, query, tiny_fs
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_db
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import (
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.whole_file import plan_restore, restore
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite import db as hermes_sqlite_db
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import (
     MaintenanceError,
     filesystem_of,
     holders,
     parse_mountinfo,
     shared_filesystem,
 )
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_restore import plan_restore, restore
 from hermes_fixtures import hermes_python, make_big_home
 
 # From real hosts: a Debian VM (ext4 root, a 9p and a virtiofs share), an NFS client, an
@@ -133,7 +134,7 @@ def test_on_a_network_filesystem_only_what_is_safe(release, tmp_path, monkeypatc
     # a whole-file backup taken while the file is local, for the restore below
     backed = run_maintenance({"hermes_home": [str(home)], "prune_days": 9999, "backup_interval_days": 0})
     assert backed["profiles"][0]["backup"]["kind"] == "file"
-    monkeypatch.setattr(_hermes_db, "MOUNTINFO", _as_nfs(tmp_path, home))
+    monkeypatch.setattr(hermes_sqlite_db, "MOUNTINFO", _as_nfs(tmp_path, home))
     assert "nfs4" in shared_filesystem(db)
     assert [h["evidence"] for h in holders(db)] == ["filesystem"]
     before = full_rows(db)

@@ -17,10 +17,10 @@ from hermes_rollback import RELEASE as ROLLBACK_RELEASE
 from hermes_rollback import make_big_rollback_home
 from hermes_writer import WriterProcess
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import hard_bound, turn_after_commit
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_estimate import read_index_levels
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_reclaim import fts_optimize_live
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.prune import hard_bound, turn_after_commit
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.reclaim import fts_optimize_live
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.plan.estimate import read_index_levels
 from hermes_fixtures import copy_db, hermes_python, make_big_home
 
 WAL_RELEASE = "0.19.0"

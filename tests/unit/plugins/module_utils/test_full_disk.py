@@ -19,7 +19,9 @@ import tempfile
 import pytest
 from hermes_reliability import db_problems, digest, full_rows, session_rows, tiny_fs
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_backup
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup import (
+    whole_file as hermes_backup_whole_file,
+)
 from hermes_fixtures import make_big_home
 
 # Each test mounts a tiny tmpfs (root only).
@@ -60,7 +62,7 @@ def state(home):
 
 
 def maintain(home, backup_dir, **extra):
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 
     opts = {"prune_days": 7, "hermes_home": [str(home)], "backup_dir": str(backup_dir), "batch_pause": 0}
     opts.update(extra)
@@ -97,7 +99,7 @@ def test_disk_fills_during_the_backup(home, monkeypatch, compress):
         backups.mkdir(mode=0o700)
         keep = backups / "hermes-ops_default_20200101T000000Z.db"  # an older backup: never touched
         keep.write_bytes(b"x" * 4096)
-        monkeypatch.setattr(_hermes_backup, "free_bytes", lambda path: 1 << 40)
+        monkeypatch.setattr(hermes_backup_whole_file, "free_bytes", lambda path: 1 << 40)
         profile = maintain(home, backups, backup_compress=compress)
         assert profile["status"] == "failed", profile
         error = profile["error"]

@@ -32,9 +32,9 @@ import pytest
 from hermes_reliability import db_problems
 from hermes_writer import MARK, WriterProcess
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_reclaim
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_restore import plan_restore, restore
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import reclaim as hermes_apply_reclaim
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.whole_file import plan_restore, restore
 from hermes_fixtures import WRITER, hermes_python
 
 RELEASE = "0.22.2.post1"
@@ -300,7 +300,7 @@ def test_in_place_vacuum_under_an_open_handle_keeps_its_identity(home_022, tmp_p
         with_writer = identity_while_writing(db)
         conn = sqlite3.connect(db, timeout=30, isolation_level=None)
         conn.execute("DELETE FROM messages WHERE session_id IN ('guard-00100', 'guard-00101')")
-        _hermes_reclaim.full_vacuum(conn, True)
+        hermes_apply_reclaim.full_vacuum(conn, True)
         conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         conn.close()
         after = identity_after_more_writes(db)

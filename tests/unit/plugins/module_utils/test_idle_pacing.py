@@ -19,16 +19,16 @@ import sys
 
 import pytest
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import (
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import prune as hermes_apply_prune
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.prune import (
     IDLE_HOLD_CAP,
     IDLE_STREAK,
     IdlePacing,
     hard_bound,
     poll_gap,
 )
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import open_rw
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import open_rw
 from hermes_fixtures import build_home
 
 
@@ -92,13 +92,13 @@ def test_a_prune_nobody_else_writes_to_runs_its_later_transactions_longer(tmp_pa
 
     hards = []
 
-    class Budget(_hermes_apply.LockBudget):  # the real budget, the hard bound of each transaction recorded
+    class Budget(hermes_apply_prune.LockBudget):  # the real budget, the hard bound of each transaction recorded
         def begin(self):
             hards.append(self.hard)
             super().begin()
 
-    monkeypatch.setattr(_hermes_apply, "IdlePacing", Watched)
-    monkeypatch.setattr(_hermes_apply, "LockBudget", Budget)
+    monkeypatch.setattr(hermes_apply_prune, "IdlePacing", Watched)
+    monkeypatch.setattr(hermes_apply_prune, "LockBudget", Budget)
     # one session per transaction (3 messages each), short pauses: a transaction per session
     options = {"prune_days": 7, "hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0.001, "backup": False}
     profile = run_maintenance(options)["profiles"][0]
@@ -152,7 +152,7 @@ def test_a_writer_that_turns_up_after_a_quiet_while_gets_in_and_resets_the_pacin
             if self.streak == 0:
                 seen.append(None)
 
-    monkeypatch.setattr(_hermes_apply, "IdlePacing", Watched)
+    monkeypatch.setattr(hermes_apply_prune, "IdlePacing", Watched)
     proc = subprocess.Popen(
         [sys.executable, "-c", SPARSE_WRITER, str(db), "0.15", "8"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

@@ -23,10 +23,10 @@ import shutil
 
 import pytest
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_inventory as inv
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_metrics as metrics
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_results as results
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes import results
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.plan import inventory as inv
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report import metrics
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info
 from hermes_fixtures import (
     build_home,
     hermes_python,

@@ -31,8 +31,8 @@ from hermes_reliability import db_problems
 from hermes_reliability import query as q
 from hermes_rollback import RELEASE, copy_of_big_rollback_home, journal_mode
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import sqlite_wal_reset_affected
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import sqlite_wal_reset_affected
 from hermes_fixtures import layout_available, make_big_home, missing_venv_message
 
 SIZE = (1600, 100)  # sessions, messages each; half of them ended 8..90 days ago

@@ -30,12 +30,13 @@ import pytest
 from hermes_locks import hold_hermes_lock
 from hermes_reliability import COLLECTIONS_ROOT, chown_tree, db_problems, full_rows, world_traversable_dir
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_reclaim
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import (
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import reclaim as hermes_apply_reclaim
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import (
     holders,
     sqlite_wal_reset_affected,
 )
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
 from hermes_fixtures import build_home, hermes_python
 
 RELEASE = "0.22.2.post1"
@@ -177,7 +178,8 @@ PROBE = textwrap.dedent(
     """
     import json, os, sys
     sys.path.insert(0, sys.argv[1])
-    from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_db, _hermes_reclaim
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite import db as hermes_sqlite_db
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import reclaim as hermes_apply_reclaim
     db, pid = sys.argv[2], int(sys.argv[3])
     links = []
     for fd in os.listdir("/proc/%d/fd" % pid):
@@ -185,16 +187,16 @@ PROBE = textwrap.dedent(
             links.append(os.readlink("/proc/%d/fd/%s" % (pid, fd)))
         except PermissionError:
             links.append(None)
-    conn = _hermes_db.open_rw(db)
+    conn = hermes_sqlite_db.open_rw(db)
     try:
-        vacuum = _hermes_reclaim.decide(conn, db, "full", 0, 0)
+        vacuum = hermes_apply_reclaim.decide(conn, db, "full", 0, 0)
     finally:
         conn.close()
     print(json.dumps({
         "links": links,
-        "holders": _hermes_db.holders(db),
+        "holders": hermes_sqlite_db.holders(db),
         "vacuum": vacuum,
-        "checkpoint": _hermes_reclaim.checkpoint_policy(db),
+        "checkpoint": hermes_apply_reclaim.checkpoint_policy(db),
     }))
     """
 )
@@ -337,7 +339,7 @@ def test_an_affected_sqlite_never_checkpoints_a_wal_file_another_process_holds(t
 @pytest.mark.skipif(not sqlite_wal_reset_affected(), reason="this SQLite has no WAL-reset bug")
 def test_without_checkpoints_the_work_stops_at_the_wal_budget_and_the_next_run_goes_on(tmp_path, monkeypatch):
     budget = 96 * 1024  # instead of 64 MiB, so that a small file reaches it
-    monkeypatch.setattr(_hermes_reclaim, "WAL_BUDGET", budget)
+    monkeypatch.setattr(hermes_apply_reclaim, "WAL_BUDGET", budget)
     home = wal_home(tmp_path)
     db = home / "state.db"
     opts = {"prune_days": 7, "hermes_home": [str(home)], "backup": False, "batch_size": 40}
@@ -578,7 +580,7 @@ def test_our_run_skips_while_hermes_auto_maintenance_holds_the_lock_and_shows_it
 
 def test_hermes_auto_maintenance_skips_while_our_run_holds_the_lock(tmp_path):
     release_site_packages()
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import ProfileLock
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.host.profiles import ProfileLock
 
     home = tmp_path / "home"
     db = build_0222(home, [{"id": "ancient", "messages": 2, "days": 120}])

@@ -26,15 +26,16 @@ from hermes_reliability import query as q
 from hermes_rollback import RELEASE, journal_mode, make_big_rollback_home, release_view
 from hermes_writer import MARK, WriterProcess, latency_stats
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_archive import (
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup.archive import (
     archived_sessions,
     list_archives,
     reopen_closed,
     restore_sessions,
 )
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_metrics import profile_figures
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import (
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.metrics import profile_figures
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.sessions import (
     list_missing,
     restore_selected,
     selection,
@@ -196,9 +197,11 @@ def test_rollback_mode_without_holders_takes_the_whole_file_backup(base_db, tmp_
 
 def test_short_reads_plan_and_count_like_one_read(base_db, tmp_path):
     """The plan and the message count built from many short reads equal those of one long read."""
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import normalize_options
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_inspect import inspect_schema, stats
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_plan import build_plan
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.checked_options import (
+        normalize_options,
+    )
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.plan.selection import build_plan
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.store.schema import inspect_schema, stats
 
     home, db = fresh_home(base_db, tmp_path)
     conn = sqlite3.connect(db, isolation_level=None)

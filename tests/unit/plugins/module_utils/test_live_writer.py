@@ -24,7 +24,7 @@ from hermes_reliability import db_problems
 from hermes_reliability import query as q
 from hermes_writer import MARK, WriterProcess, latency_stats
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from hermes_fixtures import hermes_python, make_big_home, zombie_base
 
 RELEASE = "0.19.0"

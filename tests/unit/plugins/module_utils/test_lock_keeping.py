@@ -36,7 +36,7 @@ import time
 import pytest
 from hermes_reliability import COLLECTIONS_ROOT, REPO_ROOT, db_problems, query
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import ReadOnlyDB
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import ReadOnlyDB
 from hermes_fixtures import hermes_python, make_big_home
 
 pytestmark = [pytest.mark.slow, pytest.mark.releases]
@@ -55,8 +55,8 @@ def wal_reset_fixed(version):
 CHILD = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply as apply_
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import prune as apply_
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as engine
 options = json.loads(sys.argv[2])
 wal = os.path.realpath(os.path.join(options["hermes_home"][0], "state.db")) + "-wal"
 pauses = json.loads(sys.argv[3])

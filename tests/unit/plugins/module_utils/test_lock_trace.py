@@ -14,7 +14,7 @@ WAL-reset bug such as this host's, in WAL mode on a fixed one):
   check mode (preflight), a run with a backup by files, zombie close, prune, FTS merge, full
   VACUUM (switching to incremental) and checkpoint, a second run with the backup through the
   backup API (WAL) and incremental VACUUM, restore of the newest backup (as root), then the
-  scheduled job's runner (``_hermes_runner.main``);
+  scheduled job's runner (``runner.main``);
 * ``live`` (a real Hermes writer appends every 20 ms), in-process as the owner: the archive
   (in rollback-journal mode the run's own; in WAL mode ``take_archive`` called on the live
   file), the run beside the writer, session_restore of the archive, state_db_info and check
@@ -59,12 +59,13 @@ pytestmark = [
 CHILD = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_archive as archive
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_backup as backup
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_db as db_
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_restore as restore
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_session_restore as srestore
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup import archive
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup import whole_file as backup
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite import db as db_
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as engine
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report import info
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore import whole_file as restore
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore import sessions as srestore
 home, steps = sys.argv[2], json.loads(sys.argv[3])
 db = os.path.join(home, "state.db")
 
@@ -94,7 +95,7 @@ for step in steps:
     if step.get("backup_api"):
         backup.RAW_WAL_LIMIT = -1
     if kind == "info":
-        out = engine.gather_info(options)["profiles"][0]
+        out = info.gather_info(options)["profiles"][0]
     elif kind == "maintain":
         out = engine.run_maintenance(options, check_mode=step.get("check_mode", False))["profiles"][0]
     elif kind == "restore":
@@ -103,7 +104,7 @@ for step in steps:
         out = take_archive(step["ids"])
     elif kind == "runner":  # the scheduled job's CLI, as the role installs it
         import contextlib, io
-        from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_runner as runner
+        from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes import runner
         config = os.path.join(os.path.dirname(home), "maintenance.json")
         with open(config, "w") as handle:
             json.dump(options, handle)

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_metrics as metrics
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_offsite as offsite
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_runner as runner
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes import offsite, runner
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report import metrics
 from hermes_fixtures import build_home, layout_available, missing_venv_message, standard_scenario
 
 REPO = Path(__file__).resolve().parents[4]

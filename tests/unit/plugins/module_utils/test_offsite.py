@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_backup as backup
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_offsite as offsite
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes import offsite
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup import whole_file as backup
 
 RESTIC = shutil.which("restic")
 OWNER = 65534  # nobody: the profile's user, not root

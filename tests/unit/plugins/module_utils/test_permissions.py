@@ -32,8 +32,9 @@ from hermes_reliability import (
     world_traversable_dir,
 )
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine, _hermes_runner
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes import runner as hermes_runner
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as hermes_maintain_run
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from hermes_fixtures import build_home
 
 # Switches users and chowns: root only.
@@ -76,7 +77,7 @@ def test_root_run_creates_only_owner_files_with_private_modes(parent, monkeypatc
     home, uid, _gid = make_user_home(parent, "hermes-ops-t1", profiles=("default", "work"))
     seen_dir = world_traversable_dir("hermes-ops-seen-")
     os.chmod(str(seen_dir), 0o1777)
-    real_prune = _hermes_engine.prune
+    real_prune = hermes_maintain_run.prune
 
     def prune_and_look(conn, plan, *args, **kwargs):
         """Mid-run, in the worker: which uid is working, and who owns the sidecars it opened."""
@@ -87,7 +88,7 @@ def test_root_run_creates_only_owner_files_with_private_modes(parent, monkeypatc
             json.dump({"euid": os.geteuid(), "files": seen, "db": db}, out)
         return real_prune(conn, plan, *args, **kwargs)
 
-    monkeypatch.setattr(_hermes_engine, "prune", prune_and_look)
+    monkeypatch.setattr(hermes_maintain_run, "prune", prune_and_look)
     try:
         result = run_maintenance(
             {"prune_days": 7, "hermes_home": [str(home)], "vacuum_mode": "full", "backup_compress": False}
@@ -211,7 +212,7 @@ def _runner(config, *args, user=None, python=sys.executable, code_root=COLLECTIO
         python,
         "-c",
         "import sys; sys.path.insert(0, sys.argv[1]); "
-        "from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_runner import main; "
+        "from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.runner import main; "
         "sys.exit(main(sys.argv[2:]))",
         str(code_root),
         "--config",
@@ -229,7 +230,7 @@ def test_runner_refuses_root_on_a_foreign_home_unless_told(parent):
     os.chmod(str(config), 0o644)
     before = digest(home / "state.db")
     refused = _runner(config)
-    assert refused.returncode == _hermes_runner.EXIT_CONFIG, refused.stderr
+    assert refused.returncode == hermes_runner.EXIT_CONFIG, refused.stderr
     assert "refusing to run as root on %s" % home in refused.stderr and "hermes-ops-t1" in refused.stderr
     assert digest(home / "state.db") == before and sorted(os.listdir(str(home))) == ["sessions", "state.db"]
     # This interpreter may live where the Hermes user cannot run it (a Python under /root);

@@ -12,8 +12,8 @@ import sqlite3
 from hermes_markers import release_module_marks
 from hermes_rollback import RELEASE, make_big_rollback_home
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import ranged_rows
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_inspect import count_by_ranges
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import ranged_rows
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.store.schema import count_by_ranges
 
 pytestmark = release_module_marks(RELEASE)
 # The range's rows, and a statement made slow while ``slow`` says so (a real one: SQLite computes it).

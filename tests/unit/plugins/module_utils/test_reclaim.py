@@ -9,7 +9,7 @@ import sys
 import pytest
 from hermes_reliability import query
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from hermes_fixtures import build_home
 
 SPECS = [

@@ -18,9 +18,9 @@ import sqlite3
 
 import pytest
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_actions import human_size
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_reclaim import full_vacuum
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.reclaim import full_vacuum
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.actions import human_size
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from hermes_fixtures import (
     APPEND_MESSAGES,
     hermes_python,

@@ -14,8 +14,8 @@ import pytest
 from hermes_releases import hermes_python_for, unreachable_packages
 from hermes_reliability import answer_as, chown_tree, db_problems, files_not_owned_by, user_with_dir
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_release_delete import installed_capability
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.hermes_deletes import installed_capability
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from hermes_fixtures import (
     build_home,
     copy_db,

@@ -20,8 +20,8 @@ import pytest
 from hermes_releases import PRUNE_DAYS, RULE_RELEASES, Rules, random_rule_specs, release_prune, rule_cases, session_ids
 from hermes_reliability import chown_tree, db_problems, files_not_owned_by, user_with_dir
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_inspect as inspect_module
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.store import schema as inspect_module
 from hermes_fixtures import (
     build_home,
     copy_db,
@@ -114,7 +114,7 @@ finally:
 def test_turn_lease_taken_during_the_run_keeps_the_whole_lineage(tmp_path, monkeypatch):
     """0.22.2 starts a turn on an old continuation after we planned: its lease (keyed by the
     lineage root) keeps the continuation and its compression ancestor; the rest is pruned."""
-    from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as hermes_maintain_run
 
     layout = "hermes-0.22.2.post1"
     if not layout_available(layout):
@@ -126,7 +126,7 @@ def test_turn_lease_taken_during_the_run_keeps_the_whole_lineage(tmp_path, monke
     ] + [dict(old, id="s%d" % i) for i in range(4)]
     home = tmp_path / "home"
     db = str(build_home(str(home), layout, specs))
-    real_build_plan = _hermes_engine.build_plan
+    real_build_plan = hermes_maintain_run.build_plan
 
     def plan_then_lease(*args):
         plan = real_build_plan(*args)
@@ -135,7 +135,7 @@ def test_turn_lease_taken_during_the_run_keeps_the_whole_lineage(tmp_path, monke
         subprocess.run([hermes_python(layout), "-c", TAKE_TURN_LEASE, db, "cont"], check=True, env=env, timeout=120)
         return plan
 
-    monkeypatch.setattr(_hermes_engine, "build_plan", plan_then_lease)
+    monkeypatch.setattr(hermes_maintain_run, "build_plan", plan_then_lease)
     profile = run_maintenance({"hermes_home": [str(home)], "prune_days": PRUNE_DAYS})["profiles"][0]
     assert profile["status"] == "ok", profile["error"]
     assert profile["sessions_pruned"] == 4 and profile["sessions_left_alone"] == 2

@@ -1,4 +1,4 @@
-"""The restore engine (_hermes_restore) on its own: choice, refusals, and putting things back on failure.
+"""The restore engine (hermes_restore_whole_file) on its own: choice, refusals, and putting things back on failure.
 
 playbooks/restore.yml end to end is tests/integration/test_restore.py.
 """
@@ -16,10 +16,12 @@ import time
 import pytest
 from hermes_reliability import COLLECTIONS_ROOT, db_problems, digest, full_rows, query, tiny_fs
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_restore
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_restore import plan_restore, restore
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore import (
+    whole_file as hermes_restore_whole_file,
+)
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.whole_file import plan_restore, restore
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 from hermes_fixtures import (
     add_index_with_missing_tokenizer,
     build_home,
@@ -109,7 +111,7 @@ def test_failure_after_the_move_puts_everything_back(home, monkeypatch):
     files = sorted(n for n in os.listdir(str(home)) if n.startswith("state.db"))
     digests = {n: digest(home / n) for n in files}
     plan = plan_restore(str(home), "default")
-    real_counts = _hermes_restore.db_counts
+    real_counts = hermes_restore_whole_file.db_counts
     calls = []
 
     def fail_on_the_final_check(path):
@@ -118,7 +120,7 @@ def test_failure_after_the_move_puts_everything_back(home, monkeypatch):
             raise MaintenanceError("simulated: the restored file does not verify")
         return real_counts(path)
 
-    monkeypatch.setattr(_hermes_restore, "db_counts", fail_on_the_final_check)
+    monkeypatch.setattr(hermes_restore_whole_file, "db_counts", fail_on_the_final_check)
     with pytest.raises(MaintenanceError):
         restore(plan, force=True)  # force: this test holds the file open itself
     assert sorted(n for n in os.listdir(str(home)) if n.startswith("state.db")) == files
@@ -199,7 +201,7 @@ def test_failure_before_the_new_file_arrives_puts_everything_back(home, monkeypa
     real_rename = os.rename
 
     def no_rename_of_the_new_file(src, dst):
-        if os.path.basename(src) == _hermes_restore.PARTIAL:
+        if os.path.basename(src) == hermes_restore_whole_file.PARTIAL:
             raise OSError(5, "simulated I/O error")
         return real_rename(src, dst)
 
@@ -234,14 +236,14 @@ def test_failure_after_a_settled_move_puts_the_old_rows_back(home, monkeypatch):
     for name in files:
         shutil.copyfile(str(home / name), str(probe / name))
     old, inode = full_rows(probe / "state.db"), os.stat(str(db)).st_ino
-    real_counts = _hermes_restore.db_counts
+    real_counts = hermes_restore_whole_file.db_counts
 
     def fail_on_the_final_check(path):
         if path == str(db):
             raise MaintenanceError("simulated: the restored file does not verify")
         return real_counts(path)
 
-    monkeypatch.setattr(_hermes_restore, "db_counts", fail_on_the_final_check)
+    monkeypatch.setattr(hermes_restore_whole_file, "db_counts", fail_on_the_final_check)
     with pytest.raises(MaintenanceError):
         restore(plan_restore(str(home), "default"))
     assert sorted(n for n in os.listdir(str(home)) if n.startswith("state.db")) == files
@@ -253,7 +255,7 @@ def test_failure_after_a_settled_move_puts_the_old_rows_back(home, monkeypatch):
 RESTORE_CHILD = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_restore import plan_restore, restore
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.whole_file import plan_restore, restore
 plan = plan_restore(sys.argv[2], "default", backup=sys.argv[3])
 os.write(2, b"@@ planned\n")
 print(json.dumps(restore(plan, force=True)["restored"]))
@@ -320,7 +322,7 @@ def test_sigkill_during_restore_never_leaves_less_than_before(tmp_path):
 KILLED_AT_A_STEP = r"""
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_restore import plan_restore, restore
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.whole_file import plan_restore, restore
 plan = plan_restore(sys.argv[2], "default")
 step, seen = int(sys.argv[3]), [0]
 

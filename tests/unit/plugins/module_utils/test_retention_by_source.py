@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_runner as runner
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes import runner
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 from hermes_fixtures import build_home, layout_available, missing_venv_message, session_ids
 
 LAYOUT = "hermes-0.22.2.post1"

@@ -1,6 +1,6 @@
 # Copyright: contributors to hermes_agent.ops
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The scheduled job's CLI (_hermes_runner): output format, dry run, exit codes, config
+"""The scheduled job's CLI (runner): output format, dry run, exit codes, config
 errors, root refusal, syslog and log rotation, and running as the plain package
 ``hermes_ops`` the role installs (no Ansible on the path)."""
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_runner as runner
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import sqlite_wal_reset_affected
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes import runner
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import sqlite_wal_reset_affected
 
 REPO = Path(__file__).resolve().parents[4]
 LINE = re.compile(
@@ -220,16 +220,14 @@ def test_log_file_keeps_last_runs(tmp_path, home, capsys):
 
 
 def test_runs_as_plain_package_without_ansible(tmp_path, home):
-    """What the role installs: module_utils/_hermes_*.py as package hermes_ops, python3 -m."""
+    """What the role installs: module_utils/_hermes/ as package hermes_ops, python3 -m."""
     pkg = tmp_path / "lib" / "hermes_ops"
-    pkg.mkdir(parents=True)
+    shutil.copytree(REPO / "plugins" / "module_utils" / "_hermes", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     (pkg / "__init__.py").write_text("")
-    for src in (REPO / "plugins" / "module_utils").glob("_hermes_*.py"):
-        shutil.copy(src, pkg / src.name)
     cfg = _config(tmp_path, hermes_home=[str(home)], syslog=False)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(tmp_path / "lib"), "HOME": str(tmp_path)}
     proc = subprocess.run(
-        [sys.executable, "-s", "-m", "hermes_ops._hermes_runner", "--config", cfg, "--dry-run"],
+        [sys.executable, "-s", "-m", "hermes_ops.runner", "--config", cfg, "--dry-run"],
         capture_output=True,
         text=True,
         env=env,
@@ -242,7 +240,7 @@ def test_runs_as_plain_package_without_ansible(tmp_path, home):
     assert lines[0] == "=== Session Maintenance Start ===" and lines[-1] == "=== Session Maintenance Done ==="
     assert len([ln for ln in lines if LINE.match(ln)]) == len(PROFILES)
     check = subprocess.run(
-        [sys.executable, "-s", "-c", "import hermes_ops._hermes_runner, sys; print('ansible' in sys.modules)"],
+        [sys.executable, "-s", "-c", "import hermes_ops.runner, sys; print('ansible' in sys.modules)"],
         capture_output=True,
         text=True,
         env=env,

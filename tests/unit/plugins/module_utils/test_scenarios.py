@@ -15,7 +15,7 @@ import pytest
 from hermes_reliability import db_problems
 from hermes_reliability import query as rows
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from hermes_fixtures import (
     LAYOUT_FEATURES,
     LAYOUTS,

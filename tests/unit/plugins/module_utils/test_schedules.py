@@ -12,12 +12,15 @@ import pytest
 from hermes_markers import release_module_marks
 from hermes_reliability import query as rows
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import PruneResult, prune
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_catalogue import fully_known, read_catalogue
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import open_rw
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_inspect import inspect_schema
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_plan import build_plan
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.prune import PruneResult, prune
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.plan.selection import build_plan
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import open_rw
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.store.catalogue import (
+    fully_known,
+    read_catalogue,
+)
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.store.schema import inspect_schema
 from hermes_fixtures import build_home, hermes_python, run_release_code
 
 LAYOUT = "hermes-0.22.2.post1"

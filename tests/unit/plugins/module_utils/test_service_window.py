@@ -30,7 +30,7 @@ from hermes_reliability import db_problems
 from hermes_reliability import query as q
 from hermes_rollback import RELEASE, copy_of_big_rollback_home, journal_mode
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 
 SIZE = (1600, 100)  # sessions, messages each; half of them ended 8..90 days ago
 FAIL_FAST = 2.0  # s: a request refused in the window answers within this

@@ -18,7 +18,7 @@ import time
 import pytest
 from hermes_reliability import answer_as, user_with_dir
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_db
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite import db as hermes_sqlite_db
 
 PR_SET_DUMPABLE, PR_SET_NAME = 4, 15
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")  # the test user can run it (not a venv under /root)
@@ -48,10 +48,10 @@ def test_a_process_that_only_calls_itself_sd_pam_is_still_a_possible_holder():
         try:
             assert impostor.stdout.readline().strip() == b"ready"
             deadline = time.monotonic() + 10
-            while _hermes_db._comm(impostor.pid) != "(sd-pam)" and time.monotonic() < deadline:
+            while hermes_sqlite_db._comm(impostor.pid) != "(sd-pam)" and time.monotonic() < deadline:
                 time.sleep(0.05)
-            found, hidden = answer_as(uid, gid, lambda: _hermes_db._scan_proc(db, set()))
-            closer = answer_as(uid, gid, lambda: _hermes_db._session_closer(impostor.pid))
+            found, hidden = answer_as(uid, gid, lambda: hermes_sqlite_db._scan_proc(db, set()))
+            closer = answer_as(uid, gid, lambda: hermes_sqlite_db._session_closer(impostor.pid))
         finally:
             impostor.kill()
             impostor.wait()

@@ -18,9 +18,10 @@ from hermes_reliability import full_rows
 from hermes_rollback import RELEASE, make_big_rollback_home
 from hermes_writer import WriterProcess
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import ProfileLock, run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_from_archive
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.host.profiles import ProfileLock
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.sessions import restore_from_archive
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 from hermes_fixtures import hermes_python
 
 # Like the other modules that keep a real 0.22.2 writer on a rollback-journal file: slow, so

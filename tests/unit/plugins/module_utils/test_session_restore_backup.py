@@ -29,15 +29,15 @@ from hermes_reliability import COLLECTIONS_ROOT, MARKS, db_problems, full_rows, 
 from hermes_rollback import journal_mode, make_big_rollback_home, release_view
 from hermes_writer import WriterProcess
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import list_backups
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import (
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup.whole_file import list_backups
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.sessions import (
     list_missing,
     opened_source,
     restore_selected,
     selection,
 )
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 from hermes_fixtures import copy_db, hermes_python, open_with_release, run_release_code
 
 DAY = 86400.0
@@ -187,7 +187,7 @@ def _release_resumes(pruned, sids):
 KILLED = r"""
 import sys
 sys.path[:0] = sys.argv[4].split(":")
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_session_restore as r
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore import sessions as r
 r.restore_selected(sys.argv[1], "default", backup=sys.argv[2], select=r.selection(sources=[sys.argv[3]]), pause=3.0)
 """
 
@@ -412,8 +412,8 @@ RESTORE_CHILD = (
     + r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_archive as archive
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_session_restore as restore
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup import archive
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore import sessions as restore
 KILL_AT = int(sys.argv[5])
 archive.write_transaction = marked(archive.write_transaction)
 restore._write_pending = around("pending", restore._write_pending)

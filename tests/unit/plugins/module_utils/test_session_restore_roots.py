@@ -17,13 +17,13 @@ import time
 import pytest
 from hermes_reliability import chown_tree, user_with_dir
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import backup_name
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import (
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup.whole_file import backup_name
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.sessions import (
     WORK_PREFIX,
     restore_selected,
     selection,
 )
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 from hermes_fixtures import build_home
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="root restores a user's file")]

@@ -11,8 +11,8 @@ import sqlite3
 
 import pytest
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import open_rw
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import open_rw
 from hermes_fixtures import hermes_python, make_big_home
 
 RELEASES = ("0.19.0", "0.22.2.post1")  # WAL; rollback journal on an SQLite with the WAL-reset bug

@@ -25,9 +25,9 @@ from collection_paths import COLLECTIONS_ROOT
 from hermes_rollback import journal_mode
 from hermes_writer import WriterProcess
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_metrics as metrics
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_storage as storage_mod
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report import metrics
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite import storage as storage_mod
 from hermes_fixtures import build_home, hermes_python, layout_available, missing_venv_message, run_release_code
 
 pytestmark = [pytest.mark.slow, pytest.mark.releases]  # every test runs a real release's code
@@ -234,7 +234,7 @@ def test_storage_beside_a_live_rollback_gateway(homes, tmp_path):
 
 NO_DBSTAT_RUN = r"""
 import json, sqlite3, sys
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info
 info = gather_info({"hermes_home": [sys.argv[1]], "allow_unknown_schema": True})
 print(json.dumps({"sqlite": sqlite3.sqlite_version, "profile": info["profiles"][0]}))
 """

@@ -26,14 +26,17 @@ from hermes_markers import release_module_marks
 from hermes_reliability import chown_tree, files_not_owned_by, record_fdatasync, user_with_dir
 from hermes_writer import MARK, WriterProcess, latency_stats
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_backup
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_engine as engine
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_payloads as payloads_engine
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_backup import backup_name
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import gather_info, run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_payloads import PAYLOAD_PREFIX, fts_optimize
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_session_restore import restore_tool_payloads
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import elision as payloads_engine
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.elision import PAYLOAD_PREFIX, fts_optimize
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup import (
+    whole_file as hermes_backup_whole_file,
+)
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup.whole_file import backup_name
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as engine
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.sessions import restore_tool_payloads
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 from hermes_fixtures import (
     APPEND_MESSAGES,
     build_home,
@@ -324,7 +327,7 @@ def test_the_payload_archive_is_flushed_to_disk_as_it_grows(home, monkeypatch):
     it has grown by BACKUP_STEP_BYTES (made small here, with small read chunks, so that this archive
     crosses it many times), on the descriptor that created it, and is then complete."""
     step = 64 * 1024
-    monkeypatch.setattr(_hermes_backup, "BACKUP_STEP_BYTES", step)
+    monkeypatch.setattr(hermes_backup_whole_file, "BACKUP_STEP_BYTES", step)
     monkeypatch.setattr(payloads_engine, "READ_BYTES", 16 * 1024)  # one 24 kB body per read
     flushed = record_fdatasync(monkeypatch)
     profile = run_maintenance(_opts(home, vacuum_mode="never"))["profiles"][0]

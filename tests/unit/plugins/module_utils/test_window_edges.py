@@ -18,9 +18,10 @@ from hermes_reliability import chown_tree, db_problems, user_with_dir
 from hermes_reliability import query as q
 from hermes_rollback import RELEASE, make_big_rollback_home
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_window as window
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import normalize_options, run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import window
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.checked_options import normalize_options
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 from hermes_fixtures import APPEND_MESSAGES, build_home, copy_db, hermes_python, run_release_code, terminal_dump
 
 RELEASE_LAYOUT = "hermes-" + RELEASE

@@ -31,13 +31,14 @@ from hermes_releases import hermes_python_for
 from hermes_reliability import chown_tree, db_problems, user_with_dir
 from hermes_reliability import query as q
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import MaintenanceError
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_as_owner, run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_inventory import store_facts
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_storage_upgrade import (
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.storage_upgrade import (
     run_storage_upgrade,
     storage_upgrade_pending,
 )
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.host.profiles import run_as_owner
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.plan.inventory import store_facts
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 from hermes_fixtures import hermes_python, layout_available, make_big_home, missing_venv_message, open_with_release
 
 WAL_RELEASE, RELEASE = "hermes-0.19.0", "hermes-0.22.2.post1"

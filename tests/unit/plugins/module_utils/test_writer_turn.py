@@ -29,15 +29,16 @@ import time
 import pytest
 from hermes_reliability import db_problems
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils import _hermes_apply, _hermes_engine
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_apply import (
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import prune as hermes_apply_prune
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.prune import (
     LockBudget,
     WriterTurn,
     poll_gap,
     turn_after_commit,
 )
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_db import open_rw, writer_probe
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes_engine import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as hermes_maintain_run
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import open_rw, writer_probe
 from hermes_fixtures import build_home
 
 WRITER = textwrap.dedent(
@@ -252,20 +253,20 @@ def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried(tmp_path, 
     ]
     db = str(build_home(str(tmp_path), "v30", specs))
     if journal == "delete":  # bound 0.06 + 0.04 s, hard bound 1.5x: 0.15 s
-        real_preflight = _hermes_engine.preflight_check
+        real_preflight = hermes_maintain_run.preflight_check
 
         def beside_a_live_gateway(conn, db_path):  # as if the gateway held the file in rollback mode
             report = real_preflight(conn, db_path)
             report.update(live_rollback=True, holders=1)
             return report
 
-        monkeypatch.setattr(_hermes_engine, "preflight_check", beside_a_live_gateway)
+        monkeypatch.setattr(hermes_maintain_run, "preflight_check", beside_a_live_gateway)
     else:  # bound 0.06 s, hard bound 0.15 s (its floor): in WAL mode as well
         setup = sqlite3.connect(db, isolation_level=None)
         assert setup.execute("PRAGMA journal_mode=WAL").fetchone() == ("wal",)
         setup.close()
-    monkeypatch.setattr(_hermes_apply, "PROGRESS_STEPS", 1)
-    real_check, slowed, in_this_transaction = _hermes_apply._still_prunable, [], []
+    monkeypatch.setattr(hermes_apply_prune, "PROGRESS_STEPS", 1)
+    real_check, slowed, in_this_transaction = hermes_apply_prune.still_prunable, [], []
 
     def preempted_once(conn, sid, plan, schema, leased):
         # The process loses the CPU for a while, holding the lock: at p03 (on a machine slow enough
@@ -276,16 +277,16 @@ def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried(tmp_path, 
             time.sleep(0.3)  # well past the hard bound (0.15 s)
         return real_check(conn, sid, plan, schema, leased)
 
-    monkeypatch.setattr(_hermes_apply, "_still_prunable", preempted_once)
-    opened, real_transaction = [], _hermes_apply.write_transaction
+    monkeypatch.setattr(hermes_apply_prune, "still_prunable", preempted_once)
+    opened, real_transaction = [], hermes_apply_prune.write_transaction
 
     def counted(conn):
         opened.append(1)
         in_this_transaction.clear()
         return real_transaction(conn)
 
-    monkeypatch.setattr(_hermes_apply, "write_transaction", counted)
-    tripped, real_interrupt = [], _hermes_apply.LockBudget.interrupt
+    monkeypatch.setattr(hermes_apply_prune, "write_transaction", counted)
+    tripped, real_interrupt = [], hermes_apply_prune.LockBudget.interrupt
 
     def interrupt(budget):  # SQLite's progress handler: True rolls the transaction back
         stop = real_interrupt(budget)
@@ -293,7 +294,7 @@ def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried(tmp_path, 
             tripped.append(len(opened))  # in which transaction
         return stop
 
-    monkeypatch.setattr(_hermes_apply.LockBudget, "interrupt", interrupt)
+    monkeypatch.setattr(hermes_apply_prune.LockBudget, "interrupt", interrupt)
     # every session fits the bound on its own
     options = {"prune_days": 7, "hermes_home": [str(tmp_path)], "batch_size": 1000, "batch_time": 0.06, "backup": False}
     profile = run_maintenance(options)["profiles"][0]
@@ -320,14 +321,14 @@ def test_a_rollback_prune_keeps_its_journal_between_transactions_and_leaves_none
     setup = sqlite3.connect(db, isolation_level=None)
     assert setup.execute("PRAGMA journal_mode=DELETE").fetchone() == ("delete",)
     setup.close()
-    real_batch, between = _hermes_apply._prune_batch, []
+    real_batch, between = hermes_apply_prune._prune_batch, []
 
     def watched(*args, **kwargs):
         out = real_batch(*args, **kwargs)
         between.append(os.path.exists(db + "-journal"))
         return out
 
-    monkeypatch.setattr(_hermes_apply, "_prune_batch", watched)
+    monkeypatch.setattr(hermes_apply_prune, "_prune_batch", watched)
     options = {"prune_days": 7, "hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0, "backup": False}
     profile = run_maintenance(options)["profiles"][0]
     assert profile["status"] == "ok", profile["error"]

@@ -1,0 +1,447 @@
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""An archive of the rows a prune is about to delete, taken without stalling a live gateway.
+
+In rollback-journal mode (``journal_mode=DELETE``, what Hermes >= 0.20 runs on an SQLite
+with the WAL-reset bug) a reader's SHARED lock blocks every commit of the gateway, so a
+whole-file copy of a live database stalls it for as long as the copy takes. What a prune
+must keep recoverable is only what it deletes: the ``sessions`` rows, their ``messages``,
+the rows of other tables that reference them (``session_model_usage``, ...) and the rows
+they reference (``system_prompts``). Those are read here in short read transactions (a few
+thousand messages each, the gateway commits in between), written to a private SQLite file
+(0600) in the backup directory under a hidden ``.partial`` name, checked (quick_check, and
+every session about to be pruned is there with all its messages), fsynced and renamed
+before the first delete. The sessions being archived are ended and older than the prune
+window, so they do not change between two read transactions; one the gateway resumes
+meanwhile is left alone by the prune's own re-check.
+
+``restore_sessions`` puts archived sessions back into a state.db, one session per write
+transaction, through Hermes's own triggers (FTS rows are rebuilt by them).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+
+from ..sqlite.db import (
+    BATCH_PAUSE,
+    BUSY_TIMEOUT,
+    MaintenanceError,
+    fsync_path,
+    open_rw,
+    read_snapshot,
+    write_transaction,
+)
+from .whole_file import StampedFiles, open_partial, remove_partials
+
+ARCHIVE_PREFIX = "hermes-ops-archive_"
+# Messages read per read transaction: a few ms of SHARED lock, which a gateway commit waits for.
+ARCHIVE_CHUNK = 500
+RESTORE_CHUNK = 500  # messages inserted per write transaction when restoring
+
+
+ARCHIVES = StampedFiles(ARCHIVE_PREFIX)
+archive_name = ARCHIVES.name
+is_archive_name = ARCHIVES.is_name
+list_archives = ARCHIVES.list
+
+
+def _quote(name):
+    return '"%s"' % name.replace('"', '""')
+
+
+def related_tables(conn):
+    """(referencing, referenced): tables whose rows go with a session, by their foreign keys.
+
+    referencing = [(table, column)] with a foreign key to sessions(id) (``messages`` first);
+    referenced = [(table, column, sessions column)]: tables sessions rows point at, other than
+    sessions itself (``system_prompts`` through ``system_prompt_hash``).
+    """
+    tables = [
+        r[0]
+        for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND sql NOT LIKE 'CREATE VIRTUAL%'")
+    ]
+    referencing = []
+    for table in tables:
+        if table == "sessions" or table.startswith("sqlite_"):
+            continue
+        for row in conn.execute("SELECT * FROM pragma_foreign_key_list(?)", (table,)):
+            if row[2] == "sessions" and (row[4] in (None, "id")):
+                referencing.append((table, row[3]))
+    referencing.sort(key=lambda item: item[0] != "messages")
+    referenced = [
+        (row[2], row[4], row[3])
+        for row in conn.execute("SELECT * FROM pragma_foreign_key_list('sessions')")
+        if row[2] != "sessions" and row[4]
+    ]
+    return referencing, referenced
+
+
+def _create_tables(src, dst, tables):
+    for table in tables:
+        sql = src.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()[0]
+        dst.execute(sql)
+    dst.execute("CREATE TABLE archive_meta (key TEXT PRIMARY KEY, value TEXT)")
+    dst.execute("CREATE TABLE archive_sessions (id TEXT PRIMARY KEY, seq INTEGER NOT NULL, messages INTEGER NOT NULL)")
+    # The zombie close, recorded before it commits: each session's ended_at/end_reason before, and what it writes.
+    dst.execute(
+        "CREATE TABLE archive_closes (id TEXT PRIMARY KEY, ended_at REAL, end_reason TEXT, "
+        "closed_ended_at REAL NOT NULL, closed_end_reason TEXT NOT NULL)"
+    )
+
+
+def _chunks(order, counts, limit):
+    """Lists of session ids whose messages add up to at most ``limit`` (a bigger one alone)."""
+    chunk, weight = [], 0
+    for sid in order:
+        count = counts.get(sid, 0)
+        if chunk and weight + count > limit:
+            yield chunk
+            chunk, weight = [], 0
+        chunk.append(sid)
+        weight += count
+    if chunk:
+        yield chunk
+
+
+def _archive_chunk(conn, dst, chunk, referencing, referenced, with_messages):
+    """Read one chunk's rows in one short read transaction, then write them to the archive."""
+    marks = ",".join("?" * len(chunk))
+    with read_snapshot(conn):
+        sessions = conn.execute("SELECT * FROM sessions WHERE id IN (%s)" % marks, chunk)
+        names = [d[0] for d in sessions.description]
+        session_rows = sessions.fetchall()
+        parents = []
+        for table, column, own in referenced:
+            index = names.index(own)
+            keys = sorted({row[index] for row in session_rows if row[index] is not None})
+            if keys:
+                parents.append(
+                    (
+                        table,
+                        conn.execute(
+                            "SELECT * FROM %s WHERE %s IN (%s)"
+                            % (_quote(table), _quote(column), ",".join("?" * len(keys))),
+                            keys,
+                        ),
+                    )
+                )
+        parent_rows = [(table, cur.description, cur.fetchall()) for table, cur in parents]
+        children = []
+        for table, column in referencing if with_messages else referencing[1:]:
+            cur = conn.execute("SELECT * FROM %s WHERE %s IN (%s)" % (_quote(table), _quote(column), marks), chunk)
+            children.append((table, cur.description, cur.fetchall()))
+    for table, description, rows in parent_rows + children:
+        _insert(dst, table, description, rows)
+    _insert(dst, "sessions", sessions.description, session_rows)
+
+
+def _insert(dst, table, description, rows):
+    if not rows:
+        return
+    names = [d[0] for d in description]
+    dst.executemany(
+        "INSERT OR IGNORE INTO %s (%s) VALUES (%s)"
+        % (_quote(table), ", ".join(_quote(n) for n in names), ", ".join("?" * len(names))),
+        rows,
+    )
+
+
+def _archive_messages(conn, dst, sid, table, column, write_back):
+    """A session's messages by id ranges, ARCHIVE_CHUNK per read transaction."""
+    last, copied = -1, 0
+    sql = "SELECT * FROM %s WHERE %s = ? AND id > ? ORDER BY id LIMIT %d" % (
+        _quote(table),
+        _quote(column),
+        ARCHIVE_CHUNK,
+    )
+    while True:
+        with read_snapshot(conn):
+            cur = conn.execute(sql, (sid, last))
+            description, rows = cur.description, cur.fetchall()
+        if not rows:
+            return copied
+        _insert(dst, table, description, rows)
+        dst.commit()
+        write_back()
+        copied += len(rows)
+        last = rows[-1][[d[0] for d in description].index("id")]
+        if len(rows) < ARCHIVE_CHUNK:
+            return copied
+
+
+def _archive_closes(conn, dst, closes):
+    """Each session the close is about to change, with its ended_at/end_reason now (short reads)."""
+    for start in range(0, len(closes), ARCHIVE_CHUNK):
+        chunk = closes[start : start + ARCHIVE_CHUNK]
+        with read_snapshot(conn):
+            now = dict(
+                (r[0], r[1:])
+                for r in conn.execute(
+                    "SELECT id, ended_at, end_reason FROM sessions WHERE id IN (%s)" % ",".join("?" * len(chunk)),
+                    [sid for sid, _at, _reason in chunk],
+                )
+            )
+        dst.executemany(
+            "INSERT INTO archive_closes (id, ended_at, end_reason, closed_ended_at, closed_end_reason) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(sid,) + now[sid] + (at, reason) for sid, at, reason in chunk if sid in now],
+        )
+
+
+def take_archive(conn, db_path, backup_dir, profile, order, must_contain, schema_version=None, closes=()):
+    """Archive the sessions in ``order`` (the prune's delete order) with their rows, and the
+    zombie close about to run; verify; fsync.
+
+    ``must_contain``: session id -> message count the plan will delete. ``closes``: (session id,
+    ended_at, end_reason) the close will write. Returns the result's ``backup`` dict (kind
+    ``archive``; ``sessions_closed``: the closes recorded).
+    """
+    remove_partials(backup_dir, profile)
+    remove_partials(backup_dir, profile, prefix=ARCHIVE_PREFIX, between="")
+    now = time.time()
+    seq = 0
+    while os.path.exists(os.path.join(backup_dir, archive_name(profile, now, seq))):
+        seq += 1
+    final = os.path.join(backup_dir, archive_name(profile, now, seq))
+    partial = os.path.join(backup_dir, "." + os.path.basename(final) + ".partial")
+    referencing, referenced = related_tables(conn)
+    if not referencing or referencing[0][0] != "messages":
+        raise MaintenanceError(
+            "%s: messages has no foreign key to sessions; cannot archive what the prune deletes" % db_path
+        )
+    try:
+        write_back, dst = open_partial(partial)
+        try:
+            tables = ["sessions"] + [t for t, _c, _o in referenced] + [t for t, _c in referencing]
+            with read_snapshot(conn):
+                _create_tables(conn, dst, list(dict.fromkeys(tables)))
+            msg_table, msg_column = referencing[0]
+            for chunk in _chunks(order, must_contain, ARCHIVE_CHUNK):
+                # A session bigger than a chunk is alone in it; its messages go by id ranges.
+                paged = must_contain.get(chunk[0], 0) > ARCHIVE_CHUNK
+                _archive_chunk(conn, dst, chunk, referencing, referenced, with_messages=not paged)
+                if paged:
+                    _archive_messages(conn, dst, chunk[0], msg_table, msg_column, write_back)
+                dst.commit()
+                write_back()
+            _archive_closes(conn, dst, list(closes))
+            dst.executemany(
+                "INSERT INTO archive_sessions (id, seq, messages) VALUES (?, ?, ?)",
+                [(sid, index, must_contain.get(sid, 0)) for index, sid in enumerate(order)],
+            )
+            meta = {
+                "source": os.path.abspath(db_path),
+                "profile": profile,
+                "created_at": repr(now),
+                "schema_version": str(schema_version),
+                "kind": "prune archive",
+            }
+            dst.executemany("INSERT INTO archive_meta (key, value) VALUES (?, ?)", sorted(meta.items()))
+            dst.commit()
+            counts = verify_archive(dst, partial, must_contain)
+        finally:
+            dst.close()
+            write_back.close()
+        os.chmod(partial, 0o600)
+        fsync_path(partial)
+        os.rename(partial, final)
+        fsync_path(backup_dir)
+    except BaseException as exc:
+        for leftover in (partial, partial + "-journal"):
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
+        if isinstance(exc, (sqlite3.Error, OSError)):
+            raise MaintenanceError(
+                "archive of the sessions to prune from %s into %s failed: %s; nothing was deleted"
+                % (db_path, final, exc)
+            ) from None
+        raise
+    result = {"kind": "archive", "path": final, "bytes": os.path.getsize(final), "verified": True, "compressed": False}
+    result["copied_by"] = "archive"
+    result.update(counts)
+    return result
+
+
+def verify_archive(conn, path, must_contain):
+    """quick_check of the whole archive, and every session to prune in it with all its messages."""
+    rows = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
+    if rows != ["ok"]:
+        raise MaintenanceError("archive %s failed quick_check (%s); nothing was deleted" % (path, "; ".join(rows[:3])))
+    held = dict(conn.execute("SELECT session_id, COUNT(*) FROM messages GROUP BY session_id").fetchall())
+    present = {r[0] for r in conn.execute("SELECT id FROM sessions")}
+    missing = [sid for sid in must_contain if sid not in present]
+    short = [sid for sid, n in must_contain.items() if held.get(sid, 0) < n]
+    if missing or short:
+        raise MaintenanceError(
+            "archive %s lacks %d of the %d sessions, and messages of %d, about to be pruned; nothing was deleted"
+            % (path, len(missing), len(must_contain), len(short))
+        )
+    closes = conn.execute("SELECT COUNT(*) FROM archive_closes").fetchone()[0]
+    return {"sessions": len(present), "messages": sum(held.values()), "sessions_closed": closes}
+
+
+def archived_sessions(archive_path):
+    """The session ids an archive holds, in the order they were pruned."""
+    conn = sqlite3.connect("file:%s?mode=ro" % archive_path, uri=True)
+    try:
+        return [r[0] for r in conn.execute("SELECT id FROM archive_sessions ORDER BY seq")]
+    finally:
+        conn.close()
+
+
+def restore_sessions(db_path, archive_path, session_ids=None, busy_timeout=BUSY_TIMEOUT, pause=BATCH_PAUSE, order=None):
+    """Put sessions from an archive back into ``db_path`` (None: every session it holds).
+
+    ``order``: instead of the archive's list, these session ids in this order (parents first),
+    from any file of Hermes's schema (a whole-file backup).
+
+    Parents go before their children (the reverse of the prune's order). Rows that are
+    already there are left as they are (restoring twice changes nothing); a parent that is
+    neither in the database nor restored now is dropped from the row (``parent_session_id``
+    NULL, as Hermes's own prune orphans children). Messages go in transactions of
+    RESTORE_CHUNK with a pause between, so a live gateway keeps writing. Returns
+    {"sessions_restored", "sessions_present", "messages_restored", "orphaned"}.
+    """
+    src = sqlite3.connect("file:%s?mode=ro" % os.path.abspath(archive_path), uri=True)
+    dst = open_rw(db_path, busy_timeout)
+    report = {"sessions_restored": 0, "sessions_present": 0, "messages_restored": 0, "orphaned": 0}
+    try:
+        if order is not None:
+            known = session_ids = list(order)
+        else:
+            known = [r[0] for r in src.execute("SELECT id FROM archive_sessions ORDER BY seq DESC")]
+        wanted = known if session_ids is None else [sid for sid in known if sid in set(session_ids)]
+        unknown = sorted(set(session_ids or ()) - set(known))
+        if unknown:
+            raise MaintenanceError(
+                "archive %s does not hold session(s) %s; nothing was restored" % (archive_path, ", ".join(unknown[:5]))
+            )
+        referencing, referenced = related_tables(src)
+        live_cols = {
+            t: _columns(dst, t) for t in ["sessions"] + [t for t, _c in referencing] + [t for t, _c, _o in referenced]
+        }
+        for sid in wanted:
+            _restore_one(src, dst, sid, referencing, referenced, live_cols, report, pause)
+    finally:
+        src.close()
+        dst.close()
+    return report
+
+
+def _columns(conn, table):
+    return [r[1] for r in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))]
+
+
+def _rows(src, table, where, params, live_cols):
+    cols = [c for c in _columns(src, table) if c in live_cols]
+    cur = src.execute("SELECT %s FROM %s WHERE %s" % (", ".join(_quote(c) for c in cols), _quote(table), where), params)
+    return cols, cur.fetchall()
+
+
+def _put(dst, table, cols, rows):
+    if not rows:
+        return 0
+    # rowcount, not total_changes: Hermes's triggers (FTS, display order) change rows too.
+    return dst.executemany(
+        "INSERT OR IGNORE INTO %s (%s) VALUES (%s)"
+        % (_quote(table), ", ".join(_quote(c) for c in cols), ", ".join("?" * len(cols))),
+        rows,
+    ).rowcount
+
+
+def _restore_one(src, dst, sid, referencing, referenced, live_cols, report, pause):
+    cols, rows = _rows(src, "sessions", "id = ?", (sid,), live_cols["sessions"])
+    row = dict(zip(cols, rows[0]))
+    with write_transaction(dst):
+        if dst.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
+            report["sessions_present"] += 1
+        else:
+            for table, column, own in referenced:
+                if row.get(own) is not None and live_cols[table]:  # a table this schema dropped: nothing to put
+                    pcols, prows = _rows(src, table, "%s = ?" % _quote(column), (row[own],), live_cols[table])
+                    _put(dst, table, pcols, prows)
+            parent = row.get("parent_session_id")
+            if parent is not None and not dst.execute("SELECT 1 FROM sessions WHERE id = ?", (parent,)).fetchone():
+                row["parent_session_id"] = None
+                report["orphaned"] += 1
+            _put(dst, "sessions", list(row), [tuple(row.values())])
+            report["sessions_restored"] += 1
+    msg_table, msg_column = referencing[0]
+    mcols, mrows = _rows(src, msg_table, "%s = ? ORDER BY id" % _quote(msg_column), (sid,), live_cols[msg_table])
+    for start in range(0, len(mrows), RESTORE_CHUNK):
+        with write_transaction(dst):
+            report["messages_restored"] += _put(dst, msg_table, mcols, mrows[start : start + RESTORE_CHUNK])
+        time.sleep(pause)
+    with write_transaction(dst):
+        for table, column in referencing[1:]:
+            if not live_cols[table]:
+                continue
+            ccols, crows = _rows(src, table, "%s = ?" % _quote(column), (sid,), live_cols[table])
+            _put(dst, table, ccols, crows)
+
+
+def recorded_closes(src, session_ids=None):
+    """The closes an archive records, [(id, ended_at, end_reason, closed_ended_at, closed_end_reason)]
+    (none in an archive older than the record); ``session_ids``: only these (None: all)."""
+    if not src.execute("SELECT 1 FROM sqlite_master WHERE name = 'archive_closes'").fetchone():
+        return []
+    records = src.execute("SELECT * FROM archive_closes ORDER BY id").fetchall()
+    return records if session_ids is None else [r for r in records if r[0] in set(session_ids)]
+
+
+# Where a session still holds exactly what the close wrote: nothing changed it since.
+_AS_CLOSED = "WHERE id = ? AND ended_at IS ? AND end_reason IS ?"
+
+
+def reopenable(dst, records):
+    """How many of ``records`` undoing the close would change now (reads only)."""
+    return sum(
+        dst.execute("SELECT 1 FROM sessions " + _AS_CLOSED, (sid, at, reason)).fetchone() is not None
+        for sid, _ended_at, _end_reason, at, reason in records
+    )
+
+
+def reopen_closed(db_path, archive_path, session_ids=None, check_mode=False, busy_timeout=BUSY_TIMEOUT):
+    """Undo the zombie close an archive recorded: put back each session's ended_at/end_reason.
+
+    Only where the session still holds exactly what the close wrote, so an end Hermes wrote
+    since (or a session the prune took, or one reopened already) is left alone; a second run
+    changes nothing. ``session_ids``: None for every close recorded. Check mode counts the rows
+    the run changes. Returns {"sessions_reopened", "sessions_left_alone"}.
+    """
+    src = sqlite3.connect("file:%s?mode=ro" % os.path.abspath(archive_path), uri=True)
+    try:
+        records = recorded_closes(src)
+    finally:
+        src.close()
+    if session_ids is not None:
+        unknown = sorted(set(session_ids) - {r[0] for r in records})
+        if unknown:
+            raise MaintenanceError(
+                "archive %s records no close of session(s) %s; nothing was reopened"
+                % (archive_path, ", ".join(unknown[:5]))
+            )
+        records = [r for r in records if r[0] in set(session_ids)]
+    dst = open_rw(db_path, busy_timeout)
+    reopened = 0
+    try:
+        for start in range(0, len(records), RESTORE_CHUNK):
+            chunk = records[start : start + RESTORE_CHUNK]
+            if check_mode:
+                with read_snapshot(dst):
+                    reopened += reopenable(dst, chunk)
+                continue
+            with write_transaction(dst):
+                for sid, ended_at, end_reason, at, reason in chunk:
+                    reopened += dst.execute(
+                        "UPDATE sessions SET ended_at = ?, end_reason = ? " + _AS_CLOSED,
+                        (ended_at, end_reason, sid, at, reason),
+                    ).rowcount
+    finally:
+        dst.close()
+    return {"sessions_reopened": reopened, "sessions_left_alone": len(records) - reopened}

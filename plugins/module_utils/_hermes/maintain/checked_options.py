@@ -1,0 +1,121 @@
+# Copyright: hermes_agent.ops contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The run's options: the table's defaults filled in, every value checked, naming the option."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from ..apply.files import check_rules
+from ..apply.window import check_window_options
+from ..options import OPTIONS, check_option, defaults
+from ..sqlite.db import MaintenanceError
+
+
+def normalize_options(options):
+    """Fill defaults and refuse nonsense with a message that names the option."""
+    opts = defaults()
+    opts.update({k: v for k, v in (options or {}).items() if v is not None})
+    if not opts["hermes_home"]:
+        opts["hermes_home"] = [os.path.join(os.path.expanduser("~"), ".hermes")]
+    if isinstance(opts["hermes_home"], str):
+        opts["hermes_home"] = [opts["hermes_home"]]
+    for option in OPTIONS:
+        problem = check_option(option, opts[option.name])
+        if problem:
+            raise MaintenanceError(problem)
+    if opts["delete_with"] == "hermes" and not opts["hermes_python"]:
+        raise MaintenanceError(
+            "delete_with=hermes needs hermes_python: the interpreter of the Hermes installed on the host"
+        )
+    if opts["unknown_schema"] == "release_rules" and not opts["hermes_python"]:
+        raise MaintenanceError(
+            "unknown_schema=release_rules needs hermes_python: the interpreter of the Hermes installed on the host"
+        )
+    problem = check_window_options(opts)
+    if problem:
+        raise MaintenanceError(problem)
+    opts["prune_days_by_source"] = _by_source(opts["prune_days_by_source"])
+    opts["prune_days_by_profile"] = _by_profile(opts["prune_days_by_profile"])
+    opts["file_retention"] = check_rules(opts["file_retention"])
+    _check_retentions(opts, "")
+    for profile in sorted(opts["prune_days_by_profile"]):
+        _check_retentions(for_profile(opts, profile), "prune_days_by_profile[%s]." % profile)
+    return opts
+
+
+def _check_retentions(opts, prefix):
+    retentions = [(prefix + "prune_days", opts["prune_days"])]
+    retentions += [
+        ("%sprune_days_by_source[%s]" % (prefix, k), v) for k, v in sorted(opts["prune_days_by_source"].items())
+    ]
+    for name, days in retentions:
+        if float(opts["zombie_days"]) > float(days):
+            raise MaintenanceError(
+                "zombie_days (%s) is larger than %s (%s): a zombie would be pruned before it could be closed; "
+                "use zombie_days <= %s" % (opts["zombie_days"], name, days, name)
+            )
+
+
+def _days_value(name, days):
+    """A retention in days as a float; anything else is refused, naming the entry."""
+    if isinstance(days, bool) or not isinstance(days, (int, float, str)):
+        raise MaintenanceError("%s must be a number of days (got %r)" % (name, days))
+    try:
+        number = float(days)
+    except ValueError:
+        raise MaintenanceError("%s must be a number of days (got %r)" % (name, days)) from None
+    if math.isnan(number) or number < 0:
+        raise MaintenanceError("%s must not be negative (got %s)" % (name, days))
+    return number
+
+
+def _by_source(value, name="prune_days_by_source"):
+    """prune_days_by_source as {source: float days}; anything else is refused, naming the entry."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise MaintenanceError("%s must be a mapping of source to days, such as {cron: 3} (got %r)" % (name, value))
+    out = {}
+    for source, days in value.items():
+        if not isinstance(source, str) or not source:
+            raise MaintenanceError("%s: %r is no session source name" % (name, source))
+        out[source] = _days_value("%s[%s]" % (name, source), days)
+    return out
+
+
+def _by_profile(value):
+    """prune_days_by_profile as {profile: {"prune_days"?, "prune_days_by_source"?}}, refusing nonsense."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise MaintenanceError("prune_days_by_profile must be a mapping of profile name to days (got %r)" % (value,))
+    out = {}
+    for profile, rule in value.items():
+        name = "prune_days_by_profile[%s]" % profile
+        if not isinstance(profile, str) or not profile:
+            raise MaintenanceError("prune_days_by_profile: %r is no profile name" % (profile,))
+        if not isinstance(rule, dict):
+            rule = {"prune_days": rule}
+        unknown = set(rule) - {"prune_days", "prune_days_by_source"}
+        if unknown or not rule:
+            raise MaintenanceError(
+                "%s takes days, or a mapping with prune_days and/or prune_days_by_source (got %r)" % (name, rule)
+            )
+        out[profile] = {}
+        if "prune_days" in rule:
+            out[profile]["prune_days"] = _days_value(name + ".prune_days", rule["prune_days"])
+        if "prune_days_by_source" in rule:
+            out[profile]["prune_days_by_source"] = _by_source(
+                rule["prune_days_by_source"], name + ".prune_days_by_source"
+            )
+    return out
+
+
+def for_profile(opts, name):
+    """The options one profile runs with: its prune_days_by_profile entry over the run's retention."""
+    rule = opts["prune_days_by_profile"].get(name)
+    if not rule:
+        return opts
+    return dict(opts, **rule)
