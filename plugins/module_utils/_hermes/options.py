@@ -14,6 +14,9 @@ one-line summary the tables show.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, Literal, TypedDict
+
 # Hermes's non-messaging sources: closing a messaging session (telegram, discord, ...)
 # makes the gateway start a fresh conversation in a live chat, so those are never closed.
 ZOMBIE_SOURCES = ("cli", "cron", "kanban", "acp", "api_server", "subagent", "tool", "recovered")
@@ -31,23 +34,26 @@ ROLE_NONE = None
 
 
 class Option:
-    """One engine option. ``unset`` says in words what None means when the default is None."""
+    """One engine option. ``unset`` says in words what None means when the default is None;
+    ``annotation`` is its type in ``Options`` where its type, choices and elements do not say it
+    (a mapping's shape, or a value normalize_options always fills)."""
 
     def __init__(
         self,
-        name,
-        type,
-        doc,
-        default=None,
-        elements=None,
-        choices=None,
-        minimum=None,
-        maximum=None,
-        percent=False,
-        unset=None,
-        scope=MAINTENANCE,
-        role=ROLE_GENERATED,
-    ):
+        name: str,
+        type: str,
+        doc: tuple[str, ...],
+        default: Any = None,
+        elements: str | None = None,
+        choices: tuple[str, ...] | None = None,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        percent: bool = False,
+        unset: str | None = None,
+        scope: str = MAINTENANCE,
+        role: str | None = ROLE_GENERATED,
+        annotation: str | None = None,
+    ) -> None:
         self.name = name
         self.type = type
         self.doc = tuple(doc)
@@ -60,8 +66,9 @@ class Option:
         self.unset = unset
         self.scope = scope
         self.role = role
+        self.annotation = annotation
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Option(%r)" % self.name
 
 
@@ -69,7 +76,8 @@ HOME_UNSET = "C(~/.hermes) of the user the module runs as"
 
 # fmt: off
 OPTIONS = (
-    Option("hermes_home", "list", elements="path", scope=SHARED, role=ROLE_NONE, unset=HOME_UNSET, doc=(
+    Option("hermes_home", "list", elements="path", scope=SHARED, role=ROLE_NONE, unset=HOME_UNSET,
+           annotation="list[str]", doc=(
         "Hermes homes to work on. Each home's C(state.db) is profile C(default); each C(profiles/<name>/state.db) "
         "below it is profile C(<name>).",
         "Defaults to C(~/.hermes) of the user the module runs as.",
@@ -86,7 +94,8 @@ OPTIONS = (
         "The default, 90, is the retention of Hermes's own auto-prune, so a session goes no sooner than Hermes "
         "itself would delete it. The monthly C(session-maintenance.sh) this replaces pruned at 7 (set 7 for that).",
     )),
-    Option("prune_days_by_source", "dict", scope=SHARED, unset="one retention, prune_days, for every source", doc=(
+    Option("prune_days_by_source", "dict", scope=SHARED, unset="one retention, prune_days, for every source",
+           annotation="dict[str, float]", doc=(
         "Retention in days for the sessions of some sources, a mapping of source to days (cron to 3 and telegram to "
         "365, say); the sessions of "
         "every other source take O(prune_days). Each value is like O(prune_days) (a number, not below "
@@ -94,7 +103,8 @@ OPTIONS = (
         "A delegate (subagent) takes the retention of the session it works for, and goes with it when that one is "
         "pruned; a compression lineage stays while any of its sessions is younger than its own retention.",
     )),
-    Option("prune_days_by_profile", "dict", scope=SHARED, unset="every profile takes the run's retention", doc=(
+    Option("prune_days_by_profile", "dict", scope=SHARED, unset="every profile takes the run's retention",
+           annotation="dict[str, ProfileRetention]", doc=(
         "Retention for some profiles, a mapping of profile name to days (work to 30, say) or to a mapping with "
         "C(prune_days) and/or C(prune_days_by_source), for a profile that keeps a year but its cron sessions 3 days; "
         "what a profile's entry leaves out it takes from O(prune_days) and O(prune_days_by_source).",
@@ -224,7 +234,8 @@ OPTIONS = (
         "like the prune; Hermes's own triggers keep both full-text indexes in step. A second "
         "run elides nothing; check mode gives the exact count and bytes (C(tool_payloads) of each profile).",
     )),
-    Option("file_retention", "dict", unset="no file of the home is removed but transcripts of pruned sessions", doc=(
+    Option("file_retention", "dict", unset="no file of the home is removed but transcripts of pruned sessions",
+           annotation="dict[str, dict[str, float]]", doc=(
         "Remove some of the other files of each profile's home, by kind (the kinds of state_db_info's C(home_files)). "
         "Off by default; a mapping of kind to a rule, as follows.",
         "V(state_snapshots) (C(state-snapshots/<id>/) of C(hermes backup --quick) and C(hermes update)), "
@@ -291,17 +302,68 @@ BY_NAME = {option.name: option for option in OPTIONS}
 NUMBER_TYPES = ("int", "float")
 
 
-def defaults():
+class ProfileRetention(TypedDict, total=False):
+    """One profile's entry of prune_days_by_profile, as normalize_options leaves it."""
+
+    prune_days: float
+    prune_days_by_source: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The run's options, one field per row of OPTIONS, every one filled and checked: only
+    normalize_options (maintain.checked_options) makes one, and ``for_profile`` one profile's."""
+
+    # BEGIN GENERATED: options-dataclass (scripts/generate.py)
+    hermes_home: list[str]
+    profiles: list[str] | None
+    zombie_days: float
+    prune_days: float
+    prune_days_by_source: dict[str, float]
+    prune_days_by_profile: dict[str, ProfileRetention]
+    zombie_sources: list[str]
+    backup_dir: str | None
+    busy_timeout: float
+    end_reason: str
+    backup: bool
+    metrics_dir: str | None
+    backup_keep_days: float
+    backup_keep_count: int | None
+    backup_interval_days: float | None
+    backup_compress: bool
+    vacuum_mode: Literal["auto", "full", "incremental", "never"]
+    vacuum_threshold: float
+    vacuum_switch_incremental: bool
+    gateway_service: str | None
+    gateway_stop_command: list[str] | None
+    gateway_start_command: list[str] | None
+    max_downtime: float
+    batch_size: int
+    batch_time: float
+    batch_pause: float
+    tool_payload_days: float | None
+    file_retention: dict[str, dict[str, float]]
+    reclaim_stores: bool
+    allow_unknown_schema: bool
+    unknown_schema: Literal["refuse", "release_rules"]
+    hermes_python: str | None
+    delete_with: Literal["auto", "engine", "hermes"]
+    allow_empty_homes: bool
+    allow_foreign_owner: bool
+    # END GENERATED
+
+
+def defaults() -> dict[str, Any]:
     """A fresh dict of every option's default (lists copied, so callers may change them)."""
     return {o.name: list(o.default) if isinstance(o.default, list) else o.default for o in OPTIONS}
 
 
-def options_in(scope):
+def options_in(scope: str) -> list[Option]:
     """The options of one scope (SHARED, MAINTENANCE), in table order."""
     return [o for o in OPTIONS if o.scope == scope]
 
 
-def check_option(option, value):
+def check_option(option: Option, value: Any) -> str | None:
     """The message for a value out of bounds or choices, or None when it is fine (None always is)."""
     if value is None:
         return None
@@ -310,7 +372,8 @@ def check_option(option, value):
     if option.type not in NUMBER_TYPES:
         return None
     number = int(value) if option.type == "int" else float(value)
-    if option.percent and not option.minimum <= number <= option.maximum:
+    low, high = option.minimum, option.maximum
+    if option.percent and low is not None and high is not None and not low <= number <= high:
         return "%s is a percentage from %s to %s (got %s)" % (option.name, option.minimum, option.maximum, value)
     if option.minimum == 0 and number < 0:
         return "%s must not be negative (got %s)" % (option.name, value)

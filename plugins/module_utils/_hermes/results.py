@@ -13,17 +13,29 @@ Adding a result key: add one ``Field`` row, set it in the engine, run
 from __future__ import annotations
 
 import copy
+from typing import Any, TypedDict, cast
 
-SET_LATER = object()  # no initial value: the engine sets the key once it knows it
+SET_LATER: Any = object()  # no initial value: the engine sets the key once it knows it
 
 
 class Field:
     """One result key. ``module_key`` is its name in the module's result (None: not returned);
-    ``in_return`` False leaves it out of RETURN where Ansible documents it itself (``changed``)."""
+    ``in_return`` False leaves it out of RETURN where Ansible documents it itself (``changed``);
+    ``annotation`` is its type in the TypedDict where its type, elements and initial value do not
+    say it."""
 
     def __init__(
-        self, name, type, doc, initial=SET_LATER, elements=None, returned="always", module_key="", in_return=True
-    ):
+        self,
+        name: str,
+        type: str,
+        doc: tuple[str, ...],
+        initial: Any = SET_LATER,
+        elements: str | None = None,
+        returned: str = "always",
+        module_key: str | None = "",
+        in_return: bool = True,
+        annotation: str | None = None,
+    ) -> None:
         self.name = name
         self.type = type
         self.doc = tuple(doc)
@@ -32,6 +44,7 @@ class Field:
         self.returned = returned
         self.module_key = name if module_key == "" else module_key
         self.in_return = in_return and self.module_key is not None
+        self.annotation = annotation
 
 
 # fmt: off
@@ -44,7 +57,7 @@ RUN_FIELDS = (
         "One line per profile, in the form of the monthly script it replaces.",
     )),
     Field("failed", "list", elements="str", module_key="failed_profiles", doc=("Names of the profiles that failed.",)),
-    Field("profiles", "list", elements="dict", doc=(
+    Field("profiles", "list", elements="dict", annotation="list[ProfileResult]", doc=(
         "What happened to each profile (in check mode, what would happen).",
     )),
     Field("changed", "bool", in_return=False, doc=("Whether any profile changed (or would change).",)),
@@ -57,9 +70,11 @@ RUN_FIELDS = (
 )
 
 PROFILE_FIELDS = (
-    Field("name", "str", initial=None, doc=("V(default) for C(HOME/state.db), else the profile's directory name.",)),
-    Field("home", "str", initial=None, doc=("The Hermes home.",)),
-    Field("path", "str", initial=None, doc=("The C(state.db) path.",)),
+    Field("name", "str", initial=None, annotation="str", doc=(
+        "V(default) for C(HOME/state.db), else the profile's directory name.",
+    )),
+    Field("home", "str", initial=None, annotation="str", doc=("The Hermes home.",)),
+    Field("path", "str", initial=None, annotation="str", doc=("The C(state.db) path.",)),
     Field("status", "str", initial="ok", doc=(
         "V(ok), V(skipped) (lock held, database busy; nothing lost, the next run retries), V(failed) or "
         "V(no_profiles) (the home exists but holds no C(state.db); the entry stands for the home).",
@@ -237,7 +252,7 @@ PROFILE_FIELDS = (
 )
 
 
-def _field_of(fields, name):
+def _field_of(fields: tuple[Field, ...], name: str) -> Field:
     return next(field for field in fields if field.name == name)
 
 
@@ -341,8 +356,70 @@ INFO_PROFILE_FIELDS = (
 # fmt: on
 
 
-def new_profile_result(home, name, path):
+class RunResult(TypedDict, total=False):
+    """What run_maintenance returns: the keys of RUN_FIELDS."""
+
+    # BEGIN GENERATED: results-run (scripts/generate.py)
+    status: str
+    summary: list[str]
+    failed: list[str]
+    profiles: list[ProfileResult]
+    changed: bool
+    sqlite: dict[str, Any]
+    check_mode: bool
+    # END GENERATED
+
+
+class ProfileResult(TypedDict, total=False):
+    """One profile's entry in RunResult's ``profiles``: the keys of PROFILE_FIELDS."""
+
+    # BEGIN GENERATED: results-profile (scripts/generate.py)
+    name: str
+    home: str
+    path: str
+    status: str
+    error: str | None
+    changed: bool
+    zombies_closed: int
+    sessions_pruned: int
+    messages_pruned: int
+    sessions_orphaned: int
+    transcripts_removed: int
+    retention: dict[str, Any] | None
+    prompts_collected: int
+    sessions_left_alone: int
+    sessions_refused: list[dict[str, Any]]
+    sessions_kept: list[dict[str, Any]]
+    bad_time_rows: int
+    database_backend: dict[str, Any]
+    hermes_retention: dict[str, Any]
+    catalogue: dict[str, Any]
+    deleted_by: str | None
+    release_delete: dict[str, Any]
+    release_rules: dict[str, Any]
+    schema_version: int
+    fts_layout: str
+    backup: dict[str, Any] | None
+    backup_deferred: str | None
+    backups_removed: list[str]
+    sqlite: dict[str, Any]
+    litestream: list[str]
+    stopped_early: str | None
+    preflight: dict[str, Any] | None
+    reclaim: dict[str, Any] | None
+    window: dict[str, Any] | None
+    file_retention: dict[str, Any] | None
+    tool_payloads: dict[str, Any] | None
+    stores: dict[str, Any] | None
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    duration: float
+    traceback: str
+    # END GENERATED
+
+
+def new_profile_result(home: str, name: str, path: str) -> ProfileResult:
     """A profile's result before any work: every key that has an initial value."""
     result = {f.name: copy.copy(f.initial) for f in PROFILE_FIELDS if f.initial is not SET_LATER}
     result.update(name=name, home=home, path=path)
-    return result
+    return cast("ProfileResult", result)
