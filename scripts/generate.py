@@ -321,12 +321,11 @@ def architecture_results(options, results):
 PYTHON_TYPES = {"str": "str", "path": "str", "bool": "bool", "int": "int", "float": "float", "dict": "dict[str, Any]"}
 
 
-def python_type(row):
-    """The annotation of an option or result key: its ``annotation`` where the table gives one (a
-    shape its type does not say, or a value normalize_options always fills), else from its type,
-    choices and elements, ``| None`` where its default or initial value is None."""
-    if row.annotation:
-        return row.annotation
+def python_type(row, types):
+    """The annotation of an option or result key: ``types[name]`` where the table gives one, else
+    from its type, choices and elements, ``| None`` where its default or initial value is None."""
+    if row.name in types:
+        return types[row.name]
     if getattr(row, "choices", None):
         kind = "Literal[%s]" % ", ".join(json.dumps(choice) for choice in row.choices)
     elif row.type == "list":
@@ -337,8 +336,8 @@ def python_type(row):
     return kind + " | None" if unset is None else kind
 
 
-def typed_fields(rows):
-    return ["%s: %s" % (row.name, python_type(row)) for row in rows]
+def typed_fields(rows, types):
+    return ["%s: %s" % (row.name, python_type(row, types)) for row in rows]
 
 
 def blocks(options, results):
@@ -365,9 +364,15 @@ def blocks(options, results):
         ("README.md", "deletes"): readme_deletes(options),
         ("roles/session_maintenance/README.md", "options"): role_readme_options(options),
         ("docs/architecture.md", "options"): architecture_options(options),
-        ("plugins/module_utils/_hermes/options.py", "options-dataclass"): typed_fields(options.OPTIONS),
-        ("plugins/module_utils/_hermes/results.py", "results-run"): typed_fields(results.RUN_FIELDS),
-        ("plugins/module_utils/_hermes/results.py", "results-profile"): typed_fields(results.PROFILE_FIELDS),
+        ("plugins/module_utils/_hermes/options.py", "options-dataclass"): typed_fields(
+            options.OPTIONS, options.TYPES_IN_OPTIONS
+        ),
+        ("plugins/module_utils/_hermes/results.py", "results-run"): typed_fields(
+            results.RUN_FIELDS, results.TYPES_IN_RUN_RESULT
+        ),
+        ("plugins/module_utils/_hermes/results.py", "results-profile"): typed_fields(
+            results.PROFILE_FIELDS, results.TYPES_IN_PROFILE_RESULT
+        ),
         ("docs/architecture.md", "results"): architecture_results(options, results),
     }
 

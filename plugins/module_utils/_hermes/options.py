@@ -34,9 +34,7 @@ ROLE_NONE = None
 
 
 class Option:
-    """One engine option. ``unset`` says in words what None means when the default is None;
-    ``annotation`` is its type in ``Options`` where its type, choices and elements do not say it
-    (a mapping's shape, or a value normalize_options always fills)."""
+    """One engine option. ``unset`` says in words what None means when the default is None."""
 
     def __init__(
         self,
@@ -52,7 +50,6 @@ class Option:
         unset: str | None = None,
         scope: str = MAINTENANCE,
         role: str | None = ROLE_GENERATED,
-        annotation: str | None = None,
     ) -> None:
         self.name = name
         self.type = type
@@ -66,7 +63,6 @@ class Option:
         self.unset = unset
         self.scope = scope
         self.role = role
-        self.annotation = annotation
 
     def __repr__(self) -> str:
         return "Option(%r)" % self.name
@@ -76,8 +72,7 @@ HOME_UNSET = "C(~/.hermes) of the user the module runs as"
 
 # fmt: off
 OPTIONS = (
-    Option("hermes_home", "list", elements="path", scope=SHARED, role=ROLE_NONE, unset=HOME_UNSET,
-           annotation="list[str]", doc=(
+    Option("hermes_home", "list", elements="path", scope=SHARED, role=ROLE_NONE, unset=HOME_UNSET, doc=(
         "Hermes homes to work on. Each home's C(state.db) is profile C(default); each C(profiles/<name>/state.db) "
         "below it is profile C(<name>).",
         "Defaults to C(~/.hermes) of the user the module runs as.",
@@ -94,8 +89,7 @@ OPTIONS = (
         "The default, 90, is the retention of Hermes's own auto-prune, so a session goes no sooner than Hermes "
         "itself would delete it. The monthly C(session-maintenance.sh) this replaces pruned at 7 (set 7 for that).",
     )),
-    Option("prune_days_by_source", "dict", scope=SHARED, unset="one retention, prune_days, for every source",
-           annotation="dict[str, float]", doc=(
+    Option("prune_days_by_source", "dict", scope=SHARED, unset="one retention, prune_days, for every source", doc=(
         "Retention in days for the sessions of some sources, a mapping of source to days (cron to 3 and telegram to "
         "365, say); the sessions of "
         "every other source take O(prune_days). Each value is like O(prune_days) (a number, not below "
@@ -103,8 +97,7 @@ OPTIONS = (
         "A delegate (subagent) takes the retention of the session it works for, and goes with it when that one is "
         "pruned; a compression lineage stays while any of its sessions is younger than its own retention.",
     )),
-    Option("prune_days_by_profile", "dict", scope=SHARED, unset="every profile takes the run's retention",
-           annotation="dict[str, ProfileRetention]", doc=(
+    Option("prune_days_by_profile", "dict", scope=SHARED, unset="every profile takes the run's retention", doc=(
         "Retention for some profiles, a mapping of profile name to days (work to 30, say) or to a mapping with "
         "C(prune_days) and/or C(prune_days_by_source), for a profile that keeps a year but its cron sessions 3 days; "
         "what a profile's entry leaves out it takes from O(prune_days) and O(prune_days_by_source).",
@@ -234,8 +227,7 @@ OPTIONS = (
         "like the prune; Hermes's own triggers keep both full-text indexes in step. A second "
         "run elides nothing; check mode gives the exact count and bytes (C(tool_payloads) of each profile).",
     )),
-    Option("file_retention", "dict", unset="no file of the home is removed but transcripts of pruned sessions",
-           annotation="dict[str, dict[str, float]]", doc=(
+    Option("file_retention", "dict", unset="no file of the home is removed but transcripts of pruned sessions", doc=(
         "Remove some of the other files of each profile's home, by kind (the kinds of state_db_info's C(home_files)). "
         "Off by default; a mapping of kind to a rule, as follows.",
         "V(state_snapshots) (C(state-snapshots/<id>/) of C(hermes backup --quick) and C(hermes update)), "
@@ -297,6 +289,15 @@ OPTIONS = (
 # fmt: on
 
 BY_NAME = {option.name: option for option in OPTIONS}
+
+# Each option's type in Options follows from its row (type, choices, elements; "| None" where the
+# default is None), except these: a mapping's shape, or a value normalize_options always fills.
+TYPES_IN_OPTIONS = {
+    "hermes_home": "list[str]",
+    "prune_days_by_source": "dict[str, float]",
+    "prune_days_by_profile": "dict[str, ProfileRetention]",
+    "file_retention": "dict[str, dict[str, float]]",
+}
 
 # The types the engine converts with: what float(...) / int(...) must accept.
 NUMBER_TYPES = ("int", "float")

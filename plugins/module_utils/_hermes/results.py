@@ -20,9 +20,7 @@ SET_LATER: Any = object()  # no initial value: the engine sets the key once it k
 
 class Field:
     """One result key. ``module_key`` is its name in the module's result (None: not returned);
-    ``in_return`` False leaves it out of RETURN where Ansible documents it itself (``changed``);
-    ``annotation`` is its type in the TypedDict where its type, elements and initial value do not
-    say it."""
+    ``in_return`` False leaves it out of RETURN where Ansible documents it itself (``changed``)."""
 
     def __init__(
         self,
@@ -34,7 +32,6 @@ class Field:
         returned: str = "always",
         module_key: str | None = "",
         in_return: bool = True,
-        annotation: str | None = None,
     ) -> None:
         self.name = name
         self.type = type
@@ -44,7 +41,6 @@ class Field:
         self.returned = returned
         self.module_key = name if module_key == "" else module_key
         self.in_return = in_return and self.module_key is not None
-        self.annotation = annotation
 
 
 # fmt: off
@@ -57,7 +53,7 @@ RUN_FIELDS = (
         "One line per profile, in the form of the monthly script it replaces.",
     )),
     Field("failed", "list", elements="str", module_key="failed_profiles", doc=("Names of the profiles that failed.",)),
-    Field("profiles", "list", elements="dict", annotation="list[ProfileResult]", doc=(
+    Field("profiles", "list", elements="dict", doc=(
         "What happened to each profile (in check mode, what would happen).",
     )),
     Field("changed", "bool", in_return=False, doc=("Whether any profile changed (or would change).",)),
@@ -70,11 +66,11 @@ RUN_FIELDS = (
 )
 
 PROFILE_FIELDS = (
-    Field("name", "str", initial=None, annotation="str", doc=(
+    Field("name", "str", initial=None, doc=(
         "V(default) for C(HOME/state.db), else the profile's directory name.",
     )),
-    Field("home", "str", initial=None, annotation="str", doc=("The Hermes home.",)),
-    Field("path", "str", initial=None, annotation="str", doc=("The C(state.db) path.",)),
+    Field("home", "str", initial=None, doc=("The Hermes home.",)),
+    Field("path", "str", initial=None, doc=("The C(state.db) path.",)),
     Field("status", "str", initial="ok", doc=(
         "V(ok), V(skipped) (lock held, database busy; nothing lost, the next run retries), V(failed) or "
         "V(no_profiles) (the home exists but holds no C(state.db); the entry stands for the home).",
@@ -250,6 +246,12 @@ PROFILE_FIELDS = (
         "The Python traceback of the unexpected error, for a bug report.",
     )),
 )
+
+
+# Each key's type in RunResult and ProfileResult follows from its row (type, elements; "| None"
+# where the initial value is None), except these.
+TYPES_IN_RUN_RESULT = {"profiles": "list[ProfileResult]"}
+TYPES_IN_PROFILE_RESULT = {name: "str" for name in ("name", "home", "path")}  # given to new_profile_result
 
 
 def _field_of(fields: tuple[Field, ...], name: str) -> Field:
