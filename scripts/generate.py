@@ -318,14 +318,16 @@ def architecture_results(options, results):
 
 # ---- the typed views of the tables (the engine's Options dataclass and result TypedDicts) -----
 
-PYTHON_TYPES = {"str": "str", "path": "str", "bool": "bool", "int": "int", "float": "float", "dict": "dict[str, Any]"}
+# A "dict" of the tables is a JSON-like value whose shape the layer that fills it types (a result's
+# "reclaim" is apply.reclaim's report, say), which the tables, the lowest layer, cannot import: Any.
+PYTHON_TYPES = {"str": "str", "path": "str", "bool": "bool", "int": "int", "float": "float", "dict": "Any"}
 
 
-def python_type(row, types):
-    """The annotation of an option or result key: ``types[name]`` where the table gives one, else
-    from its type, choices and elements, ``| None`` where its default or initial value is None."""
-    if row.name in types:
-        return types[row.name]
+def python_type(row, overrides):
+    """The annotation of an option or result key: ``overrides[name]`` where the table gives one,
+    else from its type, choices and elements, ``| None`` where its default or initial value is None."""
+    if row.name in overrides:
+        return overrides[row.name]
     if getattr(row, "choices", None):
         kind = "Literal[%s]" % ", ".join(json.dumps(choice) for choice in row.choices)
     elif row.type == "list":
@@ -333,11 +335,11 @@ def python_type(row, types):
     else:
         kind = PYTHON_TYPES[row.type]
     unset = row.default if hasattr(row, "default") else row.initial
-    return kind + " | None" if unset is None else kind
+    return kind + " | None" if unset is None and kind != "Any" else kind
 
 
-def typed_fields(rows, types):
-    return ["%s: %s" % (row.name, python_type(row, types)) for row in rows]
+def typed_fields(rows, overrides):
+    return ["%s: %s" % (row.name, python_type(row, overrides)) for row in rows]
 
 
 def blocks(options, results):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 from typing import Any, TypedDict, cast
 
-SET_LATER: Any = object()  # no initial value: the engine sets the key once it knows it
+SET_LATER = object()  # no initial value: the engine sets the key once it knows it
 
 
 class Field:
@@ -66,9 +66,7 @@ RUN_FIELDS = (
 )
 
 PROFILE_FIELDS = (
-    Field("name", "str", initial=None, doc=(
-        "V(default) for C(HOME/state.db), else the profile's directory name.",
-    )),
+    Field("name", "str", initial=None, doc=("V(default) for C(HOME/state.db), else the profile's directory name.",)),
     Field("home", "str", initial=None, doc=("The Hermes home.",)),
     Field("path", "str", initial=None, doc=("The C(state.db) path.",)),
     Field("status", "str", initial="ok", doc=(
@@ -367,7 +365,7 @@ class RunResult(TypedDict, total=False):
     failed: list[str]
     profiles: list[ProfileResult]
     changed: bool
-    sqlite: dict[str, Any]
+    sqlite: Any
     check_mode: bool
     # END GENERATED
 
@@ -387,34 +385,34 @@ class ProfileResult(TypedDict, total=False):
     messages_pruned: int
     sessions_orphaned: int
     transcripts_removed: int
-    retention: dict[str, Any] | None
+    retention: Any
     prompts_collected: int
     sessions_left_alone: int
-    sessions_refused: list[dict[str, Any]]
-    sessions_kept: list[dict[str, Any]]
+    sessions_refused: list[Any]
+    sessions_kept: list[Any]
     bad_time_rows: int
-    database_backend: dict[str, Any]
-    hermes_retention: dict[str, Any]
-    catalogue: dict[str, Any]
+    database_backend: Any
+    hermes_retention: Any
+    catalogue: Any
     deleted_by: str | None
-    release_delete: dict[str, Any]
-    release_rules: dict[str, Any]
+    release_delete: Any
+    release_rules: Any
     schema_version: int
     fts_layout: str
-    backup: dict[str, Any] | None
+    backup: Any
     backup_deferred: str | None
     backups_removed: list[str]
-    sqlite: dict[str, Any]
+    sqlite: Any
     litestream: list[str]
     stopped_early: str | None
-    preflight: dict[str, Any] | None
-    reclaim: dict[str, Any] | None
-    window: dict[str, Any] | None
-    file_retention: dict[str, Any] | None
-    tool_payloads: dict[str, Any] | None
-    stores: dict[str, Any] | None
-    before: dict[str, Any] | None
-    after: dict[str, Any] | None
+    preflight: Any
+    reclaim: Any
+    window: Any
+    file_retention: Any
+    tool_payloads: Any
+    stores: Any
+    before: Any
+    after: Any
     duration: float
     traceback: str
     # END GENERATED

@@ -51,7 +51,7 @@ def normalize_options(options: Mapping[str, Any] | None) -> Options:
     return opts
 
 
-def _homes(value: Any) -> Any:
+def _homes(value: object) -> object:
     """hermes_home as a list: one path given as a string is a list of one; none is ~/.hermes."""
     if not value:
         return [os.path.join(os.path.expanduser("~"), ".hermes")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..backup.archive import list_archives
@@ -88,7 +88,7 @@ def profile_info(home: str, name: str, db_path: str, opts: Options, check_mode: 
     return info
 
 
-def _newest(stamped: list[tuple[str, float]], now: float) -> dict[str, Any] | None:
+def _newest(stamped: Sequence[tuple[str, float]], now: float) -> dict[str, Any] | None:
     """The newest of ``stamped`` (path, unix time; newest first) as {"path", "age_days"}, or None."""
     return {"path": stamped[0][0], "age_days": round((now - stamped[0][1]) / DAY, 2)} if stamped else None
 
