@@ -99,7 +99,7 @@ ruff-format: $(STAMP)
 
 # The engine, strict, at the oldest managed-node Python: [tool.mypy] in pyproject.toml. Seconds.
 typecheck: $(STAMP) ## mypy --strict on the engine (plugins/module_utils/_hermes) at Python 3.9
-	$(BIN)/mypy
+	$(BIN)/mypy --config-file pyproject.toml
 
 ansible-lint: $(STAMP) collection-link
 	$(ANSIBLE_ENV) $(BIN)/ansible-lint --profile production roles playbooks docs/examples

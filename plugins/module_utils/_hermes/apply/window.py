@@ -224,7 +224,7 @@ def window_steps(entry: Entry, opts: Options, deadline: float) -> Report:
 
 def _open_bounded(db_path: str, opts: Options, deadline: float) -> sqlite3.Connection:
     """A maintenance connection whose statements are interrupted at ``deadline`` (epoch seconds)."""
-    conn = open_rw(db_path, float(opts.busy_timeout))
+    conn: sqlite3.Connection = open_rw(db_path, float(opts.busy_timeout))
     conn.set_progress_handler(lambda: 1 if time.time() > deadline else 0, 10000)
     return conn
 
@@ -246,7 +246,7 @@ def _storage_upgrade_step(entry: Entry, opts: Options, deadline: float, report: 
 def _whole_file_backup(conn: sqlite3.Connection, entry: Entry, opts: Options) -> dict[str, Any]:
     """quick_check (nothing else holds the file now), the verified copy, then the backup retention."""
     quick_check(conn, entry["path"])
-    backup = take_backup(
+    backup: dict[str, Any] = take_backup(
         conn, entry["path"], entry["backup_dir"], entry["name"], compress=opts.backup_compress, must_contain={},
         busy_timeout=float(opts.busy_timeout),
     )  # fmt: skip
@@ -258,7 +258,8 @@ def _whole_file_backup(conn: sqlite3.Connection, entry: Entry, opts: Options) ->
 
 
 def _db_bytes(db_path: str) -> int:
-    return file_size(db_path) + file_size(db_path + "-wal")
+    size: int = file_size(db_path) + file_size(db_path + "-wal")
+    return size
 
 
 def _pages(db_path: str) -> dict[str, int]:
