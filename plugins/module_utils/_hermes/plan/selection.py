@@ -272,9 +272,9 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
     """
     plan = Plan()
     plan.now = now
-    plan.zombie_cutoff = now - float(options["zombie_days"]) * DAY
-    plan.prune_cutoff = now - float(options["prune_days"]) * DAY
-    by_source = options.get("prune_days_by_source") or {}
+    plan.zombie_cutoff = now - float(options.zombie_days) * DAY
+    plan.prune_cutoff = now - float(options.prune_days) * DAY
+    by_source = options.prune_days_by_source or {}
     plan.source_cutoffs = {source: now - float(days) * DAY for source, days in by_source.items()}
     sessions = load_sessions(conn, schema, now, short_reads)
     leased = live_leases(conn, schema, now)
@@ -288,7 +288,7 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
     plan.protected = dict(why, **{s.id: "its times are not unix seconds" for s in sessions.values() if s.bad})
     delegated_by = {kid.id: parent for parent, kids in delegates.items() for kid in kids}
     conversations = _local_conversations(conn, schema)
-    zombie_sources = set(options["zombie_sources"])
+    zombie_sources = set(options.zombie_sources)
     zombies = set()
     for s in sessions.values():
         if s.ended is None and s.id not in protected and s.source in zombie_sources and s.last < plan.zombie_cutoff:
@@ -310,7 +310,7 @@ def build_plan(conn, schema, options, now, sessions_dir, short_reads=False, allo
             doomed |= units[c] if allowed is None else units[c] & allowed  # a delegate it keeps is orphaned
         blocked = {c for c in candidates if _blocked(units[c], sessions, protected, zombies, doomed, children)}
         for c in candidates - blocked:
-            why_not = _not_whole(conversations.get(c), doomed, sessions, options.get("batch_size"))
+            why_not = _not_whole(conversations.get(c), doomed, sessions, options.batch_size)
             if why_not:
                 blocked.add(c)
                 why.setdefault(c, why_not)
