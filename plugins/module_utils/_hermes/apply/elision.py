@@ -104,18 +104,6 @@ class PayloadItem(NamedTuple):
     tombstone: str
 
 
-class PayloadReport(TypedDict):
-    """The result's ``tool_payloads``."""
-
-    days: float | None
-    elided: int
-    bytes: int
-    bytes_after: int
-    sessions: int
-    archive: str | None
-    skipped_reason: str | None
-
-
 class PayloadPlan:
     """The tool messages a run elides: ``items`` [PayloadItem]."""
 
@@ -133,7 +121,8 @@ class PayloadPlan:
     def sessions(self) -> int:
         return len({item[1] for item in self.items})
 
-    def report(self, archive: str | None = None) -> PayloadReport:
+    def report(self, archive: str | None = None) -> dict[str, Any]:
+        """The result's ``tool_payloads`` as planned (its keys are the result table's; the run adds what it did)."""
         return {
             "days": self.days,
             "elided": len(self.items),

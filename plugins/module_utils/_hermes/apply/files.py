@@ -73,15 +73,6 @@ class FilesPlan(TypedDict):
     skipped: dict[str, str]
 
 
-class FilesReport(TypedDict):
-    """The result's ``file_retention``."""
-
-    removed: list[RemovedItem]
-    bytes: int
-    skipped: dict[str, str]
-    errors: list[str]
-
-
 class StorePlan(TypedDict, total=False):
     """What ``reclaim_stores`` does to one other SQLite store (``bytes_after`` once done)."""
 
@@ -366,15 +357,17 @@ def newest_durable(item: Item) -> None:
         fsync_tree(path)
 
 
-def describe(plan: FilesPlan) -> FilesReport:
-    """The plan as the result reports it (check mode's prediction)."""
+def describe(plan: FilesPlan) -> dict[str, Any]:
+    """The plan as the result reports it (check mode's prediction): the result's ``file_retention``, whose keys are
+    the result table's."""
     removed = [item.as_result(why) for item, why in plan["remove"]]
     return {"removed": removed, "bytes": sum(r["bytes"] for r in removed), "skipped": plan["skipped"], "errors": []}
 
 
-def remove_files(root: str, home: str, plan: FilesPlan) -> FilesReport:
+def remove_files(root: str, home: str, plan: FilesPlan) -> dict[str, Any]:
     """Remove the planned items, re-checking the guards; report as ``describe`` does."""
-    report: FilesReport = {"removed": [], "bytes": 0, "skipped": dict(plan["skipped"]), "errors": []}
+    removed: list[RemovedItem] = []
+    report: dict[str, Any] = {"removed": removed, "bytes": 0, "skipped": dict(plan["skipped"]), "errors": []}
     guarded = [(i, w) for i, w in plan["remove"] if RULES[i.kind][1]]
     slot = None
     if guarded:

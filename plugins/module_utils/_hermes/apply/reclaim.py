@@ -13,7 +13,7 @@ import os
 import sqlite3
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Tuple, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from ..plan.estimate import predict_free_pages, read_index_levels
 from ..sqlite.db import (
@@ -59,32 +59,9 @@ FtsIndexes = Sequence[Mapping[str, Any]]  # the schema's ``fts``: each index's "
 Decision = Tuple[Optional[str], Optional[str]]  # (action, or None and why not)
 
 
-class ReclaimDecision(TypedDict, total=False):
-    """``plan_reclaim``'s answer; ``held`` only with ``in_window``."""
-
-    mode: str
-    action: str | None
-    skipped_reason: str | None
-    free_pages_predicted: int
-    in_window: bool
-    held: str | None
-
-
-class ReclaimReport(TypedDict, total=False):
-    """The result's ``reclaim``: what ``reclaim`` did and why."""
-
-    mode: str
-    action: str | None
-    bytes_freed: int
-    skipped_reason: str | None
-    fts_merge_steps: int
-    free_pages_predicted: int
-    free_pages_before_vacuum: int
-    incremental_steps: int
-    incremental_retries: int
-    stopped_early: str | None
-    checkpoint: str | None
-    checkpoint_skipped_reason: str | None
+# The reclaim's decision and report are parts of the profile's result (``reclaim``): their keys are
+# the result table's (results.py), and the maintenance steps add to them.
+Reclaim = Dict[str, Any]
 
 
 def wal_budget(conn: sqlite3.Connection, db_path: str, replica: Sequence[str] | None = None) -> Stop | None:
@@ -440,7 +417,7 @@ def plan_reclaim(
     extra_bytes: int = 0,
     live_rollback: bool = False,
     window: bool = False,
-) -> ReclaimDecision:
+) -> Reclaim:
     """The reclaim decision for one profile, taken before any write (check mode reports it, the run
     executes it): ``{"mode", "action", "skipped_reason", "free_pages_predicted", "in_window"}``. ``pruned``:
     session id -> message count of the sessions the prune deletes; ``extra_bytes``: what the run frees
@@ -466,7 +443,7 @@ def plan_reclaim(
         )  # fmt: skip
     action, reason = rule(after_prune)
     free = after_prune["free_pages"] if after_prune else pragma(conn, "freelist_count")
-    decision: ReclaimDecision = {
+    decision: Reclaim = {
         "mode": options["vacuum_mode"], "action": action, "skipped_reason": reason, "free_pages_predicted": free,
         "in_window": False,
     }  # fmt: skip
@@ -476,7 +453,7 @@ def plan_reclaim(
     return decision
 
 
-def window_declined(decision: ReclaimDecision, why: str) -> None:
+def window_declined(decision: Reclaim, why: str) -> None:
     """A full VACUUM planned for a window that does not open: skipped as without a window, and why."""
     if decision.get("in_window"):
         why = "%s; the service window: %s" % (decision.pop("held"), why)
@@ -500,13 +477,13 @@ def reclaim(
     db_path: str,
     options: Options,
     schema: Mapping[str, Any],
-    decision: ReclaimDecision,
+    decision: Reclaim,
     *,
     pruned: Mapping[str, int],
     stop: Stop | None = None,
-) -> ReclaimReport:
+) -> Reclaim:
     """Merge, then the planned vacuum (``plan_reclaim``); report what was done and why."""
-    report: ReclaimReport = {
+    report: Reclaim = {
         "mode": decision["mode"], "action": decision["action"], "bytes_freed": 0,
         "skipped_reason": decision["skipped_reason"], "fts_merge_steps": 0,
         "free_pages_predicted": decision["free_pages_predicted"],

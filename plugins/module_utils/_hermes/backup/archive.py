@@ -25,6 +25,7 @@ import os
 import sqlite3
 import time
 from typing import (
+    Any,
     Callable,
     Collection,
     Iterable,
@@ -232,17 +233,6 @@ class ArchiveCounts(TypedDict):
     sessions_closed: int
 
 
-class ArchiveBackup(ArchiveCounts):
-    """The result's ``backup`` of a run that archived the rows it deletes."""
-
-    kind: str
-    path: str
-    bytes: int
-    verified: bool
-    compressed: bool
-    copied_by: str
-
-
 class ArchivePaths(NamedTuple):
     final: str  # the finished archive's name
     partial: str  # the hidden name it is written under until it counts
@@ -307,13 +297,13 @@ def take_archive(
     must_contain: dict[str, int],
     schema_version: object = None,
     closes: Iterable[tuple[str, float, str]] = (),
-) -> ArchiveBackup:
+) -> dict[str, Any]:
     """Archive the sessions in ``order`` (the prune's delete order) with their rows, and the
     zombie close about to run; verify; fsync.
 
     ``must_contain``: session id -> message count the plan will delete. ``closes``: (session id,
     ended_at, end_reason) the close will write. Returns the result's ``backup`` dict (kind
-    ``archive``; ``sessions_closed``: the closes recorded).
+    ``archive``; ``sessions_closed``: the closes recorded; its keys are the result table's).
     """
     remove_partials(backup_dir, profile)
     remove_partials(backup_dir, profile, prefix=ARCHIVE_PREFIX, between="")
@@ -398,13 +388,6 @@ def verify_archive(conn: sqlite3.Connection, path: str, must_contain: dict[str, 
     return {"sessions": len(present), "messages": sum(held.values()), "sessions_closed": closes}
 
 
-class SessionsRestored(TypedDict):
-    sessions_restored: int
-    sessions_present: int
-    messages_restored: int
-    orphaned: int
-
-
 class CloseUndone(TypedDict):
     sessions_reopened: int
     sessions_left_alone: int
@@ -426,7 +409,7 @@ def restore_sessions(
     busy_timeout: float = BUSY_TIMEOUT,
     pause: float = BATCH_PAUSE,
     order: SessionIds = None,
-) -> SessionsRestored:
+) -> dict[str, Any]:
     """Put sessions from an archive back into ``db_path`` (None: every session it holds).
 
     ``order``: instead of the archive's list, these session ids in this order (parents first),
@@ -437,11 +420,12 @@ def restore_sessions(
     neither in the database nor restored now is dropped from the row (``parent_session_id``
     NULL, as Hermes's own prune orphans children). Messages go in transactions of
     RESTORE_CHUNK with a pause between, so a live gateway keeps writing. Returns
-    {"sessions_restored", "sessions_present", "messages_restored", "orphaned"}.
+    {"sessions_restored", "sessions_present", "messages_restored", "orphaned"} (a dict the caller
+    adds the close's undo to, ``reopen_closed``).
     """
     src = sqlite3.connect("file:%s?mode=ro" % os.path.abspath(archive_path), uri=True)
     dst = open_rw(db_path, busy_timeout)
-    report: SessionsRestored = {"sessions_restored": 0, "sessions_present": 0, "messages_restored": 0, "orphaned": 0}
+    report: dict[str, int] = {"sessions_restored": 0, "sessions_present": 0, "messages_restored": 0, "orphaned": 0}
     try:
         if order is not None:
             known = session_ids = list(order)
@@ -495,7 +479,7 @@ def _restore_one(
     referencing: Referencing,
     referenced: Referenced,
     live_cols: dict[str, list[str]],
-    report: SessionsRestored,
+    report: dict[str, int],
     pause: float,
 ) -> None:
     cols, rows = _rows(src, "sessions", "id = ?", (sid,), live_cols["sessions"])
