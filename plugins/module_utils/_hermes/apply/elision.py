@@ -35,7 +35,7 @@ import sqlite3
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, List, Mapping, NamedTuple, Sequence, Tuple, TypedDict, TypeVar
+from typing import Any, Callable, Iterable, List, Mapping, NamedTuple, Sequence, Tuple, TypeVar
 
 from ..backup.archive import ArchivePaths, new_archive_paths, write_archive, write_archive_meta
 from ..backup.whole_file import StampedFiles, WriteBack, remove_partials
@@ -705,19 +705,7 @@ _OURS = re.compile(
 IDENTITY_COLUMNS = ("tool_name", "tool_call_id")
 
 
-class LiveTombstone(TypedDict):
-    """A tool message of state.db that holds a tombstone of ours (``live_tombstones``)."""
-
-    session: str
-    tombstone: str
-    days: float
-    bytes: int
-    timestamp: float
-    tool_name: str | None  # IDENTITY_COLUMNS: None where state.db lacks the column
-    tool_call_id: str | None
-
-
-def live_tombstones(conn: sqlite3.Connection, session_ids: Iterable[str] | None = None) -> dict[int, LiveTombstone]:
+def live_tombstones(conn: sqlite3.Connection, session_ids: Iterable[str] | None = None) -> dict[int, dict[str, Any]]:
     """The tool messages of ``session_ids`` (None: of every session) that hold a tombstone of ours:
     {message id: {"session", "tombstone", "days", "bytes", "timestamp", <IDENTITY_COLUMNS>}}.
     Reads state.db in short statements over id ranges (ranged_rows)."""
@@ -729,28 +717,22 @@ def live_tombstones(conn: sqlite3.Connection, session_ids: Iterable[str] | None 
         "SELECT id, session_id, content, timestamp, %s FROM messages WHERE id >= ? AND id < ? AND role = 'tool' "
         "AND typeof(content) = 'text' AND substr(content, 1, %d) = ? ORDER BY id" % (extra, len(TOMBSTONE_HEAD))
     )
-    found: dict[int, LiveTombstone] = {}
+    found: dict[int, dict[str, Any]] = {}
     for rows in ranged_rows(conn, sql, 0, top, first=ID_FIRST, most=ID_WINDOW, args=(TOMBSTONE_HEAD,)):
         for row in rows:
             mid, sid, stone, stamp = row[:4]
             ours = _OURS.match(stone)
             if not ours or (wanted is not None and sid not in wanted):
                 continue
-            tool_name, tool_call_id = row[4:6]
-            found[mid] = {
-                "session": sid,
-                "tombstone": stone,
-                "days": float(ours.group("days")),
-                "timestamp": stamp,
-                "bytes": int(ours.group("bytes")),
-                "tool_name": tool_name,
-                "tool_call_id": tool_call_id,
-            }
+            entry = {"session": sid, "tombstone": stone, "days": float(ours.group("days")), "timestamp": stamp}
+            entry["bytes"] = int(ours.group("bytes"))
+            entry.update(zip(IDENTITY_COLUMNS, row[4:]))
+            found[mid] = entry
     return found
 
 
 def match_backup(
-    backup: sqlite3.Connection, path: str, stones: Mapping[int, LiveTombstone]
+    backup: sqlite3.Connection, path: str, stones: Mapping[int, Mapping[str, Any]]
 ) -> tuple[list[PayloadRestore], dict[int, str]]:
     """Which of ``stones`` (``live_tombstones``) the whole-file backup ``backup`` (a read-only
     connection; ``path`` names it in the plan) gives back: ([(path, message id, session id, bytes,
@@ -788,7 +770,7 @@ def match_backup(
     return found, refused
 
 
-def _mismatch(live: LiveTombstone, row: sqlite3.Row | tuple[Any, ...] | None, cols: set[str]) -> str | None:
+def _mismatch(live: Mapping[str, Any], row: sqlite3.Row | tuple[Any, ...] | None, cols: set[str]) -> str | None:
     """Why the backup's ``row`` is not the body ``live`` (a ``live_tombstones`` entry) replaced, or None."""
     if row is None:
         return "not in the backup"
@@ -797,9 +779,9 @@ def _mismatch(live: LiveTombstone, row: sqlite3.Row | tuple[Any, ...] | None, co
         return "the backup's row belongs to session %s" % sid
     if role != "tool" or stamp != live["timestamp"]:
         return "the backup's row is another message (role %s, timestamp %r)" % (role, stamp)
-    for name, value, held in zip(IDENTITY_COLUMNS, row[7:], (live["tool_name"], live["tool_call_id"])):
-        if name in cols and value != held:
-            return "the backup's row has another %s (%r, state.db %r)" % (name, value, held)
+    for name, value in zip(IDENTITY_COLUMNS, row[7:]):
+        if name in cols and value != live[name]:
+            return "the backup's row has another %s (%r, state.db %r)" % (name, value, live[name])
     if kind not in ("text", "blob") or head == TOMBSTONE_HEAD:
         return "the backup holds no original body (%s)" % ("a tombstone" if kind in ("text", "blob") else kind)
     if nbytes != live["bytes"]:
@@ -838,12 +820,6 @@ def _backup_rows(src: sqlite3.Connection, group: list[RestoreEntry]) -> list[Arc
 RESTORE_BOUND = 0.06
 
 
-class PayloadsRestored(TypedDict):
-    restored: int
-    bytes: int
-    sessions: list[str]
-
-
 @dataclass
 class _Restored:
     """What a payload restore has put back so far (counted as each transaction commits)."""
@@ -867,7 +843,7 @@ def restore_payloads(
     backups: Iterable[str] = (),
     bound: float = RESTORE_BOUND,
     wait: Wait | None = None,
-) -> PayloadsRestored:
+) -> dict[str, Any]:
     """Put the bodies ``plan_restore`` or ``match_backup`` listed back, byte for byte (a text body as
     text), where the tombstone still is. A path in ``backups`` is a whole-file backup (its
     ``messages``), any other a payload archive. Returns {"restored", "bytes", "sessions"}.

@@ -372,7 +372,7 @@ def full_vacuum(conn: sqlite3.Connection, switch_to_incremental: bool) -> None:
 
 
 def checkpoint_policy(
-    db_path: str, replica: Sequence[str] | None = None, others: list[Mapping[str, Any]] | None = None
+    db_path: str, replica: Sequence[str] | None = None, others: list[dict[str, Any]] | None = None
 ) -> Decision:
     """(kind, reason): which checkpoint this run may take, or None and why not.
 
@@ -412,7 +412,7 @@ def plan_reclaim(
     options: Options,
     schema: Mapping[str, Any],
     *,
-    pruned: Mapping[str, int],
+    pruned: dict[str, int],
     messages_total: int,
     extra_bytes: int = 0,
     live_rollback: bool = False,
@@ -453,7 +453,7 @@ def plan_reclaim(
     return decision
 
 
-def window_declined(decision: Reclaim, why: str) -> None:
+def window_declined(decision: Reclaim, why: str | None) -> None:
     """A full VACUUM planned for a window that does not open: skipped as without a window, and why."""
     if decision.get("in_window"):
         why = "%s; the service window: %s" % (decision.pop("held"), why)
@@ -479,7 +479,7 @@ def reclaim(
     schema: Mapping[str, Any],
     decision: Reclaim,
     *,
-    pruned: Mapping[str, int],
+    pruned: bool,
     stop: Stop | None = None,
 ) -> Reclaim:
     """Merge, then the planned vacuum (``plan_reclaim``); report what was done and why."""

@@ -388,11 +388,6 @@ def verify_archive(conn: sqlite3.Connection, path: str, must_contain: dict[str, 
     return {"sessions": len(present), "messages": sum(held.values()), "sessions_closed": closes}
 
 
-class CloseUndone(TypedDict):
-    sessions_reopened: int
-    sessions_left_alone: int
-
-
 def archived_sessions(archive_path: str) -> list[str]:
     """The session ids an archive holds, in the order they were pruned."""
     conn = sqlite3.connect("file:%s?mode=ro" % archive_path, uri=True)
@@ -409,7 +404,7 @@ def restore_sessions(
     busy_timeout: float = BUSY_TIMEOUT,
     pause: float = BATCH_PAUSE,
     order: SessionIds = None,
-) -> dict[str, Any]:
+) -> dict[str, int]:
     """Put sessions from an archive back into ``db_path`` (None: every session it holds).
 
     ``order``: instead of the archive's list, these session ids in this order (parents first),
@@ -539,7 +534,7 @@ def reopen_closed(
     session_ids: Collection[str] | None = None,
     check_mode: bool = False,
     busy_timeout: float = BUSY_TIMEOUT,
-) -> CloseUndone:
+) -> dict[str, int]:
     """Undo the zombie close an archive recorded: put back each session's ended_at/end_reason.
 
     Only where the session still holds exactly what the close wrote, so an end Hermes wrote
