@@ -29,6 +29,7 @@ import os
 import shutil
 import sqlite3
 import stat
+from typing import Any, Collection, Dict, Iterator, Mapping, Tuple, TypedDict
 
 from ..host.hazards import lock_is_held
 from ..plan.inventory import STORES, orphaned_transcripts, store_facts
@@ -52,8 +53,38 @@ NEVER = {
 ZIP_PREFIXES = ("hermes-backup-", "pre-update-", "pre-migration-")  # hermes_cli/backup.py
 _PARTIAL = (".partial", ".incomplete.zip", ".tmp")
 
+Rule = Dict[str, float]  # "keep" (a whole number) and/or "days"
+Rules = Dict[str, Rule]  # kind -> its rule
+Identity = Tuple[int, int, int, int]  # inode, device, mtime (ns), file type: the same file still
 
-def check_rules(value):
+
+class RemovedItem(TypedDict):
+    kind: str
+    path: str
+    files: list[str]
+    bytes: int
+    why: str
+
+
+class FilesPlan(TypedDict):
+    """``plan_files``'s answer: what a run removes (each item with why), and each kind left alone with why."""
+
+    remove: list[tuple[Item, str]]
+    skipped: dict[str, str]
+
+
+class StorePlan(TypedDict, total=False):
+    """What ``reclaim_stores`` does to one other SQLite store (``bytes_after`` once done)."""
+
+    path: str
+    bytes: int
+    free_pages: int
+    action: str | None
+    skipped_reason: str | None
+    bytes_after: int
+
+
+def check_rules(value: object) -> Rules:
     """file_retention as {kind: {keep, days}}; anything else is refused, naming the entry."""
     if value is None:
         return {}
@@ -61,7 +92,7 @@ def check_rules(value):
         raise MaintenanceError(
             "file_retention must be a mapping of kind to a rule, such as {state_snapshots: {keep: 5}}"
         )
-    rules = {}
+    rules: Rules = {}
     for kind, rule in value.items():
         if kind in NEVER:
             raise MaintenanceError("file_retention[%s]: %s" % (kind, NEVER[kind]))
@@ -95,7 +126,7 @@ def check_rules(value):
 class Item:
     """One unit of removal: a file with its sidecars, or a snapshot directory."""
 
-    def __init__(self, kind, root, rels, group=None):
+    def __init__(self, kind: str, root: str, rels: list[str], group: str | None = None) -> None:
         self.kind = kind
         self.rels = rels
         self.group = group
@@ -104,18 +135,18 @@ class Item:
         entries = [st for path in self.paths for st in _tree_entries(path)]  # one walk for both figures
         self.bytes = sum(st.st_size for st in entries if not stat.S_ISDIR(st.st_mode))
         self.mtime = int(max(st.st_mtime for st in entries))
-        self.newest = None  # the newest item of its group, made durable before this one goes
+        self.newest: Item | None = None  # the newest item of its group, made durable before this one goes
 
-    def as_result(self, why):
+    def as_result(self, why: str) -> RemovedItem:
         return {"kind": self.kind, "path": self.paths[0], "files": self.rels, "bytes": self.bytes, "why": why}
 
 
-def _identity(path):
+def _identity(path: str) -> Identity:
     st = os.lstat(path)
     return (st.st_ino, st.st_dev, st.st_mtime_ns, stat.S_IFMT(st.st_mode))
 
 
-def _tree_entries(path):
+def _tree_entries(path: str) -> Iterator[os.stat_result]:
     st = os.lstat(path)
     yield st
     if stat.S_ISDIR(st.st_mode):
@@ -127,26 +158,26 @@ def _tree_entries(path):
                     continue
 
 
-def _partial(name):
+def _partial(name: str) -> bool:
     return name.startswith(".") or name.endswith(_PARTIAL)
 
 
-def _regular(path):
+def _regular(path: str) -> bool:
     try:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return False
 
 
-def _listdir(directory):
+def _listdir(directory: str) -> list[str]:
     if os.path.islink(directory) or not os.path.isdir(directory):
         return []
     return sorted(os.listdir(directory))
 
 
-def find_items(root, kind, ids=None):
+def find_items(root: str, kind: str, ids: Collection[str] | None = None) -> list[Item]:
     """The items of one kind in a profile's home (root: the directory holding its state.db)."""
-    items = []
+    items: list[Item] = []
     if kind == "state_snapshots":
         for name in _listdir(os.path.join(root, "state-snapshots")):
             rel = "state-snapshots/" + name
@@ -187,15 +218,15 @@ def find_items(root, kind, ids=None):
     return items
 
 
-def _add(items, *args, **kwargs):
-    """Append Item(*args): one whose file went away since the listing is left out."""
+def _add(items: list[Item], kind: str, root: str, rels: list[str], group: str | None = None) -> None:
+    """Append the Item: one whose file went away since the listing is left out."""
     try:
-        items.append(Item(*args, **kwargs))
+        items.append(Item(kind, root, rels, group))
     except OSError:
         pass
 
 
-def _update_running(home):
+def _update_running(home: str) -> str | None:
     """Why ``hermes update`` counts as running (its marker names a live process), or None."""
     marker = os.path.join(home, UPDATE_MARKER)
     if not os.path.lexists(marker):
@@ -217,14 +248,14 @@ def _update_running(home):
     return "hermes update is running (%s names pid %d)" % (marker, pid)
 
 
-def _backup_lock_held(root):
+def _backup_lock_held(root: str) -> str | None:
     path = os.path.join(root, BACKUP_LOCK)
     return "Hermes's backup or snapshot is running (%s is held)" % path if lock_is_held(path) else None
 
 
-def _open_files_under(root):
+def _open_files_under(root: str) -> set[str]:
     """Paths under root that some process has open (the processes this user can see)."""
-    found = set()
+    found: set[str] = set()
     prefix = os.path.realpath(root) + os.sep
     for pid in filter(str.isdigit, os.listdir("/proc")):
         fd_dir = "/proc/%s/fd" % pid
@@ -242,9 +273,10 @@ def _open_files_under(root):
     return found
 
 
-def plan_files(root, home, rules, ids, now):
+def plan_files(root: str, home: str, rules: Rules, ids: Collection[str] | None, now: float) -> FilesPlan:
     """{"remove": [(item, why)], "skipped": {kind: reason}}: what a run removes, and what it leaves and why."""
-    remove, skipped = [], {}
+    remove: list[tuple[Item, str]] = []
+    skipped: dict[str, str] = {}
     if not rules:
         return {"remove": remove, "skipped": skipped}
     guard = _update_running(home) or _backup_lock_held(root)
@@ -261,11 +293,11 @@ def plan_files(root, home, rules, ids, now):
             )
             continue
         items = find_items(root, kind, ids)
-        newest = {}
+        newest: dict[str | None, Item] = {}
         for item in items:
             if item.group is not None and (item.group not in newest or item.mtime > newest[item.group].mtime):
                 newest[item.group] = item
-        by_group = {}
+        by_group: dict[str | None, int] = {}
         for item in sorted(items, key=lambda i: (-i.mtime, i.rels[0])):
             rank = by_group[item.group] = by_group.get(item.group, 0) + 1
             if item.group is not None and newest[item.group] is item:
@@ -284,8 +316,9 @@ def plan_files(root, home, rules, ids, now):
 class _BackupSlot:
     """Hermes's backup slot (.backup.lock, flock), held while our removals run; None when taken."""
 
-    def __init__(self, root):
-        self.fd = None
+    def __init__(self, root: str) -> None:
+        self.fd: int | None = None
+        self.why: str | None = None
         path = os.path.join(root, BACKUP_LOCK)
         try:
             self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -300,13 +333,13 @@ class _BackupSlot:
                 else "cannot take %s: %s" % (path, exc.strerror)
             )
 
-    def release(self):
+    def release(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
 
 
-def _remove(item):
+def _remove(item: Item) -> None:
     for path, identity in zip(item.paths, item.identity):
         if _identity(path) != identity:
             raise OSError(errno.ESTALE, "changed since it was planned", path)
@@ -317,22 +350,24 @@ def _remove(item):
             os.unlink(path)
 
 
-def newest_durable(item):
+def newest_durable(item: Item) -> None:
     """The copy kept in place of the older ones, on disk before any of them goes: Hermes may
     not have fsynced it (a snapshot directory: every file and directory in it)."""
     for path in item.paths:
         fsync_tree(path)
 
 
-def describe(plan):
-    """The plan as the result reports it (check mode's prediction)."""
+def describe(plan: FilesPlan) -> dict[str, Any]:
+    """The plan as the result reports it (check mode's prediction): the result's ``file_retention``, whose keys are
+    the result table's."""
     removed = [item.as_result(why) for item, why in plan["remove"]]
     return {"removed": removed, "bytes": sum(r["bytes"] for r in removed), "skipped": plan["skipped"], "errors": []}
 
 
-def remove_files(root, home, plan):
+def remove_files(root: str, home: str, plan: FilesPlan) -> dict[str, Any]:
     """Remove the planned items, re-checking the guards; report as ``describe`` does."""
-    report = {"removed": [], "bytes": 0, "skipped": dict(plan["skipped"]), "errors": []}
+    removed: list[RemovedItem] = []
+    report: dict[str, Any] = {"removed": removed, "bytes": 0, "skipped": dict(plan["skipped"]), "errors": []}
     guarded = [(i, w) for i, w in plan["remove"] if RULES[i.kind][1]]
     slot = None
     if guarded:
@@ -341,7 +376,7 @@ def remove_files(root, home, plan):
         if why:
             for kind in {i.kind for i, _w in guarded}:
                 report["skipped"][kind] = why
-    synced = set()
+    synced: set[str | None] = set()
     try:
         for item, why in plan["remove"]:
             if RULES[item.kind][1] and item.kind in report["skipped"]:
@@ -362,15 +397,15 @@ def remove_files(root, home, plan):
     return report
 
 
-def plan_stores(root, threshold_percent):
+def plan_stores(root: str, threshold_percent: float) -> dict[str, StorePlan]:
     """What reclaim_stores does to each other SQLite store: {kind: {path, free_pages, action, skipped_reason}}."""
-    plans = {}
+    plans: dict[str, StorePlan] = {}
     for kind, rel in STORES.items():
         path = os.path.join(root, rel)
         if not _regular(path):
             continue
         facts = store_facts(path)
-        entry = {"path": path, "bytes": facts["bytes"], "free_pages": facts["free_pages"], "action": None}
+        entry: StorePlan = {"path": path, "bytes": facts["bytes"], "free_pages": facts["free_pages"], "action": None}
         entry["skipped_reason"] = _store_refusal(path, facts, threshold_percent)
         if entry["skipped_reason"] is None:
             entry["action"] = "incremental" if facts["auto_vacuum"] == 2 else "full"
@@ -378,7 +413,7 @@ def plan_stores(root, threshold_percent):
     return plans
 
 
-def _store_refusal(path, facts, threshold_percent):
+def _store_refusal(path: str, facts: Mapping[str, Any], threshold_percent: float) -> str | None:
     if facts["error"]:
         return "cannot read it: %s" % facts["error"]
     if not facts["free_pages"]:
@@ -396,7 +431,7 @@ def _store_refusal(path, facts, threshold_percent):
     return None
 
 
-def reclaim_stores(plans, busy_timeout):
+def reclaim_stores(plans: dict[str, StorePlan], busy_timeout: float) -> dict[str, StorePlan]:
     """Run the planned VACUUMs, each after a last look for holders; fills in bytes_after."""
     for entry in plans.values():
         if not entry["action"]:

@@ -13,6 +13,7 @@ import os
 import sqlite3
 import tempfile
 import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from ..plan.estimate import predict_free_pages, read_index_levels
 from ..sqlite.db import (
@@ -29,6 +30,9 @@ from ..sqlite.db import (
     write_transaction,
 )
 from .prune import ROLLBACK_COMMIT_TIME, hard_bound, turn_after_commit
+
+if TYPE_CHECKING:
+    from ..options import Options
 
 MERGE_PAGES = 256  # FTS5 pages an untimed optimize step writes (batch_time 0)
 OPTIMIZE_FIRST = 64  # FTS5 pages of the optimize's first timed step, before the rate per page is known
@@ -49,8 +53,18 @@ PILE_FRAMES = 1000  # SQLite's wal_autocheckpoint, which Hermes keeps: the holde
 PILE_WAIT = 1.0  # seconds for the holder's checkpoint before a step when PILE_FRAMES are pending
 AUTO_VACUUM_INCREMENTAL = 2
 
+Stop = Callable[[], Optional[str]]  # why the work stops between two transactions now, or None
+Wait = Callable[[float], object]  # the gateway's turn after a transaction that held the lock that long
+FtsIndexes = Sequence[Mapping[str, Any]]  # the schema's ``fts``: each index's "name" and "error"
+Decision = Tuple[Optional[str], Optional[str]]  # (action, or None and why not)
 
-def wal_budget(conn, db_path, replica=None):
+
+# The reclaim's decision and report are parts of the profile's result (``reclaim``): their keys are
+# the result table's (results.py), and the maintenance steps add to them.
+Reclaim = Dict[str, Any]
+
+
+def wal_budget(conn: sqlite3.Connection, db_path: str, replica: Sequence[str] | None = None) -> Stop | None:
     """A ``stop()`` for the work loops when this run may not checkpoint, else None.
 
     Then every frame we write stays in the -wal until the holder checkpoints it, and the
@@ -67,8 +81,8 @@ def wal_budget(conn, db_path, replica=None):
     patient = [True]
     pile = PILE_FRAMES * frame_bytes(pragma(conn, "page_size"))
 
-    def stop():
-        pending = wal_pending_bytes(db_path)
+    def stop() -> str | None:
+        pending: int = wal_pending_bytes(db_path)
         if patient[0] and pending >= pile:
             patient[0] = _wait_for_checkpoint(db_path, pending)
             pending = wal_pending_bytes(db_path)
@@ -82,7 +96,7 @@ def wal_budget(conn, db_path, replica=None):
     return stop
 
 
-def _wait_for_checkpoint(db_path, pending):
+def _wait_for_checkpoint(db_path: str, pending: int) -> bool:
     """Wait up to PILE_WAIT for the holder to checkpoint some of ``pending``; whether it did."""
     deadline = time.monotonic() + PILE_WAIT
     while time.monotonic() < deadline:
@@ -92,7 +106,9 @@ def _wait_for_checkpoint(db_path, pending):
     return False
 
 
-def fts_give_back(conn, fts, pause, stop=None, bound=None):
+def fts_give_back(
+    conn: sqlite3.Connection, fts: FtsIndexes, pause: float, stop: Stop | None = None, bound: float | None = None
+) -> int:
     """After a prune: FTS5's optimize in steps (``fts_optimize_live``), which leaves each index one
     segment without the deleted rows' entries and delete markers, with or without a holder. FTS5's
     ordinary merge alone leaves them to where the prune's transactions ended (on one release-built
@@ -102,7 +118,9 @@ def fts_give_back(conn, fts, pause, stop=None, bound=None):
     return steps
 
 
-def fts_optimize_live(conn, fts, wait, stop=None, bound=None):
+def fts_optimize_live(
+    conn: sqlite3.Connection, fts: FtsIndexes, wait: Wait, stop: Stop | None = None, bound: float | None = None
+) -> tuple[int, list[str]]:
     """FTS5's optimize of each index in short write transactions, safe beside a writer. Returns
     (steps, [why an index's optimize was not finished]).
 
@@ -118,7 +136,8 @@ def fts_optimize_live(conn, fts, wait, stop=None, bound=None):
     ``bound`` (seconds; None: MERGE_PAGES a step, untimed): each step takes as many pages as fit in
     0.8 x the bound at the last step's rate, and a step still running at the hard bound is
     interrupted, rolled back, and retried with half the pages (as ``incremental_vacuum``)."""
-    steps, problems = 0, []
+    steps = 0
+    problems: list[str] = []
     for table in fts:
         if table["error"] or (stop and stop()):
             continue
@@ -129,12 +148,16 @@ def fts_optimize_live(conn, fts, wait, stop=None, bound=None):
     return steps, problems
 
 
-def _optimize_index_live(conn, table, wait, stop, bound):
+def _optimize_index_live(
+    conn: sqlite3.Connection, table: str, wait: Wait, stop: Stop | None, bound: float | None
+) -> tuple[int, str | None]:
     name = '"%s"' % table.replace('"', '""')
+    merge = "INSERT INTO %s(%s, rank) VALUES('merge', " % (name, name)
     pages = OPTIMIZE_FIRST if bound else MERGE_PAGES
     most = step_most(conn, FTS_WAL_MOST)
     hard = hard_bound(bound) if bound else None
-    running = [None]  # when the merge statement began, while it runs: never the BEGIN, COMMIT or ROLLBACK
+    # when the merge statement began, while it runs: never the BEGIN, COMMIT or ROLLBACK
+    running: list[float | None] = [None]
     steps = stalls = cut = 0
     started = False
     if hard:
@@ -152,9 +175,7 @@ def _optimize_index_live(conn, table, wait, stop, bound):
                 with write_transaction(conn):
                     began = running[0] = time.monotonic()
                     try:
-                        conn.execute(
-                            "INSERT INTO %s(%s, rank) VALUES('merge', %d)" % (name, name, pages if started else -pages)
-                        )
+                        conn.execute(merge + "%d)" % (pages if started else -pages))
                     finally:
                         running[0] = None
             except sqlite3.OperationalError as exc:
@@ -175,11 +196,9 @@ def _optimize_index_live(conn, table, wait, stop, bound):
             if not started and not did:
                 return steps, None  # one segment already: nothing to optimize
             started = True
-            under_way = merge_under_way(conn, table)
-            if under_way is None:
-                return steps, "its structure record is not one this collection reads: the next run goes on"
-            if not under_way:
-                return steps, None
+            going_on, why = _optimize_goes_on(conn, table)
+            if not going_on:
+                return steps, why
             stalls = 0 if did else stalls + 1
             if stalls > OPTIMIZE_STALLS:
                 return steps, "its merge waits behind the gateway's newer segments: the next run goes on"
@@ -189,7 +208,15 @@ def _optimize_index_live(conn, table, wait, stop, bound):
     return steps, "stopped after %d steps: the next run goes on" % steps
 
 
-def merge_under_way(conn, table):
+def _optimize_goes_on(conn: sqlite3.Connection, table: str) -> tuple[bool, str | None]:
+    """Whether the optimize of ``table`` still has a merge under way; when not, why it stops (None: done)."""
+    under_way = merge_under_way(conn, table)
+    if under_way is None:
+        return False, "its structure record is not one this collection reads: the next run goes on"
+    return under_way, None
+
+
+def merge_under_way(conn: sqlite3.Connection, table: str) -> bool | None:
     """Whether a level of the FTS5 index ``table`` has a merge under way (None: its record unreadable)."""
     try:
         return any(merging for merging, _leaves in read_index_levels(conn, table))
@@ -197,11 +224,20 @@ def merge_under_way(conn, table):
         return None
 
 
-def pragma(conn, name):
+def pragma(conn: sqlite3.Connection, name: str) -> Any:  # a count, or a mode's name
     return conn.execute("PRAGMA %s" % name).fetchone()[0]
 
 
-def decide(conn, db_path, mode, threshold_percent, auto_vacuum, replica=None, after_prune=None, alone=False):
+def decide(
+    conn: sqlite3.Connection,
+    db_path: str,
+    mode: str,
+    threshold_percent: float,
+    auto_vacuum: int,
+    replica: Sequence[str] | None = None,
+    after_prune: Mapping[str, Any] | None = None,
+    alone: bool = False,
+) -> Decision:
     """Return (action, reason): action is 'full', 'incremental' or None with a reason.
 
     ``after_prune`` (a ``predict_free_pages`` answer): the rule is applied to the free pages the
@@ -245,7 +281,7 @@ def decide(conn, db_path, mode, threshold_percent, auto_vacuum, replica=None, af
     return "full", None
 
 
-def _room_refusal(db_path):
+def _room_refusal(db_path: str) -> str | None:
     size = file_size(db_path) + file_size(db_path + "-wal")
     for where, need in ((db_path, 2 * size), (tempfile.gettempdir(), size)):
         have = free_bytes(where if where != db_path else _dir(db_path))
@@ -254,11 +290,13 @@ def _room_refusal(db_path):
     return None
 
 
-def _dir(path):
+def _dir(path: str) -> str:
     return os.path.dirname(os.path.abspath(path)) or "."
 
 
-def incremental_vacuum(conn, pause, stop=None, bound=None):
+def incremental_vacuum(
+    conn: sqlite3.Connection, pause: float, stop: Stop | None = None, bound: float | None = None
+) -> tuple[int, int]:
     """Free pages in short steps, each its own write transaction with the gateway's turn after it;
     ``executescript`` runs the pragma to completion. Returns (steps, retries).
 
@@ -299,19 +337,19 @@ def incremental_vacuum(conn, pause, stop=None, bound=None):
     return steps, retries
 
 
-def next_pages(pages, held, bound, most=INCREMENTAL_MOST):
+def next_pages(pages: int, held: float, bound: float, most: int = INCREMENTAL_MOST) -> int:
     """The next step's pages: 0.8 x the bound at the last step's rate, at most 4 times as many and ``most``."""
     per_page = held / float(pages)
     fit = int(0.8 * bound / per_page) if per_page > 0 else most
     return max(1, min(fit, 4 * pages, most))
 
 
-def step_most(conn, wal_most):
+def step_most(conn: sqlite3.Connection, wal_most: int) -> int:
     """The pages of one step at most: ``wal_most`` in WAL mode, INCREMENTAL_MOST otherwise."""
     return wal_most if pragma(conn, "journal_mode").lower() == "wal" else INCREMENTAL_MOST
 
 
-def step_bound(options, db_path):
+def step_bound(options: Options, db_path: str) -> float | None:
     """The incremental_vacuum's bound: the prune's (``batch_time``, plus the COMMIT's allowance in
     rollback-journal mode); None when batch_time is 0 (no bound asked for)."""
     batch_time = float(options.batch_time)
@@ -320,20 +358,22 @@ def step_bound(options, db_path):
     return batch_time + (0.0 if is_wal_file(db_path) else ROLLBACK_COMMIT_TIME)
 
 
-def optimize_bound(options, db_path):
+def optimize_bound(options: Options, db_path: str) -> float | None:
     """The FTS optimize's bound: the prune's beside a holder (``step_bound``); None with the file alone,
     where nobody waits for the lock (a step of one page, a long doclist, can take longer than it)."""
     return step_bound(options, db_path) if holders(db_path) else None
 
 
-def full_vacuum(conn, switch_to_incremental):
+def full_vacuum(conn: sqlite3.Connection, switch_to_incremental: bool) -> None:
     """In place (the inode stays), optionally leaving the file in incremental mode."""
     if switch_to_incremental:
         conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
     conn.execute("VACUUM")
 
 
-def checkpoint_policy(db_path, replica=None, others=None):
+def checkpoint_policy(
+    db_path: str, replica: Sequence[str] | None = None, others: list[dict[str, Any]] | None = None
+) -> Decision:
     """(kind, reason): which checkpoint this run may take, or None and why not.
 
     Litestream owns a replica's checkpoints. An SQLite with the WAL-reset bug never
@@ -354,7 +394,7 @@ def checkpoint_policy(db_path, replica=None, others=None):
     return ("PASSIVE" if others else "TRUNCATE"), None
 
 
-def checkpoint(conn, db_path, replica=None):
+def checkpoint(conn: sqlite3.Connection, db_path: str, replica: Sequence[str] | None = None) -> Decision:
     """The checkpoint ``checkpoint_policy`` allows; returns (kind or None, reason)."""
     kind, reason = checkpoint_policy(db_path, replica)
     if kind is None:
@@ -367,8 +407,17 @@ def checkpoint(conn, db_path, replica=None):
 
 
 def plan_reclaim(
-    conn, db_path, options, schema, *, pruned, messages_total, extra_bytes=0, live_rollback=False, window=False
-):
+    conn: sqlite3.Connection,
+    db_path: str,
+    options: Options,
+    schema: Mapping[str, Any],
+    *,
+    pruned: dict[str, int],
+    messages_total: int,
+    extra_bytes: int = 0,
+    live_rollback: bool = False,
+    window: bool = False,
+) -> Reclaim:
     """The reclaim decision for one profile, taken before any write (check mode reports it, the run
     executes it): ``{"mode", "action", "skipped_reason", "free_pages_predicted", "in_window"}``. ``pruned``:
     session id -> message count of the sessions the prune deletes; ``extra_bytes``: what the run frees
@@ -379,7 +428,7 @@ def plan_reclaim(
     out is planned for the window (``in_window``, and ``held``: the holder's reason, for when the
     window does not open)."""
 
-    def rule(after_prune, alone=False):
+    def rule(after_prune: Mapping[str, Any] | None, alone: bool = False) -> Decision:
         return decide(
             conn, db_path, options.vacuum_mode, options.vacuum_threshold, schema["auto_vacuum"],
             schema.get("litestream"), after_prune=after_prune, alone=alone,
@@ -394,25 +443,24 @@ def plan_reclaim(
         )  # fmt: skip
     action, reason = rule(after_prune)
     free = after_prune["free_pages"] if after_prune else pragma(conn, "freelist_count")
-    decision = {
+    decision: Reclaim = {
         "mode": options.vacuum_mode, "action": action, "skipped_reason": reason, "free_pages_predicted": free,
         "in_window": False,
     }  # fmt: skip
     if action is None and window and held and rule(after_prune, alone=True)[0] == "full":
         # the window runs what a run with no holder runs: FTS5's optimize, then the VACUUM
-        decision.update(action="full", skipped_reason=None, in_window=True, held=reason)
+        decision.update({"action": "full", "skipped_reason": None, "in_window": True, "held": reason})
     return decision
 
 
-def window_declined(decision, why):
+def window_declined(decision: Reclaim, why: str | None) -> None:
     """A full VACUUM planned for a window that does not open: skipped as without a window, and why."""
     if decision.get("in_window"):
-        decision.update(
-            action=None, in_window=False, skipped_reason="%s; the service window: %s" % (decision.pop("held"), why)
-        )
+        why = "%s; the service window: %s" % (decision.pop("held"), why)
+        decision.update({"action": None, "in_window": False, "skipped_reason": why})
 
 
-def full_vacuum_blocked(db_path):
+def full_vacuum_blocked(db_path: str) -> str | None:
     """Why a planned full VACUUM may not start now (a process opened the file since the plan, or the
     disk filled), else None: these are re-checked right before it runs."""
     others = holders(db_path)
@@ -424,9 +472,18 @@ def full_vacuum_blocked(db_path):
     return _room_refusal(db_path)
 
 
-def reclaim(conn, db_path, options, schema, decision, *, pruned, stop=None):
+def reclaim(
+    conn: sqlite3.Connection,
+    db_path: str,
+    options: Options,
+    schema: Mapping[str, Any],
+    decision: Reclaim,
+    *,
+    pruned: bool,
+    stop: Stop | None = None,
+) -> Reclaim:
     """Merge, then the planned vacuum (``plan_reclaim``); report what was done and why."""
-    report = {
+    report: Reclaim = {
         "mode": decision["mode"], "action": decision["action"], "bytes_freed": 0,
         "skipped_reason": decision["skipped_reason"], "fts_merge_steps": 0,
         "free_pages_predicted": decision["free_pages_predicted"],

@@ -20,6 +20,7 @@ import sqlite3
 import subprocess
 import tempfile
 import time
+from typing import TypedDict
 
 from ..sqlite.db import MB, sqlite_uri
 from .hermes_deletes import check_python
@@ -40,7 +41,7 @@ _CLI = (
 )
 
 
-def storage_upgrade_pending(conn):
+def storage_upgrade_pending(conn: sqlite3.Connection) -> str | None:
     """Why ``optimize-storage`` has work on this file (None: it has none), read with queries only:
     the release's flag, or an interrupted run's markers or trash tables (a rerun resumes it)."""
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -56,12 +57,18 @@ def storage_upgrade_pending(conn):
     return None
 
 
-def storage_upgrade_seconds(messages, db_bytes, vacuum):
+def storage_upgrade_seconds(messages: int, db_bytes: int, vacuum: bool) -> float:
     """The step's expected length: the throttled rebuild per message, and Hermes's VACUUM when it runs one."""
     return messages * SECONDS_PER_MESSAGE + (db_bytes / float(VACUUM_BYTES_PER_SECOND) if vacuum else 0.0)
 
 
-def run_storage_upgrade(python, home, db_path, deadline, vacuum):
+class StorageUpgradeReport(TypedDict):
+    done: bool
+    reason: str | None
+    seconds: float
+
+
+def run_storage_upgrade(python: str, home: str, db_path: str, deadline: float, vacuum: bool) -> StorageUpgradeReport:
     """Run ``optimize-storage`` on ``home``'s state.db as this process's user (the file's owner),
     interrupted (SIGINT, then SIGKILL) at ``deadline`` (epoch seconds); ``vacuum`` False passes
     ``--no-vacuum`` (the window's own VACUUM follows). Returns ``{"done", "reason", "seconds"}``:
@@ -85,7 +92,7 @@ def run_storage_upgrade(python, home, db_path, deadline, vacuum):
         log.seek(0)
         output = " ".join(line.strip() for line in log.read().replace("\r", "\n").splitlines() if line.strip())
     left = _pending_after(db_path)
-    report = {"done": left is None, "reason": None, "seconds": round(time.monotonic() - began, 1)}
+    report: StorageUpgradeReport = {"done": left is None, "reason": None, "seconds": round(time.monotonic() - began, 1)}
     # No work left is done, even when the bound cut Hermes's closing VACUUM (the window's own reclaim follows).
     if left is not None and interrupted:
         report["reason"] = "optimize-storage interrupted at the bound (max_downtime): Hermes resumes it next time"
@@ -95,7 +102,7 @@ def run_storage_upgrade(python, home, db_path, deadline, vacuum):
     return report
 
 
-def _wait_or_interrupt(proc, deadline):
+def _wait_or_interrupt(proc: subprocess.Popen[bytes], deadline: float) -> bool:
     """Wait for ``proc`` until ``deadline``; past it SIGINT (Hermes stops between chunks), then SIGKILL."""
     try:
         proc.wait(timeout=max(0.0, deadline - time.time()))
@@ -110,7 +117,7 @@ def _wait_or_interrupt(proc, deadline):
     return True
 
 
-def _pending_after(db_path):
+def _pending_after(db_path: str) -> str | None:
     conn = sqlite3.connect(sqlite_uri(db_path, mode="ro"), uri=True, isolation_level=None)
     try:
         return storage_upgrade_pending(conn)

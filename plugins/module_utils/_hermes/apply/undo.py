@@ -38,6 +38,7 @@ import json
 import os
 import sqlite3
 import time
+from typing import Any, Dict, Iterable, List, Sequence, TypedDict
 
 from ..sqlite.db import MaintenanceError, commits_durable, fsync_path, write_transaction
 
@@ -48,12 +49,29 @@ SWITCH = "temp.hermes_ops_undo_session"
 SLICED_SUFFIX = ".hermes-ops-sliced"
 SETTLE_CHUNK = 500  # messages put back per transaction after a crash (as a restore does)
 
+# A recorded change: (op: "insert", "update" or "delete"; the rowid; the row's values), a list of
+# three once read back from the durable list (JSON). The values are SQLite's, whatever the column holds.
+UndoRecord = Sequence[Any]
+FenceRecords = Dict[str, List[List[Any]]]  # table -> its recorded changes, oldest first
 
-def _quote(name):
+
+class SlicedEntry(TypedDict, total=False):
+    """A session of the durable list (``list_sliced``): a copy of its rows and its fence's changes."""
+
+    archive: str  # a file SQLite reads with the session's messages (the run's backup or archive, or its own)
+    owned: bool  # the archive is the session's own: it goes with the list
+    columns: dict[str, list[str]]  # each recorded table's columns
+    fence: FenceRecords | None
+
+
+SlicedList = Dict[str, SlicedEntry]  # session id -> its entry
+
+
+def _quote(name: str) -> str:
     return '"%s"' % name.replace('"', '""')
 
 
-def _has_rowid(conn, table):
+def _has_rowid(conn: sqlite3.Connection, table: str) -> bool:
     try:
         conn.execute("SELECT rowid FROM main.%s LIMIT 0" % _quote(table))
         return True
@@ -65,17 +83,18 @@ class SessionUndo:
     """The records of one session's delete in progress (at most one at a time: slices of a session
     follow each other in the prune's order)."""
 
-    def __init__(self, conn, tables):
+    def __init__(self, conn: sqlite3.Connection, tables: Iterable[str]) -> None:
         self.conn = conn
-        self.columns = {}
-        self.expected = None  # the fence's changes the durable list names (fence_records), once listed
+        self.columns: dict[str, list[str]] = {}
+        # the fence's changes the durable list names (fence_records), once listed
+        self.expected: FenceRecords | None = None
         conn.execute("CREATE TEMP TABLE IF NOT EXISTS hermes_ops_undo_session (session_id TEXT, active INTEGER)")
         for table in RECORDED:
             if table in tables and _has_rowid(conn, table):
                 self.columns[table] = [r[1] for r in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))]
                 self._record(table)
 
-    def _record(self, table):
+    def _record(self, table: str) -> None:
         log = "temp.%s" % _quote("hermes_ops_undo_" + table)
         cols = self.columns[table]
         names = ", ".join(_quote(c) for c in cols)
@@ -96,7 +115,7 @@ class SessionUndo:
                 % (_quote("hermes_ops_undo_%s_%s" % (table, op)), event, _quote(table), on, log[5:], targets, values)
             )
 
-    def close(self):
+    def close(self) -> None:
         """Drop the temporary triggers and tables (the steps after the prune write messages too)."""
         for table in self.columns:
             for op in ("insert", "update", "delete"):
@@ -104,35 +123,35 @@ class SessionUndo:
             self.conn.execute("DROP TABLE IF EXISTS temp.%s" % _quote("hermes_ops_undo_" + table))
         self.conn.execute("DROP TABLE IF EXISTS %s" % SWITCH)
 
-    def recording(self):
+    def recording(self) -> str | None:
         """The session whose delete is in progress (its earlier transactions committed), or None."""
         row = self.conn.execute("SELECT session_id FROM %s" % SWITCH).fetchone()
         return row[0] if row else None
 
-    def start(self, sid):
+    def start(self, sid: str) -> None:
         self.conn.execute("INSERT INTO %s VALUES (?, 0)" % SWITCH, (sid,))
 
-    def active(self, on):
+    def active(self, on: bool) -> None:
         """Record (``on``) the statements that follow, or not (another session's in the same transaction)."""
         self.conn.execute("UPDATE %s SET active = ?" % SWITCH, (1 if on else 0,))
 
-    def finish(self):
+    def finish(self) -> None:
         """The session is gone whole (or back whole): forget its records, in this transaction."""
         self.conn.execute("DELETE FROM %s" % SWITCH)
         for table in self.columns:
             self.conn.execute("DELETE FROM temp.%s" % _quote("hermes_ops_undo_" + table))
 
-    def fence_records(self):
+    def fence_records(self) -> FenceRecords:
         """{table: [[op, rowid, values]]}: the recorded changes to the fence's tables (not messages),
         an inserted row with its values (read back from the file), oldest first."""
-        records = {}
+        records: FenceRecords = {}
         for table in self.columns:
             if table == "messages":
                 continue
             cols = self.columns[table]
             names = ", ".join(_quote(c) for c in cols)
             log = "temp.%s" % _quote("hermes_ops_undo_" + table)
-            rows = []
+            rows: list[list[Any]] = []
             for row in self.conn.execute("SELECT undo_op, undo_rowid, %s FROM %s ORDER BY rowid" % (names, log)):
                 values = list(row[2:])
                 if row[0] == "insert":
@@ -145,7 +164,7 @@ class SessionUndo:
                 records[table] = rows
         return records
 
-    def put_back(self):
+    def put_back(self) -> int:
         """Undo every recorded change, newest first, in the caller's transaction; returns the
         number of messages put back."""
         self.active(False)
@@ -160,7 +179,9 @@ class SessionUndo:
         return back
 
 
-def _reverse(conn, table, cols, records, listed=False):
+def _reverse(
+    conn: sqlite3.Connection, table: str, cols: list[str], records: Iterable[UndoRecord], listed: bool = False
+) -> int:
     """Apply ``records`` [(op, rowid, values)], newest first, in reverse; returns the rows put back.
     ``listed`` (from the durable list, after a crash): a row deleted is put back only where its
     rowid is free, and a row inserted goes only while it still holds the values it was given."""
@@ -196,11 +217,11 @@ def _reverse(conn, table, cols, records, listed=False):
     return back if table == "messages" else 0
 
 
-def sliced_path(db_path):
+def sliced_path(db_path: str) -> str:
     return db_path + SLICED_SUFFIX
 
 
-def read_sliced(db_path):
+def read_sliced(db_path: str) -> SlicedList:
     """{session id: {"archive", "owned", "columns", "fence"}} of an earlier run's list (empty: none).
 
     A list cut short while it was written was never relied on: its first slice's transaction
@@ -215,7 +236,7 @@ def read_sliced(db_path):
     return listed if isinstance(listed, dict) else {}
 
 
-def list_sliced(db_path, listed):
+def list_sliced(db_path: str, listed: SlicedList) -> None:
     """Write the list (0600) and make it durable, file and directory, before the transaction that relies on it."""
     path = sliced_path(db_path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -226,7 +247,7 @@ def list_sliced(db_path, listed):
     fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
-def unlist_sliced(db_path, listed):
+def unlist_sliced(db_path: str, listed: SlicedList) -> None:
     """No listed session is half deleted any more: once that is durable, the list and its archives go."""
     commits_durable(db_path)
     for entry in listed.values():
@@ -236,22 +257,25 @@ def unlist_sliced(db_path, listed):
     fsync_path(os.path.dirname(os.path.abspath(db_path)))
 
 
-def _unlink(path):
+def _unlink(path: object) -> None:
+    if not isinstance(path, str):  # none listed
+        return
     try:
         os.unlink(path)
-    except (FileNotFoundError, TypeError):
+    except FileNotFoundError:
         pass
 
 
-def undo_fence(conn, entry):
+def undo_fence(conn: sqlite3.Connection, entry: SlicedEntry) -> None:
     """A listed session's fence undone from the list (the retired marker and tombstones go, the
     ledger rows, receipts and routes it moved come back), in the caller's transaction."""
-    for table in reversed(list(entry.get("fence") or {})):
+    fence = entry.get("fence") or {}
+    for table in reversed(list(fence)):
         cols = entry["columns"][table]
-        _reverse(conn, table, cols, list(reversed(entry["fence"][table])), listed=True)
+        _reverse(conn, table, cols, list(reversed(fence[table])), listed=True)
 
 
-def settle(conn, db_path, pause):
+def settle(conn: sqlite3.Connection, db_path: str, pause: float) -> list[str]:
     """Before a run's plan: put back whole every session an earlier run was deleting in slices when
     it was cut short (SIGKILL, power cut), and take them off the list. Returns the ids put back."""
     listed = read_sliced(db_path)
@@ -270,7 +294,7 @@ def settle(conn, db_path, pause):
                 "backup (session_restore), then remove %s; nothing was changed"
                 % (sliced_path(db_path), sid, entry.get("archive"), sliced_path(db_path))
             )
-    back = []
+    back: list[str] = []
     for sid, entry in half:
         with write_transaction(conn):
             undo_fence(conn, entry)
@@ -280,7 +304,7 @@ def settle(conn, db_path, pause):
     return back
 
 
-def _put_back_messages(conn, archive, sid, pause):
+def _put_back_messages(conn: sqlite3.Connection, archive: str, sid: str, pause: float) -> None:
     """The archived messages of ``sid`` its slices deleted, with their ids and every column as
     they were (Hermes's insert triggers index them again), SETTLE_CHUNK per transaction."""
     src = sqlite3.connect("file:%s?mode=ro" % os.path.abspath(archive), uri=True)

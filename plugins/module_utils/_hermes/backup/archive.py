@@ -24,6 +24,20 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from typing import (
+    Any,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    TypedDict,
+    TypeVar,
+)
 
 from ..sqlite.db import (
     BATCH_PAUSE,
@@ -34,7 +48,7 @@ from ..sqlite.db import (
     read_snapshot,
     write_transaction,
 )
-from .whole_file import StampedFiles, open_partial, remove_partials
+from .whole_file import StampedFiles, WriteBack, open_partial, remove_partials
 
 ARCHIVE_PREFIX = "hermes-ops-archive_"
 # Messages read per read transaction: a few ms of SHARED lock, which a gateway commit waits for.
@@ -47,12 +61,22 @@ archive_name = ARCHIVES.name
 is_archive_name = ARCHIVES.is_name
 list_archives = ARCHIVES.list
 
+Referencing = List[Tuple[str, str]]  # (table, its column naming the session)
+Referenced = List[Tuple[str, str, str]]  # (table, its key column, the sessions column naming it)
+# a cursor's description: each column's name, then six None
+Description = Tuple[Tuple[str, None, None, None, None, None, None], ...]
+Row = Tuple[object, ...]
+# A recorded close: (id, ended_at, end_reason, closed_ended_at, closed_end_reason)
+CloseRecord = Tuple[str, Optional[float], Optional[str], float, str]
+Filled = TypeVar("Filled")
+SessionIds = Optional[Collection[str]]  # the sessions asked for (None: all)
 
-def _quote(name):
+
+def _quote(name: str) -> str:
     return '"%s"' % name.replace('"', '""')
 
 
-def related_tables(conn):
+def related_tables(conn: sqlite3.Connection) -> tuple[Referencing, Referenced]:
     """(referencing, referenced): tables whose rows go with a session, by their foreign keys.
 
     referencing = [(table, column)] with a foreign key to sessions(id) (``messages`` first);
@@ -63,7 +87,7 @@ def related_tables(conn):
         r[0]
         for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND sql NOT LIKE 'CREATE VIRTUAL%'")
     ]
-    referencing = []
+    referencing: Referencing = []
     for table in tables:
         if table == "sessions" or table.startswith("sqlite_"):
             continue
@@ -79,7 +103,7 @@ def related_tables(conn):
     return referencing, referenced
 
 
-def _create_tables(src, dst, tables):
+def _create_tables(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[str]) -> None:
     for table in tables:
         sql = src.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()[0]
         dst.execute(sql)
@@ -92,9 +116,10 @@ def _create_tables(src, dst, tables):
     )
 
 
-def _chunks(order, counts, limit):
+def _chunks(order: Iterable[str], counts: dict[str, int], limit: int) -> Iterator[list[str]]:
     """Lists of session ids whose messages add up to at most ``limit`` (a bigger one alone)."""
-    chunk, weight = [], 0
+    chunk: list[str] = []
+    weight = 0
     for sid in order:
         count = counts.get(sid, 0)
         if chunk and weight + count > limit:
@@ -106,14 +131,21 @@ def _chunks(order, counts, limit):
         yield chunk
 
 
-def _archive_chunk(conn, dst, chunk, referencing, referenced, with_messages):
+def _archive_chunk(
+    conn: sqlite3.Connection,
+    dst: sqlite3.Connection,
+    chunk: list[str],
+    referencing: Referencing,
+    referenced: Referenced,
+    with_messages: bool,
+) -> None:
     """Read one chunk's rows in one short read transaction, then write them to the archive."""
     marks = ",".join("?" * len(chunk))
     with read_snapshot(conn):
         sessions = conn.execute("SELECT * FROM sessions WHERE id IN (%s)" % marks, chunk)
         names = [d[0] for d in sessions.description]
         session_rows = sessions.fetchall()
-        parents = []
+        parents: list[tuple[str, sqlite3.Cursor]] = []
         for table, column, own in referenced:
             index = names.index(own)
             keys = sorted({row[index] for row in session_rows if row[index] is not None})
@@ -129,7 +161,7 @@ def _archive_chunk(conn, dst, chunk, referencing, referenced, with_messages):
                     )
                 )
         parent_rows = [(table, cur.description, cur.fetchall()) for table, cur in parents]
-        children = []
+        children: list[tuple[str, Description, list[Row]]] = []
         for table, column in referencing if with_messages else referencing[1:]:
             cur = conn.execute("SELECT * FROM %s WHERE %s IN (%s)" % (_quote(table), _quote(column), marks), chunk)
             children.append((table, cur.description, cur.fetchall()))
@@ -138,7 +170,7 @@ def _archive_chunk(conn, dst, chunk, referencing, referenced, with_messages):
     _insert(dst, "sessions", sessions.description, session_rows)
 
 
-def _insert(dst, table, description, rows):
+def _insert(dst: sqlite3.Connection, table: str, description: Description, rows: Sequence[Row]) -> None:
     if not rows:
         return
     names = [d[0] for d in description]
@@ -149,7 +181,9 @@ def _insert(dst, table, description, rows):
     )
 
 
-def _archive_messages(conn, dst, sid, table, column, write_back):
+def _archive_messages(
+    conn: sqlite3.Connection, dst: sqlite3.Connection, sid: str, table: str, column: str, write_back: WriteBack
+) -> int:
     """A session's messages by id ranges, ARCHIVE_CHUNK per read transaction."""
     last, copied = -1, 0
     sql = "SELECT * FROM %s WHERE %s = ? AND id > ? ORDER BY id LIMIT %d" % (
@@ -172,7 +206,7 @@ def _archive_messages(conn, dst, sid, table, column, write_back):
             return copied
 
 
-def _archive_closes(conn, dst, closes):
+def _archive_closes(conn: sqlite3.Connection, dst: sqlite3.Connection, closes: list[tuple[str, float, str]]) -> None:
     """Each session the close is about to change, with its ended_at/end_reason now (short reads)."""
     for start in range(0, len(closes), ARCHIVE_CHUNK):
         chunk = closes[start : start + ARCHIVE_CHUNK]
@@ -191,63 +225,50 @@ def _archive_closes(conn, dst, closes):
         )
 
 
-def take_archive(conn, db_path, backup_dir, profile, order, must_contain, schema_version=None, closes=()):
-    """Archive the sessions in ``order`` (the prune's delete order) with their rows, and the
-    zombie close about to run; verify; fsync.
+class ArchiveCounts(TypedDict):
+    """What ``verify_archive`` found in a finished archive."""
 
-    ``must_contain``: session id -> message count the plan will delete. ``closes``: (session id,
-    ended_at, end_reason) the close will write. Returns the result's ``backup`` dict (kind
-    ``archive``; ``sessions_closed``: the closes recorded).
-    """
-    remove_partials(backup_dir, profile)
-    remove_partials(backup_dir, profile, prefix=ARCHIVE_PREFIX, between="")
-    now = time.time()
+    sessions: int
+    messages: int
+    sessions_closed: int
+
+
+class ArchivePaths(NamedTuple):
+    final: str  # the finished archive's name
+    partial: str  # the hidden name it is written under until it counts
+
+
+def new_archive_paths(backup_dir: str, files: StampedFiles, profile: str, now: float) -> ArchivePaths:
+    """The first free name of ``files``' kind for ``profile`` at ``now``, and its hidden partial name."""
     seq = 0
-    while os.path.exists(os.path.join(backup_dir, archive_name(profile, now, seq))):
+    while os.path.exists(os.path.join(backup_dir, files.name(profile, now, seq))):
         seq += 1
-    final = os.path.join(backup_dir, archive_name(profile, now, seq))
-    partial = os.path.join(backup_dir, "." + os.path.basename(final) + ".partial")
-    referencing, referenced = related_tables(conn)
-    if not referencing or referencing[0][0] != "messages":
-        raise MaintenanceError(
-            "%s: messages has no foreign key to sessions; cannot archive what the prune deletes" % db_path
-        )
+    final = os.path.join(backup_dir, files.name(profile, now, seq))
+    return ArchivePaths(final, os.path.join(backup_dir, "." + os.path.basename(final) + ".partial"))
+
+
+def write_archive(
+    backup_dir: str,
+    paths: ArchivePaths,
+    fill: Callable[[sqlite3.Connection, WriteBack], Filled],
+    what: str,
+    untouched: str,
+) -> Filled:
+    """Write an archive under its partial name (``fill(dst, write_back)``, which also verifies it),
+    then make it count: owner-only, fsynced, renamed to its final name, the directory fsynced. On any
+    failure the partial goes; an SQLite or OS error is reported as "``what`` into <final> failed:
+    <error>; ``untouched``". Returns what ``fill`` returned."""
+    partial = paths.partial
     try:
         write_back, dst = open_partial(partial)
         try:
-            tables = ["sessions"] + [t for t, _c, _o in referenced] + [t for t, _c in referencing]
-            with read_snapshot(conn):
-                _create_tables(conn, dst, list(dict.fromkeys(tables)))
-            msg_table, msg_column = referencing[0]
-            for chunk in _chunks(order, must_contain, ARCHIVE_CHUNK):
-                # A session bigger than a chunk is alone in it; its messages go by id ranges.
-                paged = must_contain.get(chunk[0], 0) > ARCHIVE_CHUNK
-                _archive_chunk(conn, dst, chunk, referencing, referenced, with_messages=not paged)
-                if paged:
-                    _archive_messages(conn, dst, chunk[0], msg_table, msg_column, write_back)
-                dst.commit()
-                write_back()
-            _archive_closes(conn, dst, list(closes))
-            dst.executemany(
-                "INSERT INTO archive_sessions (id, seq, messages) VALUES (?, ?, ?)",
-                [(sid, index, must_contain.get(sid, 0)) for index, sid in enumerate(order)],
-            )
-            meta = {
-                "source": os.path.abspath(db_path),
-                "profile": profile,
-                "created_at": repr(now),
-                "schema_version": str(schema_version),
-                "kind": "prune archive",
-            }
-            dst.executemany("INSERT INTO archive_meta (key, value) VALUES (?, ?)", sorted(meta.items()))
-            dst.commit()
-            counts = verify_archive(dst, partial, must_contain)
+            filled = fill(dst, write_back)
         finally:
             dst.close()
             write_back.close()
         os.chmod(partial, 0o600)
         fsync_path(partial)
-        os.rename(partial, final)
+        os.rename(partial, paths.final)
         fsync_path(backup_dir)
     except BaseException as exc:
         for leftover in (partial, partial + "-journal"):
@@ -256,18 +277,100 @@ def take_archive(conn, db_path, backup_dir, profile, order, must_contain, schema
             except OSError:
                 pass
         if isinstance(exc, (sqlite3.Error, OSError)):
-            raise MaintenanceError(
-                "archive of the sessions to prune from %s into %s failed: %s; nothing was deleted"
-                % (db_path, final, exc)
-            ) from None
+            raise MaintenanceError("%s into %s failed: %s; %s" % (what, paths.final, exc, untouched)) from None
         raise
-    result = {"kind": "archive", "path": final, "bytes": os.path.getsize(final), "verified": True, "compressed": False}
-    result["copied_by"] = "archive"
-    result.update(counts)
-    return result
+    return filled
 
 
-def verify_archive(conn, path, must_contain):
+def write_archive_meta(dst: sqlite3.Connection, meta: dict[str, str]) -> None:
+    """The archive's ``archive_meta`` rows (what it is, of which file, when), committed."""
+    dst.executemany("INSERT INTO archive_meta (key, value) VALUES (?, ?)", sorted(meta.items()))
+    dst.commit()
+
+
+def take_archive(
+    conn: sqlite3.Connection,
+    db_path: str,
+    backup_dir: str,
+    profile: str,
+    order: list[str],
+    must_contain: dict[str, int],
+    schema_version: object = None,
+    closes: Iterable[tuple[str, float, str]] = (),
+) -> dict[str, Any]:
+    """Archive the sessions in ``order`` (the prune's delete order) with their rows, and the
+    zombie close about to run; verify; fsync.
+
+    ``must_contain``: session id -> message count the plan will delete. ``closes``: (session id,
+    ended_at, end_reason) the close will write. Returns the result's ``backup`` dict (kind
+    ``archive``; ``sessions_closed``: the closes recorded; its keys are the result table's).
+    """
+    remove_partials(backup_dir, profile)
+    remove_partials(backup_dir, profile, prefix=ARCHIVE_PREFIX, between="")
+    now = time.time()
+    paths = new_archive_paths(backup_dir, ARCHIVES, profile, now)
+    referencing, referenced = related_tables(conn)
+    if not referencing or referencing[0][0] != "messages":
+        raise MaintenanceError(
+            "%s: messages has no foreign key to sessions; cannot archive what the prune deletes" % db_path
+        )
+
+    def fill(dst: sqlite3.Connection, write_back: WriteBack) -> ArchiveCounts:
+        _copy_sessions(conn, dst, write_back, order, must_contain, (referencing, referenced))
+        _archive_closes(conn, dst, list(closes))
+        dst.executemany(
+            "INSERT INTO archive_sessions (id, seq, messages) VALUES (?, ?, ?)",
+            [(sid, index, must_contain.get(sid, 0)) for index, sid in enumerate(order)],
+        )
+        meta = {
+            "source": os.path.abspath(db_path),
+            "profile": profile,
+            "created_at": repr(now),
+            "schema_version": str(schema_version),
+            "kind": "prune archive",
+        }
+        write_archive_meta(dst, meta)
+        return verify_archive(dst, paths.partial, must_contain)
+
+    what = "archive of the sessions to prune from %s" % db_path
+    counts = write_archive(backup_dir, paths, fill, what, "nothing was deleted")
+    final = paths.final
+    return {
+        "kind": "archive",
+        "path": final,
+        "bytes": os.path.getsize(final),
+        "verified": True,
+        "compressed": False,
+        "copied_by": "archive",
+        **counts,
+    }
+
+
+def _copy_sessions(
+    conn: sqlite3.Connection,
+    dst: sqlite3.Connection,
+    write_back: WriteBack,
+    order: list[str],
+    must_contain: dict[str, int],
+    related: tuple[Referencing, Referenced],
+) -> None:
+    """The sessions' tables, then their rows chunk by chunk, each chunk committed and written back."""
+    referencing, referenced = related
+    tables = ["sessions"] + [t for t, _c, _o in referenced] + [t for t, _c in referencing]
+    with read_snapshot(conn):
+        _create_tables(conn, dst, list(dict.fromkeys(tables)))
+    msg_table, msg_column = referencing[0]
+    for chunk in _chunks(order, must_contain, ARCHIVE_CHUNK):
+        # A session bigger than a chunk is alone in it; its messages go by id ranges.
+        paged = must_contain.get(chunk[0], 0) > ARCHIVE_CHUNK
+        _archive_chunk(conn, dst, chunk, referencing, referenced, with_messages=not paged)
+        if paged:
+            _archive_messages(conn, dst, chunk[0], msg_table, msg_column, write_back)
+        dst.commit()
+        write_back()
+
+
+def verify_archive(conn: sqlite3.Connection, path: str, must_contain: dict[str, int]) -> ArchiveCounts:
     """quick_check of the whole archive, and every session to prune in it with all its messages."""
     rows = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
     if rows != ["ok"]:
@@ -285,7 +388,7 @@ def verify_archive(conn, path, must_contain):
     return {"sessions": len(present), "messages": sum(held.values()), "sessions_closed": closes}
 
 
-def archived_sessions(archive_path):
+def archived_sessions(archive_path: str) -> list[str]:
     """The session ids an archive holds, in the order they were pruned."""
     conn = sqlite3.connect("file:%s?mode=ro" % archive_path, uri=True)
     try:
@@ -294,7 +397,14 @@ def archived_sessions(archive_path):
         conn.close()
 
 
-def restore_sessions(db_path, archive_path, session_ids=None, busy_timeout=BUSY_TIMEOUT, pause=BATCH_PAUSE, order=None):
+def restore_sessions(
+    db_path: str,
+    archive_path: str,
+    session_ids: SessionIds = None,
+    busy_timeout: float = BUSY_TIMEOUT,
+    pause: float = BATCH_PAUSE,
+    order: SessionIds = None,
+) -> dict[str, int]:
     """Put sessions from an archive back into ``db_path`` (None: every session it holds).
 
     ``order``: instead of the archive's list, these session ids in this order (parents first),
@@ -305,11 +415,12 @@ def restore_sessions(db_path, archive_path, session_ids=None, busy_timeout=BUSY_
     neither in the database nor restored now is dropped from the row (``parent_session_id``
     NULL, as Hermes's own prune orphans children). Messages go in transactions of
     RESTORE_CHUNK with a pause between, so a live gateway keeps writing. Returns
-    {"sessions_restored", "sessions_present", "messages_restored", "orphaned"}.
+    {"sessions_restored", "sessions_present", "messages_restored", "orphaned"} (a dict the caller
+    adds the close's undo to, ``reopen_closed``).
     """
     src = sqlite3.connect("file:%s?mode=ro" % os.path.abspath(archive_path), uri=True)
     dst = open_rw(db_path, busy_timeout)
-    report = {"sessions_restored": 0, "sessions_present": 0, "messages_restored": 0, "orphaned": 0}
+    report: dict[str, int] = {"sessions_restored": 0, "sessions_present": 0, "messages_restored": 0, "orphaned": 0}
     try:
         if order is not None:
             known = session_ids = list(order)
@@ -333,17 +444,19 @@ def restore_sessions(db_path, archive_path, session_ids=None, busy_timeout=BUSY_
     return report
 
 
-def _columns(conn, table):
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
     return [r[1] for r in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))]
 
 
-def _rows(src, table, where, params, live_cols):
+def _rows(
+    src: sqlite3.Connection, table: str, where: str, params: Sequence[object], live_cols: list[str]
+) -> tuple[list[str], list[Row]]:
     cols = [c for c in _columns(src, table) if c in live_cols]
     cur = src.execute("SELECT %s FROM %s WHERE %s" % (", ".join(_quote(c) for c in cols), _quote(table), where), params)
     return cols, cur.fetchall()
 
 
-def _put(dst, table, cols, rows):
+def _put(dst: sqlite3.Connection, table: str, cols: list[str], rows: Sequence[Row]) -> int:
     if not rows:
         return 0
     # rowcount, not total_changes: Hermes's triggers (FTS, display order) change rows too.
@@ -354,7 +467,16 @@ def _put(dst, table, cols, rows):
     ).rowcount
 
 
-def _restore_one(src, dst, sid, referencing, referenced, live_cols, report, pause):
+def _restore_one(
+    src: sqlite3.Connection,
+    dst: sqlite3.Connection,
+    sid: str,
+    referencing: Referencing,
+    referenced: Referenced,
+    live_cols: dict[str, list[str]],
+    report: dict[str, int],
+    pause: float,
+) -> None:
     cols, rows = _rows(src, "sessions", "id = ?", (sid,), live_cols["sessions"])
     row = dict(zip(cols, rows[0]))
     with write_transaction(dst):
@@ -385,7 +507,7 @@ def _restore_one(src, dst, sid, referencing, referenced, live_cols, report, paus
             _put(dst, table, ccols, crows)
 
 
-def recorded_closes(src, session_ids=None):
+def recorded_closes(src: sqlite3.Connection, session_ids: Collection[str] | None = None) -> list[CloseRecord]:
     """The closes an archive records, [(id, ended_at, end_reason, closed_ended_at, closed_end_reason)]
     (none in an archive older than the record); ``session_ids``: only these (None: all)."""
     if not src.execute("SELECT 1 FROM sqlite_master WHERE name = 'archive_closes'").fetchone():
@@ -398,7 +520,7 @@ def recorded_closes(src, session_ids=None):
 _AS_CLOSED = "WHERE id = ? AND ended_at IS ? AND end_reason IS ?"
 
 
-def reopenable(dst, records):
+def reopenable(dst: sqlite3.Connection, records: list[CloseRecord]) -> int:
     """How many of ``records`` undoing the close would change now (reads only)."""
     return sum(
         dst.execute("SELECT 1 FROM sessions " + _AS_CLOSED, (sid, at, reason)).fetchone() is not None
@@ -406,7 +528,13 @@ def reopenable(dst, records):
     )
 
 
-def reopen_closed(db_path, archive_path, session_ids=None, check_mode=False, busy_timeout=BUSY_TIMEOUT):
+def reopen_closed(
+    db_path: str,
+    archive_path: str,
+    session_ids: Collection[str] | None = None,
+    check_mode: bool = False,
+    busy_timeout: float = BUSY_TIMEOUT,
+) -> dict[str, int]:
     """Undo the zombie close an archive recorded: put back each session's ended_at/end_reason.
 
     Only where the session still holds exactly what the close wrote, so an end Hermes wrote
