@@ -20,7 +20,7 @@ from ..store.fence import reasons as fence_reasons
 
 if TYPE_CHECKING:
     from ..options import Options
-    from ..store.schema import Schema
+    from ..store.schema import Schema, SessionTables
 
 DAY = 86400.0
 SANE_MIN = 946684800.0  # 2000-01-01: older "unix seconds" are corrupt or not seconds at all
@@ -103,7 +103,7 @@ class Plan:
         return bool(self.zombies or self.delete_order or (self.payloads and self.payloads.items))
 
 
-def live_leases(conn: sqlite3.Connection, schema: Schema, now: float) -> set[str]:
+def live_leases(conn: sqlite3.Connection, schema: SessionTables, now: float) -> set[str]:
     """Session ids Hermes is working on right now (unexpired compression or turn lease)."""
     leased: set[str] = set()
     for table, column in (("compression_locks", "session_id"), ("session_turn_leases", "conversation_id")):
@@ -113,7 +113,7 @@ def live_leases(conn: sqlite3.Connection, schema: Schema, now: float) -> set[str
     return leased
 
 
-def routed_sessions(conn: sqlite3.Connection, schema: Schema) -> set[str]:
+def routed_sessions(conn: sqlite3.Connection, schema: SessionTables) -> set[str]:
     """Session ids the gateway's routing index names (0.19+: ``gateway_routing``).
 
     The gateway resumes, or starts a reset child of, the session its entry for a chat names;
@@ -136,7 +136,7 @@ def routed_sessions(conn: sqlite3.Connection, schema: Schema) -> set[str]:
 SCHEDULES = (("heartbeat:", "/heartbeat"), ("loop:", "/loop"))
 
 
-def scheduled_sessions(conn: sqlite3.Connection, schema: Schema, sid: str | None = None) -> dict[str, str]:
+def scheduled_sessions(conn: sqlite3.Connection, schema: SessionTables, sid: str | None = None) -> dict[str, str]:
     """Session id -> why: an active /heartbeat or /loop schedule (0.22.2) keeps its session, one
     ``sid`` only when given. Active as the release reads it (a missing status is ``active``); a
     value it cannot parse counts as active, as its own idle gates (store_has_active_*) count it;
@@ -199,7 +199,7 @@ def prune_age(session: Session) -> float:
 
 
 def load_sessions(
-    conn: sqlite3.Connection, schema: Schema, now: float, short_reads: bool = False
+    conn: sqlite3.Connection, schema: SessionTables, now: float, short_reads: bool = False
 ) -> dict[str, Session]:
     """Every session with its last activity; flags rows whose times are not unix seconds.
 
@@ -464,7 +464,7 @@ def _record_deletions(
             plan.cutoffs[sid] = cutoff
 
 
-def _prompts_freed(schema: Schema, sessions: dict[str, Session], doomed: set[str]) -> int:
+def _prompts_freed(schema: SessionTables, sessions: dict[str, Session], doomed: set[str]) -> int:
     """The system_prompts rows the prune leaves unreferenced (0 where the file has none)."""
     if "system_prompts" not in schema["tables"] or "system_prompt_hash" not in schema["session_columns"]:
         return 0

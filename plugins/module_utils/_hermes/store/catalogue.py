@@ -19,7 +19,7 @@ import sqlite3
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, TypedDict
 
 if TYPE_CHECKING:
-    from .schema import Schema
+    from .schema import SessionTables
 
 # The rules (docs/architecture.md, "The catalogue decides").
 DELETED_FIRST = "deleted before their session (children first, messages before the session)"
@@ -399,7 +399,7 @@ LIVE_ADMISSION = ("queued", "started", "unknown")
 LIVE_WORKER = ("registered", "running", "unknown")
 
 
-def ledgered_sessions(conn: sqlite3.Connection, schema: Schema) -> set[Any]:
+def ledgered_sessions(conn: sqlite3.Connection, schema: SessionTables) -> set[Any]:
     """Sessions the gateway runtime is working on: a live admission (as its target or in its
     lineage) or a live worker execution. Hermes keeps them; so do we."""
     found: set[Any] = set()
@@ -420,7 +420,7 @@ def ledgered_sessions(conn: sqlite3.Connection, schema: Schema) -> set[Any]:
     return found
 
 
-def retire_ledger(conn: sqlite3.Connection, schema: Schema, sid: str) -> None:
+def retire_ledger(conn: sqlite3.Connection, schema: SessionTables, sid: str) -> None:
     """Remove a session's terminal ledger rows before its delete, as Hermes's delete_session does.
 
     Rows in flight are left: Hermes's guard trigger (or the RESTRICT foreign key) then refuses

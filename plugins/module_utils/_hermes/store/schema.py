@@ -34,13 +34,20 @@ class FtsTable(TypedDict):
     error: str | None
 
 
-class SchemaFacts(TypedDict):
+class SessionTables(TypedDict):
+    """The part of a schema the session rules read: the columns of ``sessions`` and the names of
+    the tables and views (a ``Schema`` is one; a restore builds just this for its source)."""
+
+    session_columns: set[str]
+    tables: set[str]
+
+
+class SchemaFacts(SessionTables):
     """What ``inspect_schema`` reads of the file."""
 
     schema_version: int | None
-    session_columns: set[str]
-    tables: set[str]
     fts: list[FtsTable]
+
     fts_layout: str
     auto_vacuum: int
 
