@@ -40,7 +40,7 @@ ANSIBLE_ENV := ANSIBLE_COLLECTIONS_PATH=$(COLLECTIONS_ROOT) \
 	ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0 \
 	PATH=$(BIN):$$PATH
 
-.PHONY: fmt help setup setup-test hermes-venvs controllers collection-link lint ruff-check ruff-format ansible-lint changelog-lint \
+.PHONY: fmt help setup setup-test hermes-venvs controllers collection-link lint ruff-check ruff-format typecheck ansible-lint changelog-lint \
 	prepare prepare-venvs prepare-hermes prepare-matrix prepare-sqlite-trixie prepare-sqlite-bookworm prepare-sqlite-sid prepare-images unit unit-timing units integration integration-timing matrix-controller-timing matrix-python-timing matrix-sqlite-timing matrix matrix-python matrix-controller debian-pythons sanity docs-lint changelog-check \
 	release-check test demo changelog changelog-release build requirements-lock clean distclean
 
@@ -85,7 +85,7 @@ requirements-lock: ## re-resolve requirements-dev.txt into requirements/constrai
 
 # ----------------------------------------------------------------------------- lint
 
-lint: ruff-check ruff-format ansible-lint changelog-lint generated-check ## ruff check + format check, ansible-lint (production), changelog lint, generated blocks
+lint: ruff-check ruff-format typecheck ansible-lint changelog-lint generated-check ## ruff check + format check, mypy --strict, ansible-lint (production), changelog lint, generated blocks
 
 fmt: $(STAMP) ## apply ruff's safe fixes and formatting (then review the diff)
 	$(BIN)/ruff check --fix .
@@ -96,6 +96,10 @@ ruff-check: $(STAMP)
 
 ruff-format: $(STAMP)
 	$(BIN)/ruff format --check .
+
+# The engine, strict, at the oldest managed-node Python: [tool.mypy] in pyproject.toml. Seconds.
+typecheck: $(STAMP) ## mypy --strict on the engine (plugins/module_utils/_hermes) at Python 3.9
+	$(BIN)/mypy --config-file pyproject.toml
 
 ansible-lint: $(STAMP) collection-link
 	$(ANSIBLE_ENV) $(BIN)/ansible-lint --profile production roles playbooks docs/examples

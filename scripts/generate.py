@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib.util
 import json
 import os
 import re
 import sys
 import textwrap
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROLE_PREFIX = "hermes_maintenance_"
@@ -42,15 +42,34 @@ WIDTH = 116
 
 
 def load_tables(root):
-    """The option and result tables of the tree at ``root`` (plain files, no package needed)."""
+    """The option and result tables of the tree at ``root`` (plain files, no package needed).
+
+    The tables' own generated blocks (the Options dataclass, the result TypedDicts) are left out:
+    what the script writes never feeds what it writes, and a hand edit there is reported by
+    ``--check`` like any other, not a crash."""
     tables = {}
     for name in ("options", "results"):
         path = os.path.join(root, "plugins", "module_utils", "_hermes", name + ".py")
-        spec = importlib.util.spec_from_file_location("hermes_generate_" + name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        with open(path) as handle:
+            source = without_generated(handle.read())
+        module = types.ModuleType("hermes_generate_" + name)
+        module.__file__ = path
+        sys.modules[module.__name__] = module  # dataclasses looks its class's module up there
+        exec(compile(source, path, "exec"), module.__dict__)
         tables[name] = module
     return tables["options"], tables["results"]
+
+
+def without_generated(text):
+    """``text`` with the lines inside every generated block blank (line numbers kept)."""
+    out, inside = [], False
+    for line in text.splitlines(True):
+        if END.search(line):
+            inside = False
+        out.append("\n" if inside else line)
+        if BEGIN.search(line):
+            inside = True
+    return "".join(out)
 
 
 # ---- rendering helpers -------------------------------------------------------------------
@@ -297,6 +316,32 @@ def architecture_results(options, results):
     return lines
 
 
+# ---- the typed views of the tables (the engine's Options dataclass and result TypedDicts) -----
+
+# A "dict" of the tables is a JSON-like value whose shape the layer that fills it types (a result's
+# "reclaim" is apply.reclaim's report, say), which the tables, the lowest layer, cannot import: Any.
+PYTHON_TYPES = {"str": "str", "path": "str", "bool": "bool", "int": "int", "float": "float", "dict": "Any"}
+
+
+def python_type(row, overrides):
+    """The annotation of an option or result key: ``overrides[name]`` where the table gives one,
+    else from its type, choices and elements, ``| None`` where its default or initial value is None."""
+    if row.name in overrides:
+        return overrides[row.name]
+    if getattr(row, "choices", None):
+        kind = "Literal[%s]" % ", ".join(json.dumps(choice) for choice in row.choices)
+    elif row.type == "list":
+        kind = "list[%s]" % PYTHON_TYPES[row.elements]
+    else:
+        kind = PYTHON_TYPES[row.type]
+    unset = row.default if hasattr(row, "default") else row.initial
+    return kind + " | None" if unset is None and kind != "Any" else kind
+
+
+def typed_fields(rows, overrides):
+    return ["%s: %s" % (row.name, python_type(row, overrides)) for row in rows]
+
+
 def blocks(options, results):
     """(file, block name) -> the block's lines, unindented."""
     return {
@@ -321,6 +366,15 @@ def blocks(options, results):
         ("README.md", "deletes"): readme_deletes(options),
         ("roles/session_maintenance/README.md", "options"): role_readme_options(options),
         ("docs/architecture.md", "options"): architecture_options(options),
+        ("plugins/module_utils/_hermes/options.py", "options-dataclass"): typed_fields(
+            options.OPTIONS, options.TYPES_IN_OPTIONS
+        ),
+        ("plugins/module_utils/_hermes/results.py", "results-run"): typed_fields(
+            results.RUN_FIELDS, results.TYPES_IN_RUN_RESULT
+        ),
+        ("plugins/module_utils/_hermes/results.py", "results-profile"): typed_fields(
+            results.PROFILE_FIELDS, results.TYPES_IN_PROFILE_RESULT
+        ),
         ("docs/architecture.md", "results"): architecture_results(options, results),
     }
 

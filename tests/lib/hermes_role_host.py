@@ -48,15 +48,15 @@ class RoleHost:
 
 
 @contextlib.contextmanager
-def role_host(host_class, user, specs, remove_everything, profiles=(None,)):
+def role_host(host_class, user, specs, remove_everything, profiles=(None,), layout="v30"):
     """A ``host_class`` for ``user`` (created when absent) in a fresh directory, its home holding
-    ``specs`` in each of ``profiles``; ``remove_everything`` (what the role installs) runs before
-    and after."""
+    ``specs`` in each of ``profiles`` (state.db files of ``layout``, see hermes_fixtures);
+    ``remove_everything`` (what the role installs) runs before and after."""
     with user_with_dir(user, user + "-") as (uid, gid, base):
         remove_everything()
         h = host_class(user, base, uid, gid)
         for profile in profiles:
-            build_home(str(h.hermes), "v30", specs, profile=profile)
+            build_home(str(h.hermes), layout, specs, profile=profile)
         h.markers.mkdir()
         os.chmod(str(h.markers), 0o777)  # what runs as anyone (planted files, a replaced python) leaves its marker here
         chown_tree(h.home, uid, gid)

@@ -14,6 +14,9 @@ one-line summary the tables show.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, Literal, TypedDict
+
 # Hermes's non-messaging sources: closing a messaging session (telegram, discord, ...)
 # makes the gateway start a fresh conversation in a live chat, so those are never closed.
 ZOMBIE_SOURCES = ("cli", "cron", "kanban", "acp", "api_server", "subagent", "tool", "recovered")
@@ -35,19 +38,19 @@ class Option:
 
     def __init__(
         self,
-        name,
-        type,
-        doc,
-        default=None,
-        elements=None,
-        choices=None,
-        minimum=None,
-        maximum=None,
-        percent=False,
-        unset=None,
-        scope=MAINTENANCE,
-        role=ROLE_GENERATED,
-    ):
+        name: str,
+        type: str,
+        doc: tuple[str, ...],
+        default: Any = None,
+        elements: str | None = None,
+        choices: tuple[str, ...] | None = None,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        percent: bool = False,
+        unset: str | None = None,
+        scope: str = MAINTENANCE,
+        role: str | None = ROLE_GENERATED,
+    ) -> None:
         self.name = name
         self.type = type
         self.doc = tuple(doc)
@@ -61,7 +64,7 @@ class Option:
         self.scope = scope
         self.role = role
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Option(%r)" % self.name
 
 
@@ -287,21 +290,81 @@ OPTIONS = (
 
 BY_NAME = {option.name: option for option in OPTIONS}
 
+# Each option's type in Options follows from its row (type, choices, elements; "| None" where the
+# default is None), except these: a mapping's shape, or a value normalize_options always fills.
+TYPES_IN_OPTIONS = {
+    "hermes_home": "list[str]",
+    "prune_days_by_source": "dict[str, float]",
+    "prune_days_by_profile": "dict[str, ProfileRetention]",
+    "file_retention": "dict[str, dict[str, float]]",
+}
+
 # The types the engine converts with: what float(...) / int(...) must accept.
 NUMBER_TYPES = ("int", "float")
 
 
-def defaults():
+class ProfileRetention(TypedDict, total=False):
+    """One profile's entry of prune_days_by_profile, as normalize_options leaves it."""
+
+    prune_days: float
+    prune_days_by_source: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The run's options, one field per row of OPTIONS, every one filled and checked: only
+    normalize_options (maintain.checked_options) makes one, and ``for_profile`` one profile's."""
+
+    # BEGIN GENERATED: options-dataclass (scripts/generate.py)
+    hermes_home: list[str]
+    profiles: list[str] | None
+    zombie_days: float
+    prune_days: float
+    prune_days_by_source: dict[str, float]
+    prune_days_by_profile: dict[str, ProfileRetention]
+    zombie_sources: list[str]
+    backup_dir: str | None
+    busy_timeout: float
+    end_reason: str
+    backup: bool
+    metrics_dir: str | None
+    backup_keep_days: float
+    backup_keep_count: int | None
+    backup_interval_days: float | None
+    backup_compress: bool
+    vacuum_mode: Literal["auto", "full", "incremental", "never"]
+    vacuum_threshold: float
+    vacuum_switch_incremental: bool
+    gateway_service: str | None
+    gateway_stop_command: list[str] | None
+    gateway_start_command: list[str] | None
+    max_downtime: float
+    batch_size: int
+    batch_time: float
+    batch_pause: float
+    tool_payload_days: float | None
+    file_retention: dict[str, dict[str, float]]
+    reclaim_stores: bool
+    allow_unknown_schema: bool
+    unknown_schema: Literal["refuse", "release_rules"]
+    hermes_python: str | None
+    delete_with: Literal["auto", "engine", "hermes"]
+    allow_empty_homes: bool
+    allow_foreign_owner: bool
+    # END GENERATED
+
+
+def defaults() -> dict[str, Any]:
     """A fresh dict of every option's default (lists copied, so callers may change them)."""
     return {o.name: list(o.default) if isinstance(o.default, list) else o.default for o in OPTIONS}
 
 
-def options_in(scope):
+def options_in(scope: str) -> list[Option]:
     """The options of one scope (SHARED, MAINTENANCE), in table order."""
     return [o for o in OPTIONS if o.scope == scope]
 
 
-def check_option(option, value):
+def check_option(option: Option, value: Any) -> str | None:
     """The message for a value out of bounds or choices, or None when it is fine (None always is)."""
     if value is None:
         return None
@@ -310,7 +373,8 @@ def check_option(option, value):
     if option.type not in NUMBER_TYPES:
         return None
     number = int(value) if option.type == "int" else float(value)
-    if option.percent and not option.minimum <= number <= option.maximum:
+    low, high = option.minimum, option.maximum
+    if option.percent and low is not None and high is not None and not low <= number <= high:
         return "%s is a percentage from %s to %s (got %s)" % (option.name, option.minimum, option.maximum, value)
     if option.minimum == 0 and number < 0:
         return "%s must not be negative (got %s)" % (option.name, value)

@@ -13,6 +13,7 @@ Adding a result key: add one ``Field`` row, set it in the engine, run
 from __future__ import annotations
 
 import copy
+from typing import Any, TypedDict, cast
 
 SET_LATER = object()  # no initial value: the engine sets the key once it knows it
 
@@ -22,8 +23,16 @@ class Field:
     ``in_return`` False leaves it out of RETURN where Ansible documents it itself (``changed``)."""
 
     def __init__(
-        self, name, type, doc, initial=SET_LATER, elements=None, returned="always", module_key="", in_return=True
-    ):
+        self,
+        name: str,
+        type: str,
+        doc: tuple[str, ...],
+        initial: Any = SET_LATER,
+        elements: str | None = None,
+        returned: str = "always",
+        module_key: str | None = "",
+        in_return: bool = True,
+    ) -> None:
         self.name = name
         self.type = type
         self.doc = tuple(doc)
@@ -237,7 +246,13 @@ PROFILE_FIELDS = (
 )
 
 
-def _field_of(fields, name):
+# Each key's type in RunResult and ProfileResult follows from its row (type, elements; "| None"
+# where the initial value is None), except these.
+TYPES_IN_RUN_RESULT = {"profiles": "list[ProfileResult]"}
+TYPES_IN_PROFILE_RESULT = {name: "str" for name in ("name", "home", "path")}  # given to new_profile_result
+
+
+def _field_of(fields: tuple[Field, ...], name: str) -> Field:
     return next(field for field in fields if field.name == name)
 
 
@@ -341,8 +356,70 @@ INFO_PROFILE_FIELDS = (
 # fmt: on
 
 
-def new_profile_result(home, name, path):
+class RunResult(TypedDict, total=False):
+    """What run_maintenance returns: the keys of RUN_FIELDS."""
+
+    # BEGIN GENERATED: results-run (scripts/generate.py)
+    status: str
+    summary: list[str]
+    failed: list[str]
+    profiles: list[ProfileResult]
+    changed: bool
+    sqlite: Any
+    check_mode: bool
+    # END GENERATED
+
+
+class ProfileResult(TypedDict, total=False):
+    """One profile's entry in RunResult's ``profiles``: the keys of PROFILE_FIELDS."""
+
+    # BEGIN GENERATED: results-profile (scripts/generate.py)
+    name: str
+    home: str
+    path: str
+    status: str
+    error: str | None
+    changed: bool
+    zombies_closed: int
+    sessions_pruned: int
+    messages_pruned: int
+    sessions_orphaned: int
+    transcripts_removed: int
+    retention: Any
+    prompts_collected: int
+    sessions_left_alone: int
+    sessions_refused: list[Any]
+    sessions_kept: list[Any]
+    bad_time_rows: int
+    database_backend: Any
+    hermes_retention: Any
+    catalogue: Any
+    deleted_by: str | None
+    release_delete: Any
+    release_rules: Any
+    schema_version: int
+    fts_layout: str
+    backup: Any
+    backup_deferred: str | None
+    backups_removed: list[str]
+    sqlite: Any
+    litestream: list[str]
+    stopped_early: str | None
+    preflight: Any
+    reclaim: Any
+    window: Any
+    file_retention: Any
+    tool_payloads: Any
+    stores: Any
+    before: Any
+    after: Any
+    duration: float
+    traceback: str
+    # END GENERATED
+
+
+def new_profile_result(home: str, name: str, path: str) -> ProfileResult:
     """A profile's result before any work: every key that has an initial value."""
     result = {f.name: copy.copy(f.initial) for f in PROFILE_FIELDS if f.initial is not SET_LATER}
     result.update(name=name, home=home, path=path)
-    return result
+    return cast("ProfileResult", result)

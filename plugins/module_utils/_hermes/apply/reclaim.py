@@ -314,7 +314,7 @@ def step_most(conn, wal_most):
 def step_bound(options, db_path):
     """The incremental_vacuum's bound: the prune's (``batch_time``, plus the COMMIT's allowance in
     rollback-journal mode); None when batch_time is 0 (no bound asked for)."""
-    batch_time = float(options["batch_time"])
+    batch_time = float(options.batch_time)
     if not batch_time:
         return None
     return batch_time + (0.0 if is_wal_file(db_path) else ROLLBACK_COMMIT_TIME)
@@ -381,7 +381,7 @@ def plan_reclaim(
 
     def rule(after_prune, alone=False):
         return decide(
-            conn, db_path, options["vacuum_mode"], options["vacuum_threshold"], schema["auto_vacuum"],
+            conn, db_path, options.vacuum_mode, options.vacuum_threshold, schema["auto_vacuum"],
             schema.get("litestream"), after_prune=after_prune, alone=alone,
         )  # fmt: skip
 
@@ -395,7 +395,7 @@ def plan_reclaim(
     action, reason = rule(after_prune)
     free = after_prune["free_pages"] if after_prune else pragma(conn, "freelist_count")
     decision = {
-        "mode": options["vacuum_mode"], "action": action, "skipped_reason": reason, "free_pages_predicted": free,
+        "mode": options.vacuum_mode, "action": action, "skipped_reason": reason, "free_pages_predicted": free,
         "in_window": False,
     }  # fmt: skip
     if action is None and window and held and rule(after_prune, alone=True)[0] == "full":
@@ -433,7 +433,7 @@ def reclaim(conn, db_path, options, schema, decision, *, pruned, stop=None):
     }  # fmt: skip
     if pruned:
         report["fts_merge_steps"] = fts_give_back(
-            conn, schema["fts"], options["batch_pause"], stop, bound=optimize_bound(options, db_path)
+            conn, schema["fts"], options.batch_pause, stop, bound=optimize_bound(options, db_path)
         )
     report["free_pages_before_vacuum"] = pragma(conn, "freelist_count")
     replica = schema.get("litestream")
@@ -446,10 +446,10 @@ def reclaim(conn, db_path, options, schema, decision, *, pruned, stop=None):
             action, report["action"], report["skipped_reason"] = None, None, blocked
     if action == "incremental":
         report["incremental_steps"], report["incremental_retries"] = incremental_vacuum(
-            conn, options["batch_pause"], stop, bound=step_bound(options, db_path)
+            conn, options.batch_pause, stop, bound=step_bound(options, db_path)
         )
     elif action == "full":
-        full_vacuum(conn, options["vacuum_switch_incremental"])
+        full_vacuum(conn, options.vacuum_switch_incremental)
     report["stopped_early"] = stop() if stop else None
     if pruned or action:
         report["checkpoint"], report["checkpoint_skipped_reason"] = checkpoint(conn, db_path, replica)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import sqlite3
 import stat
@@ -27,6 +28,7 @@ import subprocess
 import tempfile
 import time
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..backup.whole_file import apply_retention, take_backup
 from ..sqlite.db import MB, MaintenanceError, file_size, holders, open_rw
@@ -34,6 +36,16 @@ from ..store.schema import inspect_schema, quick_check
 from .elision import fts_optimize
 from .reclaim import checkpoint, full_vacuum, full_vacuum_blocked, pragma
 from .storage_upgrade import OPTIMIZE_STORAGE, run_storage_upgrade, storage_upgrade_seconds
+
+if TYPE_CHECKING:
+    from ..options import Options
+
+# A profile's part of the window, as the run gives it: {"home", "path", "name", "backup_dir", "steps"}.
+Entry = dict[str, Any]
+# A window's plan and report: the JSON-like dicts each profile's ``window`` result holds.
+Report = dict[str, Any]
+# Runs ``fn(*args)`` as the owner of the profiles' files (a child process as root); what it returns.
+AsOwner = Callable[..., Any]
 
 DRAIN_FILE = ".drain_request.json"
 STATE_FILE = "gateway_state.json"
@@ -54,16 +66,16 @@ BACK_WAIT = 90.0  # for the gateway to hold state.db again after the start comma
 SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # where root looks for systemctl, never the caller's PATH
 
 
-def configured(opts):
-    return bool(opts["gateway_service"] or opts["gateway_stop_command"])
+def configured(opts: Options) -> bool:
+    return bool(opts.gateway_service or opts.gateway_stop_command)
 
 
-def check_window_options(opts):
+def check_window_options(opts: Options) -> str | None:
     """The message for a window configuration that cannot work, naming the option, or None."""
-    stop, start = opts["gateway_stop_command"], opts["gateway_start_command"]
+    stop, start = opts.gateway_stop_command, opts.gateway_start_command
     if bool(stop) != bool(start):
         return "gateway_stop_command and gateway_start_command go together: give both, or neither"
-    if stop and opts["gateway_service"]:
+    if stop and opts.gateway_service:
         return "give gateway_service or gateway_stop_command/gateway_start_command, not both"
     for name, argv in (("gateway_stop_command", stop), ("gateway_start_command", start)):
         if argv is None:
@@ -76,13 +88,13 @@ def check_window_options(opts):
             )  # fmt: skip
         if not os.path.isabs(argv[0]):
             return "%s: the program must be an absolute path, so no PATH chooses it (got %r)" % (name, argv[0])
-    service = opts["gateway_service"]
+    service = opts.gateway_service
     if service is not None and (not service or service.startswith("-") or "/" in service):
         return "gateway_service must be a systemd unit name, such as hermes-gateway (got %r)" % (service,)
     return None
 
 
-def estimate_seconds(steps, db_bytes, messages=0):
+def estimate_seconds(steps: list[str], db_bytes: int, messages: int = 0) -> float:
     """The window's expected length: the gateway's restart, and each step at the slow host's speed
     (Hermes's optimize-storage by the messages it re-indexes, its own VACUUM only without ours)."""
     total = RESTART_ALLOWANCE
@@ -94,7 +106,14 @@ def estimate_seconds(steps, db_bytes, messages=0):
     return total
 
 
-def plan_window(opts, reclaim, db_path, *, backup_deferred=False, storage_upgrade=None):
+def plan_window(
+    opts: Options,
+    reclaim: dict[str, Any],
+    db_path: str,
+    *,
+    backup_deferred: bool = False,
+    storage_upgrade: dict[str, Any] | None = None,
+) -> Report | None:
     """Whether this profile's run opens a window and for what: ``{"opened", "reason", "steps",
     "estimate_s", "downtime_s"}`` (None when no window is configured). ``reclaim`` is the plan's
     reclaim decision (a full VACUUM planned ``in_window``, after FTS5's optimize: the window runs
@@ -113,22 +132,22 @@ def plan_window(opts, reclaim, db_path, *, backup_deferred=False, storage_upgrad
         steps.append(VACUUM_FULL)
     if steps and backup_deferred:
         steps.insert(0, BACKUP)
-    window = {"opened": False, "reason": None, "steps": steps, "estimate_s": None, "downtime_s": None}
+    window: Report = {"opened": False, "reason": None, "steps": steps, "estimate_s": None, "downtime_s": None}
     if not steps:
         window["reason"] = "no step needs the file alone" if held else "nothing holds state.db: no window needed"
         return window
     messages = (storage_upgrade or {}).get("messages", 0)
     window["estimate_s"] = estimate = round(estimate_seconds(steps, file_size(db_path), messages), 1)
-    if estimate > float(opts["max_downtime"]):
+    if estimate > float(opts.max_downtime):
         window["reason"] = "estimated %.0f s for %s, more than max_downtime %s s" % (
-            estimate, " and ".join(steps), opts["max_downtime"],
+            estimate, " and ".join(steps), opts.max_downtime,
         )  # fmt: skip
         return window
     window["opened"] = True
     return window
 
 
-def window_words(window, check_mode):
+def window_words(window: Report | None, check_mode: bool) -> list[str]:
     """The summary's words for a profile's window (none without one, nor when nothing needs it)."""
     if not window or not window["steps"]:
         return []
@@ -146,13 +165,19 @@ def window_words(window, check_mode):
 # ---------------------------------------------------------------------------- the steps, as the file's owner
 
 
-def window_steps(entry, opts, deadline):
+def window_steps(entry: Entry, opts: Options, deadline: float) -> Report:
     """Run ``entry``'s steps on its ``path`` with the gateway stopped, each interrupted at ``deadline``
     (epoch seconds). Returns ``{"done", "reason", "bytes_before", "bytes_after", "file", "backup"}``;
     never raises. A failed step ends the steps (the backup's failure keeps the VACUUM out)."""
     db_path = entry["path"]
-    report = {"done": [], "reason": None, "bytes_before": _db_bytes(db_path), "bytes_after": None, "backup": None}
-    conn = None
+    report: Report = {
+        "done": [],
+        "reason": None,
+        "bytes_before": _db_bytes(db_path),
+        "bytes_after": None,
+        "backup": None,
+    }
+    conn: sqlite3.Connection | None = None
     try:
         conn = _open_bounded(db_path, opts, deadline)
         for step in entry["steps"]:
@@ -170,7 +195,7 @@ def window_steps(entry, opts, deadline):
                 if blocked:
                     report["reason"] = "no VACUUM: %s" % blocked
                     continue
-                full_vacuum(conn, opts["vacuum_switch_incremental"])
+                full_vacuum(conn, opts.vacuum_switch_incremental)
             elif step == FTS_OPTIMIZE:
                 schema = inspect_schema(conn, entry["home"])
                 fts_optimize(conn, schema["fts"], lambda _took: None, None)
@@ -197,43 +222,47 @@ def window_steps(entry, opts, deadline):
     return report
 
 
-def _open_bounded(db_path, opts, deadline):
+def _open_bounded(db_path: str, opts: Options, deadline: float) -> sqlite3.Connection:
     """A maintenance connection whose statements are interrupted at ``deadline`` (epoch seconds)."""
-    conn = open_rw(db_path, float(opts["busy_timeout"]))
+    conn: sqlite3.Connection = open_rw(db_path, float(opts.busy_timeout))
     conn.set_progress_handler(lambda: 1 if time.time() > deadline else 0, 10000)
     return conn
 
 
-def _storage_upgrade_step(entry, opts, deadline, report):
+def _storage_upgrade_step(entry: Entry, opts: Options, deadline: float, report: Report) -> bool:
     """Hermes's optimize-storage, with its own VACUUM unless the window's follows; True when done."""
+    if not opts.hermes_python:  # the plan asks for the step only with hermes_python (maintain.actions)
+        report["reason"] = "optimize-storage needs hermes_python: the interpreter of the Hermes installed on the host"
+        return False
     upgrade = run_storage_upgrade(
-        opts["hermes_python"], entry["home"], entry["path"], deadline, vacuum=VACUUM_FULL not in entry["steps"],
+        opts.hermes_python, entry["home"], entry["path"], deadline, vacuum=VACUUM_FULL not in entry["steps"],
     )  # fmt: skip
     if upgrade["done"]:
         report["done"].append(OPTIMIZE_STORAGE)
     report["reason"] = upgrade["reason"]
-    return upgrade["done"]
+    return bool(upgrade["done"])
 
 
-def _whole_file_backup(conn, entry, opts):
+def _whole_file_backup(conn: sqlite3.Connection, entry: Entry, opts: Options) -> dict[str, Any]:
     """quick_check (nothing else holds the file now), the verified copy, then the backup retention."""
     quick_check(conn, entry["path"])
-    backup = take_backup(
-        conn, entry["path"], entry["backup_dir"], entry["name"], compress=opts["backup_compress"], must_contain={},
-        busy_timeout=float(opts["busy_timeout"]),
+    backup: dict[str, Any] = take_backup(
+        conn, entry["path"], entry["backup_dir"], entry["name"], compress=opts.backup_compress, must_contain={},
+        busy_timeout=float(opts.busy_timeout),
     )  # fmt: skip
     backup["removed"] = apply_retention(
-        entry["backup_dir"], entry["name"], keep_days=opts["backup_keep_days"], keep_count=opts["backup_keep_count"],
+        entry["backup_dir"], entry["name"], keep_days=opts.backup_keep_days, keep_count=opts.backup_keep_count,
         now=time.time(), keep_path=backup["path"],
     )  # fmt: skip
     return backup
 
 
-def _db_bytes(db_path):
-    return file_size(db_path) + file_size(db_path + "-wal")
+def _db_bytes(db_path: str) -> int:
+    size: int = file_size(db_path) + file_size(db_path + "-wal")
+    return size
 
 
-def _pages(db_path):
+def _pages(db_path: str) -> dict[str, int]:
     """``auto_vacuum``, ``page_count`` and ``free_pages`` of the file after the window's steps."""
     try:
         conn = sqlite3.connect("file:%s?mode=ro" % db_path, uri=True)
@@ -249,7 +278,7 @@ def _pages(db_path):
 # ---------------------------------------------------------------------------- the drain marker, as the owner
 
 
-def instantiation_epoch():
+def instantiation_epoch() -> str:
     """Hermes's ``current_instantiation_epoch``: ``<boot_id>:<pid 1's start time>`` ("" off Linux).
     A marker with another epoch is one a restarted machine left behind, and the gateway ignores it."""
     boot_id = pid1_start = ""
@@ -266,7 +295,7 @@ def instantiation_epoch():
     return "%s:%s" % (boot_id, pid1_start) if (boot_id or pid1_start) else ""
 
 
-def write_drain_marker(home):
+def write_drain_marker(home: str) -> bool:
     """Hermes's begin-drain marker, written atomically (a temporary file renamed into place)."""
     payload = {
         "action": "drain",
@@ -289,7 +318,7 @@ def write_drain_marker(home):
     return True
 
 
-def clear_drain_marker(home):
+def clear_drain_marker(home: str) -> bool:
     try:
         os.unlink(os.path.join(home, DRAIN_FILE))
         return True
@@ -297,7 +326,7 @@ def clear_drain_marker(home):
         return False
 
 
-def gateway_state(home):
+def gateway_state(home: str) -> tuple[Any, Any]:
     """``(gateway_state, active_agents)`` from ``HOME/gateway_state.json``, (None, None) unreadable."""
     try:
         fd = os.open(os.path.join(home, STATE_FILE), os.O_RDONLY | os.O_NOFOLLOW)
@@ -308,7 +337,7 @@ def gateway_state(home):
         return None, None
 
 
-def wait_drained(homes, timeout):
+def wait_drained(homes: list[str], timeout: float) -> bool:
     """Wait until every home's gateway says ``draining`` with no turn in flight; True when it did.
 
     A gateway that has not said ``draining`` DRAIN_NOTICE seconds after the marker (its watcher
@@ -331,14 +360,14 @@ def wait_drained(homes, timeout):
 class GatewayControl:
     """Stop and start the gateway: a systemd unit (system, else the owner's user unit) or commands."""
 
-    def __init__(self, opts, owner):
-        self.service = opts["gateway_service"]
-        self.stop_command = opts["gateway_stop_command"]
-        self.start_command = opts["gateway_start_command"]
+    def __init__(self, opts: Options, owner: pwd.struct_passwd | None) -> None:
+        self.service = opts.gateway_service
+        self.stop_command = opts.gateway_stop_command
+        self.start_command = opts.gateway_start_command
         self.owner = owner  # the pwd entry of the state.db files' owner, or None
-        self.systemctl = None
+        self.systemctl: list[str] | None = None  # the argv that reaches the unit, once refusal() found it
 
-    def refusal(self):
+    def refusal(self) -> str | None:
         """Why this window may not be run by this process (None: it may)."""
         if self.service:
             found = shutil.which("systemctl", path=SAFE_PATH)
@@ -353,12 +382,14 @@ class GatewayControl:
         if os.geteuid() == 0 and self.owner is not None and self.owner.pw_uid != 0:
             commands = (("gateway_stop_command", self.stop_command), ("gateway_start_command", self.start_command))
             for name, argv in commands:
+                if not argv:
+                    continue  # both or neither: check_window_options
                 why = agent_writable(argv[0], self.owner.pw_uid, self.owner.pw_gid)
                 if why:
                     return "%s: root does not run %s: %s" % (name, argv[0], why)
         return None
 
-    def _scope(self, systemctl):
+    def _scope(self, systemctl: str) -> list[str] | None:
         """The systemctl argv that reaches the unit: the system's, else the owner's user manager."""
         scopes = [[systemctl]]
         if os.geteuid() == 0 and self.owner is not None and self.owner.pw_uid != 0:
@@ -366,27 +397,35 @@ class GatewayControl:
         elif os.geteuid() != 0:
             scopes.append([systemctl, "--user"])
         for scope in scopes:
-            out = _run(scope + ["show", "--property=LoadState", "--value", self.service], 30)
+            out = _run(scope + ["show", "--property=LoadState", "--value", self.service or ""], 30)
             if out.returncode == 0 and out.stdout.strip() == "loaded":
                 return scope
         return None
 
-    def stop(self):
-        argv = self.systemctl + ["stop", self.service] if self.service else self.stop_command
+    def stop(self) -> str | None:
+        argv = self._argv("stop", self.stop_command)
         return _command_error(_run(argv, STOP_WAIT), argv)
 
-    def start(self):
-        argv = self.systemctl + ["start", self.service] if self.service else self.start_command
+    def start(self) -> str | None:
+        argv = self._argv("start", self.start_command)
         return _command_error(_run(argv, BACK_WAIT), argv)
 
-    def active(self):
+    def active(self) -> bool:
         if not self.service:
             return True
-        out = _run(self.systemctl + ["is-active", self.service], 30)
+        out = _run(self._argv("is-active", None), 30)
         return out.stdout.strip() == "active"
 
+    def _argv(self, action: str, command: list[str] | None) -> list[str]:
+        """systemctl's ``action`` of the unit, else the configured command (refusal() comes first)."""
+        if self.service and self.systemctl is not None:
+            return self.systemctl + [action, self.service]
+        if self.service or not command:
+            raise MaintenanceError("gateway %s: refusal() found no way to reach the gateway" % action)
+        return command
 
-def _run(argv, timeout):
+
+def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
     for name in ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS", "HOME"):
         if name in os.environ:
@@ -401,13 +440,13 @@ def _run(argv, timeout):
         return subprocess.CompletedProcess(argv, -1, "", "%s" % exc)
 
 
-def _command_error(out, argv):
+def _command_error(out: subprocess.CompletedProcess[str], argv: list[str]) -> str | None:
     if out.returncode == 0:
         return None
     return "%s exited with %s: %s" % (" ".join(argv), out.returncode, (out.stderr or out.stdout).strip()[-300:])
 
 
-def agent_writable(path, uid, gid):
+def agent_writable(path: str, uid: int, gid: int) -> str | None:
     """Why the user ``uid`` could change what ``path`` runs (None: it cannot): the file or a
     directory above it is that user's, or writable by its group or by anyone (a sticky directory
     owned by root is fine: nobody else may replace what is in it)."""
@@ -430,12 +469,12 @@ def agent_writable(path, uid, gid):
         current = parent
 
 
-def run_window(opts, entries, as_owner, owner):
+def run_window(opts: Options, entries: list[Entry], as_owner: AsOwner, owner: pwd.struct_passwd | None) -> Report:
     """Open one window for ``entries`` (each a profile that planned one: ``{"home", "path", "name",
     "backup_dir", "steps"}``): drain, stop, the steps (``as_owner(fn, *args)`` runs one as the
     files' owner), then always start again and check the gateway is back. Returns ``{"opened",
     "reason", "downtime_s", "gateway_back", "profiles": {path: window_steps' report}}``."""
-    report = {"opened": False, "reason": None, "downtime_s": None, "gateway_back": None, "profiles": {}}
+    report: Report = {"opened": False, "reason": None, "downtime_s": None, "gateway_back": None, "profiles": {}}
     control = GatewayControl(opts, owner)
     refused = control.refusal()
     if refused:
@@ -445,7 +484,7 @@ def run_window(opts, entries, as_owner, owner):
     paths = [entry["path"] for entry in entries]
     began = time.time()
     report["opened"] = True
-    deadline = began + float(opts["max_downtime"]) - START_RESERVE
+    deadline = began + float(opts.max_downtime) - START_RESERVE
     try:
         report["reason"] = _drain_stop_and_steps(control, entries, opts, as_owner, deadline, report["profiles"])
     except Exception as exc:  # whatever failed in the window, the gateway is started again below
@@ -463,14 +502,16 @@ def run_window(opts, entries, as_owner, owner):
     return report
 
 
-def _drain_stop_and_steps(control, entries, opts, as_owner, deadline, reports):
+def _drain_stop_and_steps(
+    control: GatewayControl, entries: list[Entry], opts: Options, as_owner: AsOwner, deadline: float, reports: Report
+) -> str | None:
     """The window's work up to the start: None, or what went wrong (the steps are left out then)."""
     homes = sorted({entry["home"] for entry in entries})
     paths = [entry["path"] for entry in entries]
     reason = None
     for home in homes:
         as_owner(write_drain_marker, home)
-    if not wait_drained(homes, min(DRAIN_WAIT, float(opts["max_downtime"]) / 4)):
+    if not wait_drained(homes, min(DRAIN_WAIT, float(opts.max_downtime) / 4)):
         reason = "the gateway did not say it drained in time; stopped all the same"
     failed = control.stop()
     if failed:
@@ -482,7 +523,7 @@ def _drain_stop_and_steps(control, entries, opts, as_owner, deadline, reports):
     return reason
 
 
-def _clear_markers(homes, as_owner):
+def _clear_markers(homes: list[str], as_owner: AsOwner) -> str | None:
     """Remove every home's drain marker before the start (a gateway finding one stays draining);
     what could not be removed, in words, or None."""
     left = []
@@ -494,7 +535,7 @@ def _clear_markers(homes, as_owner):
     return ("the drain marker stays, so the gateway refuses new turns: remove %s" % "; ".join(left)) if left else None
 
 
-def _wait(condition, timeout):
+def _wait(condition: Callable[[], bool], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while True:
         if condition():

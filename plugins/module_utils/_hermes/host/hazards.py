@@ -3,7 +3,7 @@
 """What else may be working on a state.db: Hermes's own locked operations, a Litestream
 replica, Hermes's own auto-maintenance schedule. Read-only: nothing here creates a file.
 
-Standard library only, Python 3.8+, no Ansible imports.
+Standard library only, Python 3.9+, no Ansible imports.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import fcntl
 import os
 import re
 import sqlite3
+from typing import Union
 
 from ..sqlite.db import ProfileSkipped
 
@@ -26,9 +27,11 @@ HERMES_OPERATION_LOCKS = (
 )
 AUTO_MAINTENANCE_LOCK = (".auto-maintenance.lock", "its auto-maintenance (prune and VACUUM)")
 LITESTREAM_TABLES = ("_litestream_seq", "_litestream_lock")
+# A plain value of config.yaml as _config_block reads it (the type of the default it replaces).
+Scalar = Union[str, bool, int, float]
 
 
-def lock_is_held(path):
+def lock_is_held(path: str) -> bool:
     """True when another open file holds a flock on ``path``; never creates it.
 
     A shared, non-blocking probe, dropped at once: a Hermes process that asks for the lock
@@ -47,7 +50,7 @@ def lock_is_held(path):
     return False
 
 
-def held_hermes_locks(db_path, include_auto_maintenance=True):
+def held_hermes_locks(db_path: str, include_auto_maintenance: bool = True) -> list[dict[str, str]]:
     """The Hermes lock files of this state.db that are held right now."""
     locks = HERMES_OPERATION_LOCKS + ((AUTO_MAINTENANCE_LOCK,) if include_auto_maintenance else ())
     held = []
@@ -58,7 +61,7 @@ def held_hermes_locks(db_path, include_auto_maintenance=True):
     return held
 
 
-def refuse_during_hermes_operation(db_path):
+def refuse_during_hermes_operation(db_path: str) -> None:
     """Skip the profile while Hermes repairs, quarantines or rebuilds it (the others go on)."""
     held = held_hermes_locks(db_path, include_auto_maintenance=False)
     if held:
@@ -68,7 +71,7 @@ def refuse_during_hermes_operation(db_path):
         )
 
 
-def litestream_tables(conn):
+def litestream_tables(conn: sqlite3.Connection) -> list[str]:
     """Litestream's own tables in the file: present means a replica is shadowing its WAL."""
     rows = conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (%s)" % ",".join("?" * len(LITESTREAM_TABLES)),
@@ -77,7 +80,7 @@ def litestream_tables(conn):
     return sorted(r[0] for r in rows)
 
 
-def no_checkpoint_on_close(conn):
+def no_checkpoint_on_close(conn: sqlite3.Connection) -> None:
     """Litestream owns a replica's checkpoints; SQLite checkpoints when its last connection
     closes. Python 3.12+ can turn that off per connection; before that, Litestream's own
     long read transaction (it holds one while it runs) is what stops the close checkpoint."""
@@ -86,9 +89,9 @@ def no_checkpoint_on_close(conn):
         conn.setconfig(option, True)
 
 
-def auto_maintenance_meta(conn):
+def auto_maintenance_meta(conn: sqlite3.Connection) -> dict[str, float | None]:
     """Hermes's own bookkeeping in state_meta: when it last pruned and vacuumed (epoch seconds)."""
-    meta = {"last_auto_prune": None, "last_vacuum": None}
+    meta: dict[str, float | None] = {"last_auto_prune": None, "last_vacuum": None}
     try:
         rows = conn.execute(
             "SELECT key, value FROM state_meta WHERE key IN ('last_auto_prune', 'last_vacuum')"
@@ -104,7 +107,7 @@ def auto_maintenance_meta(conn):
 
 
 # Hermes's defaults when config.yaml says nothing (0.22.2 hermes_cli/config_defaults.py).
-AUTO_PRUNE_DEFAULTS = {
+AUTO_PRUNE_DEFAULTS: dict[str, Scalar] = {
     "auto_prune": True,
     "retention_days": 90,
     "min_interval_hours": 24,
@@ -115,13 +118,13 @@ CONFIG_MAX_BYTES = 1024 * 1024
 _KEY = re.compile(r"^( *)([A-Za-z_][A-Za-z0-9_]*) *:(.*)$")
 
 
-def auto_prune_setting(home):
+def auto_prune_setting(home: str) -> dict[str, Scalar]:
     """``sessions.auto_prune`` and its companions as HOME/config.yaml gives them.
 
     Anything the file does not say plainly leaves Hermes's default and says so in ``source``.
     """
     path = os.path.join(home, "config.yaml")
-    setting = dict(AUTO_PRUNE_DEFAULTS, source="Hermes default (no %s)" % path)
+    setting: dict[str, Scalar] = dict(AUTO_PRUNE_DEFAULTS, source="Hermes default (no %s)" % path)
     values = _config_block(path, "sessions", AUTO_PRUNE_DEFAULTS)
     if values is not None:
         setting.update(values, source=path)
@@ -130,10 +133,10 @@ def auto_prune_setting(home):
 
 # Hermes 0.22+ (website/docs/developer-guide/session-storage.md): ``database.backend: postgres``
 # with HERMES_DATABASE_URL keeps sessions in PostgreSQL; state.db then gets no writes.
-BACKEND_DEFAULTS = {"backend": "sqlite"}
+BACKEND_DEFAULTS: dict[str, Scalar] = {"backend": "sqlite"}
 
 
-def database_backend(home, db_path):
+def database_backend(home: str, db_path: str) -> dict[str, Scalar]:
     """Where this profile's Hermes stores its sessions: ``{"backend", "source"}``.
 
     The profile's own config.yaml (beside its state.db) says it, else the home's; ``backend``
@@ -142,12 +145,13 @@ def database_backend(home, db_path):
     for directory in dict.fromkeys((os.path.dirname(os.path.abspath(db_path)), home)):
         path = os.path.join(directory, "config.yaml")
         values = _config_block(path, "database", BACKEND_DEFAULTS)
-        if values and values.get("backend"):
-            return {"backend": values["backend"].lower(), "source": path}
+        backend = (values or {}).get("backend")
+        if isinstance(backend, str) and backend:
+            return {"backend": backend.lower(), "source": path}
     return dict(BACKEND_DEFAULTS, source="Hermes default (no database.backend in config.yaml)")
 
 
-def _config_block(path, block, wanted):
+def _config_block(path: str, block: str, wanted: dict[str, Scalar]) -> dict[str, Scalar] | None:
     """Plain ``key: scalar`` lines of top-level ``block:`` in a config.yaml, for the keys of
     ``wanted`` (parsed to the type of their value there); None when the file cannot be read.
 
@@ -160,7 +164,8 @@ def _config_block(path, block, wanted):
             text = handle.read(CONFIG_MAX_BYTES).decode("utf-8", "replace")
     except OSError:
         return None
-    found, inside, indent = {}, False, None
+    found: dict[str, Scalar] = {}
+    inside, indent = False, None
     for raw in text.splitlines():
         line = raw.split(" #", 1)[0].rstrip()
         if not line.strip() or line.lstrip().startswith("#"):
@@ -182,7 +187,7 @@ def _config_block(path, block, wanted):
     return found
 
 
-def _scalar(value, kind):
+def _scalar(value: str, kind: type[Scalar]) -> Scalar | None:
     value = value.strip().strip("'\"")
     if kind is str:
         return value or None

@@ -60,7 +60,7 @@ def plan_actions(conn, db_path, opts, schema, plan, preflight, *, backup_due, me
 def planned_storage_upgrade(conn, opts, messages_total, plan):
     """Hermes's optimize-storage for the window: ``{"pending", "messages"}`` (the messages it re-indexes
     after the prune) when it has work and ``hermes_python`` names the release that runs it, else None."""
-    if not (window_configured(opts) and opts["hermes_python"]):
+    if not (window_configured(opts) and opts.hermes_python):
         return None
     pending = storage_upgrade_pending(conn)
     return {"pending": pending, "messages": max(0, messages_total - plan.messages_pruned)} if pending else None

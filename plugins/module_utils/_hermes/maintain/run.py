@@ -71,7 +71,7 @@ def hermes_retention(home, opts):
     days = setting["retention_days"]
     longer = {}
     if setting["auto_prune"] is True and isinstance(days, (int, float)) and not isinstance(days, bool):
-        wanted = dict(opts["prune_days_by_source"], prune_days=float(opts["prune_days"]))
+        wanted = dict(opts.prune_days_by_source, prune_days=float(opts.prune_days))
         longer = {key: value for key, value in sorted(wanted.items()) if float(value) > float(days)}
     note = None
     if longer:
@@ -102,11 +102,11 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             raise ProfileSkipped(_elsewhere(backend))  # before the lock: nothing is written
         lock = ProfileLock(db_path, check_mode=check_mode)
         refuse_during_hermes_operation(db_path)
-        db = ReadOnlyDB(db_path, opts["busy_timeout"]) if check_mode else None
-        conn = db.conn if db else open_rw(db_path, float(opts["busy_timeout"]))
+        db = ReadOnlyDB(db_path, opts.busy_timeout) if check_mode else None
+        conn = db.conn if db else open_rw(db_path, float(opts.busy_timeout))
         result["preflight"] = preflight_check(conn, db_path)
         schema = inspect_schema(conn, home)
-        release_rules = check_version(schema, opts["allow_unknown_schema"], opts["unknown_schema"])
+        release_rules = check_version(schema, opts.allow_unknown_schema, opts.unknown_schema)
         schema["catalogue"] = read_catalogue(conn)
         result["catalogue"] = summary(schema["catalogue"])
         schema["litestream"] = result["litestream"] = litestream_tables(conn)
@@ -119,19 +119,19 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
         allowed = None
         if release_rules:  # only what the installed Hermes's own prune deletes too
             # the shortest retention: the release's set then holds every session any retention selects
-            shortest = min([float(opts["prune_days"])] + list(opts["prune_days_by_source"].values()))
-            answer = release_prune_set(conn, opts["hermes_python"], shortest)
+            shortest = min([float(opts.prune_days)] + list(opts.prune_days_by_source.values()))
+            answer = release_prune_set(conn, opts.hermes_python, shortest)
             allowed = answer.pop("deleted")
             result["release_rules"] = dict(answer, release_pruned=len(allowed))
         # A session an earlier run left half deleted between two slices goes back whole, then is planned.
-        settled = [] if check_mode else settle_sliced(conn, db_path, float(opts["batch_pause"]))
+        settled = [] if check_mode else settle_sliced(conn, db_path, float(opts.batch_pause))
         plan = build_plan(conn, schema, opts, now, sessions_dir(db_path), short_reads, allowed)
         result["bad_time_rows"] = plan.bad_time_rows
         result["sessions_kept"] = plan.kept + [
             {"session": sid, "reason": SETTLED} for sid in settled if sid not in plan.messages
         ]
         unknown = schema["catalogue"]["unknown"]
-        deleter, why = choose_deleter(opts["delete_with"], schema["catalogue"], opts["hermes_python"], fully_known)
+        deleter, why = choose_deleter(opts.delete_with, schema["catalogue"], opts.hermes_python, fully_known)
         schema["deleter"] = deleter
         if unknown and deleter == HERMES:
             pass  # the installed Hermes is the authority on its own store: its delete code decides
@@ -155,16 +155,16 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             )
             _drop_deletes(plan)
         _retention(result, plan, opts)
-        if opts["tool_payload_days"] is not None:
+        if opts.tool_payload_days is not None:
             plan.payloads = plan_payloads(
-                conn, schema, plan, opts["tool_payload_days"], now, _payload_refusal(schema, unknown, broken_fts)
+                conn, schema, plan, opts.tool_payload_days, now, _payload_refusal(schema, unknown, broken_fts)
             )
         root = os.path.dirname(db_path)
-        ids = session_ids(conn) if "orphaned_transcripts" in opts["file_retention"] else None
-        files_plan = plan_files(root, home, opts["file_retention"], ids, now)
-        stores_plan = plan_stores(root, float(opts["vacuum_threshold"])) if opts["reclaim_stores"] else None
-        backup_dir = backups_of(home, opts["backup_dir"])
-        backup_due = opts["backup"] and (plan.has_changes or _interval_due(opts, backup_dir, name, now))
+        ids = session_ids(conn) if "orphaned_transcripts" in opts.file_retention else None
+        files_plan = plan_files(root, home, opts.file_retention, ids, now)
+        stores_plan = plan_stores(root, float(opts.vacuum_threshold)) if opts.reclaim_stores else None
+        backup_dir = backups_of(home, opts.backup_dir)
+        backup_due = opts.backup and (plan.has_changes or _interval_due(opts, backup_dir, name, now))
         if backup_due:
             check_backup_dir(backup_dir, st.st_uid, create=not check_mode)
         # Every decision of the run, once: check mode reports this plan, the run executes it.
@@ -173,19 +173,19 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             backup_due=backup_due, messages_total=result["before"]["messages"], files=files_plan, stores=stores_plan,
         )  # fmt: skip
         if check_mode:
-            report_plan(result, plan, actions, backup_dir, name, compress=opts["backup_compress"])
+            report_plan(result, plan, actions, backup_dir, name, compress=opts.backup_compress)
             if plan.payloads is not None:
                 archive = payload_archive_path(backup_dir, name) if plan.payloads.items else None
                 result["tool_payloads"] = plan.payloads.report(archive)
             result["deleted_by"] = deleter if plan.delete_order else None
             if deleter == HERMES and plan.delete_order:  # exactly what the release deletes from a copy
                 predicted, result["release_delete"] = release_prune_on_copy(
-                    conn, plan, schema, opts["hermes_python"],
-                    batch_size=int(opts["batch_size"]), batch_time=float(opts["batch_time"]),
-                    end_reason=opts["end_reason"],
+                    conn, plan, schema, opts.hermes_python,
+                    batch_size=int(opts.batch_size), batch_time=float(opts.batch_time),
+                    end_reason=opts.end_reason,
                 )  # fmt: skip
                 _predicted_by_release(result, predicted)
-            if opts["file_retention"]:
+            if opts.file_retention:
                 result["file_retention"] = describe(actions.files)
             result["stores"] = actions.stores
         else:
@@ -196,10 +196,10 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             result["after"] = stats(conn, db_path, short_reads)
             result["reclaim"]["bytes_freed"] = max(0, _bytes(result["before"]) - _bytes(result["after"]))
             result["window"] = actions.window  # opened after every profile's live work (service_window)
-            if opts["file_retention"]:
+            if opts.file_retention:
                 result["file_retention"] = remove_files(root, home, actions.files)
             stores = actions.stores
-            result["stores"] = reclaim_stores(stores, float(opts["busy_timeout"])) if stores else stores
+            result["stores"] = reclaim_stores(stores, float(opts.busy_timeout)) if stores else stores
         if result["file_retention"] and result["file_retention"]["removed"]:
             result["changed"] = True
         if result["stores"] and any(entry["action"] for entry in result["stores"].values()):
@@ -215,7 +215,7 @@ def maintain_profile(home, name, db_path, opts, check_mode, now):
             result["status"] = "skipped"
             result["error"] = (
                 "%s stayed locked by another writer for longer than busy_timeout (%ss): skipped, nothing lost; "
-                "the next run retries" % (db_path, opts["busy_timeout"])
+                "the next run retries" % (db_path, opts.busy_timeout)
             )
         else:
             result["status"], result["error"] = "failed", "%s: %s" % (db_path, exc)
@@ -283,11 +283,11 @@ def _elide_payloads(result, conn, plan, schema, opts, *, db_path, backup_dir, na
     report["archive"] = take_payload_archive(conn, db_path, backup_dir, name, payloads, schema["schema_version"])
     result["changed"] = True
     done = ElideResult()
-    wait = turn_after_commit(conn, float(opts["batch_pause"]))
+    wait = turn_after_commit(conn, float(opts.batch_pause))
     try:
         elide(
-            conn, schema, report["archive"], batch_size=int(opts["batch_size"]), batch_time=float(opts["batch_time"]),
-            pause=float(opts["batch_pause"]), wait=wait, live_rollback=result["preflight"]["live_rollback"],
+            conn, schema, report["archive"], batch_size=int(opts.batch_size), batch_time=float(opts.batch_time),
+            pause=float(opts.batch_pause), wait=wait, live_rollback=result["preflight"]["live_rollback"],
             stop=stop, result=done,
         )  # fmt: skip
     finally:  # also when a later transaction failed: report what was committed
@@ -341,7 +341,7 @@ def _bytes(stats_):
 
 def _check_owner(db_path, st, opts):
     uid = os.geteuid()
-    if uid not in (0, st.st_uid) and not opts["allow_foreign_owner"]:
+    if uid not in (0, st.st_uid) and not opts.allow_foreign_owner:
         raise MaintenanceError(
             "%s belongs to uid %d but this run is uid %d: files it creates (WAL, lock, backups) would belong to "
             "the wrong user; run as that user or as root (the engine then switches to the owner)"
@@ -350,7 +350,7 @@ def _check_owner(db_path, st, opts):
 
 
 def _interval_due(opts, backup_dir, name, now):
-    interval = opts["backup_interval_days"]
+    interval = opts.backup_interval_days
     if interval is None:
         return False
     newest = list_backups(backup_dir, name)
@@ -374,10 +374,10 @@ def _apply(result, conn, plan, schema, opts, actions, *, db_path, backup_dir, na
     if actions.backup == FILE:
         result["backup"] = take_backup(
             conn, db_path, backup_dir, name,
-            compress=opts["backup_compress"], must_contain=plan.messages, busy_timeout=float(opts["busy_timeout"]),
+            compress=opts.backup_compress, must_contain=plan.messages, busy_timeout=float(opts.busy_timeout),
         )  # fmt: skip
         _retain(result, opts, backup_dir=backup_dir, name=name, now=now, lister=None)
-    pause = float(opts["batch_pause"])
+    pause = float(opts.batch_pause)
     closed, pruned = [], PruneResult()
     stop = wal_budget(conn, db_path, schema.get("litestream"))
     try:
@@ -385,17 +385,17 @@ def _apply(result, conn, plan, schema, opts, actions, *, db_path, backup_dir, na
         if actions.backup == ARCHIVE:
             result["backup"] = take_archive(
                 conn, db_path, backup_dir, name, plan.delete_order, plan.messages, schema["schema_version"],
-                closes=[(sid, last, opts["end_reason"]) for sid, last in plan.zombies],
+                closes=[(sid, last, opts.end_reason) for sid, last in plan.zombies],
             )  # fmt: skip
             _retain(result, opts, backup_dir=backup_dir, name=name, now=now, lister=list_archives)
-        close_zombies(conn, plan, schema, end_reason=opts["end_reason"], pause=pause, closed=closed)
+        close_zombies(conn, plan, schema, end_reason=opts.end_reason, pause=pause, closed=closed)
         if schema.get("deleter") == HERMES and plan.delete_order:
-            deleter = ReleaseDeleter(opts["hermes_python"], db_path, os.path.dirname(db_path))
+            deleter = ReleaseDeleter(opts.hermes_python, db_path, os.path.dirname(db_path))
             result["release_delete"] = deleter.info()
             try:
                 release_prune(
                     conn, plan, schema, deleter,
-                    batch_size=int(opts["batch_size"]), batch_time=float(opts["batch_time"]), pause=pause,
+                    batch_size=int(opts.batch_size), batch_time=float(opts.batch_time), pause=pause,
                     result=pruned, stop=stop,
                 )  # fmt: skip
             finally:
@@ -403,7 +403,7 @@ def _apply(result, conn, plan, schema, opts, actions, *, db_path, backup_dir, na
         else:
             prune(
                 conn, plan, schema,
-                batch_size=int(opts["batch_size"]), pause=pause, result=pruned, batch_time=float(opts["batch_time"]),
+                batch_size=int(opts.batch_size), pause=pause, result=pruned, batch_time=float(opts.batch_time),
                 pause_after_commit=live_rollback,  # rollback-mode commits are slower: let the gateway's next poll in
                 stop=stop, keep_copy=_slice_copy(conn, db_path, backup_dir, name, schema, result.get("backup")),
             )  # fmt: skip
@@ -459,7 +459,7 @@ def _retain(result, opts, *, backup_dir, name, now, lister):
     result["changed"] = True
     result["backups_removed"] = apply_retention(
         backup_dir, name,
-        keep_days=opts["backup_keep_days"], keep_count=opts["backup_keep_count"], now=now,
+        keep_days=opts.backup_keep_days, keep_count=opts.backup_keep_count, now=now,
         keep_path=result["backup"]["path"], lister=lister,
     )  # fmt: skip
 
@@ -485,7 +485,7 @@ def service_window(opts, profiles):
 
     entries = [
         {"home": p["home"], "path": p["path"], "name": p["name"], "steps": p["window"]["steps"],
-         "backup_dir": backups_of(p["home"], opts["backup_dir"])}
+         "backup_dir": backups_of(p["home"], opts.backup_dir)}
         for p in planned
     ]  # fmt: skip
     report = run_window(opts, entries, as_owner, owner)
@@ -590,13 +590,13 @@ def retention_words(retention, opts, name=None):
     ``(profile NAME)`` after it when that profile's prune_days_by_profile entry applied."""
     if name is not None:
         opts = for_profile(opts, name)
-    own = " (profile %s)" % name if name in opts["prune_days_by_profile"] else ""
-    by_source = opts["prune_days_by_source"]
+    own = " (profile %s)" % name if name in opts.prune_days_by_profile else ""
+    by_source = opts.prune_days_by_source
     if not by_source:
-        return "retention " + _days(opts["prune_days"]) + own
+        return "retention " + _days(opts.prune_days) + own
     selected = (retention or {}).get("selected") or {}
     rest = sum(n for source, n in selected.items() if source not in by_source)
-    words = ["retention %s (%d sessions)" % (_days(opts["prune_days"]), rest)]
+    words = ["retention %s (%d sessions)" % (_days(opts.prune_days), rest)]
     words += ["%s %s (%d)" % (src, _days(days), selected.get(src, 0)) for src, days in sorted(by_source.items())]
     return ", ".join(words) + own
 
@@ -609,8 +609,8 @@ def _retention(result, plan, opts):
         source = plan.sources.get(sid)
         selected[source] = selected.get(source, 0) + 1
     result["retention"] = {
-        "prune_days": float(opts["prune_days"]),
-        "by_source": dict(opts["prune_days_by_source"]),
+        "prune_days": float(opts.prune_days),
+        "by_source": dict(opts.prune_days_by_source),
         "selected": selected,
     }
 
@@ -623,7 +623,7 @@ def backup_words(p, opts):
         return "backup=%s %s" % (backup.get("kind") or "file", _relative(backup["path"], p["home"]))
     if p["backup_deferred"]:
         return "no backup (whole-file deferred: the file is held)"
-    return "no backup (nothing changed)" if opts["backup"] else "no backup (backup is off)"
+    return "no backup (nothing changed)" if opts.backup else "no backup (backup is off)"
 
 
 def vacuum_words(reclaim_, backup):

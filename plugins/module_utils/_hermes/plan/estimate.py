@@ -20,7 +20,8 @@ beside a live gateway in rollback-journal mode, where each read holds back its c
 from __future__ import annotations
 
 import sqlite3
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from ..sqlite.db import RANGE_READ_TIME, ranged_rows
 from ..sqlite.storage import byte_length

@@ -15,7 +15,8 @@ import fnmatch
 import os
 import sqlite3
 import stat
-from typing import Any, Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
+from typing import Any
 
 from ..sqlite.db import ReadOnlyDB, journal_mode
 from .selection import transcript_files

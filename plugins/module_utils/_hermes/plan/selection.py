@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from typing import TYPE_CHECKING, Any, Collection, Iterable, Sequence, cast
+from collections.abc import Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from ..sqlite.db import MaintenanceError
 from ..store.catalogue import describe, ledgered_sessions, referenced_sessions
@@ -333,12 +334,12 @@ def build_plan(
     sel = Selection(plan, sessions, children, delegates, _reasons_kept(conn, schema, sessions, leased))
     _protect(sel, leased)
     conversations = _local_conversations(conn, schema)
-    _select_zombies(sel, set(opts["zombie_sources"]))
+    _select_zombies(sel, set(opts.zombie_sources))
     candidates = {s.id for s in sessions.values() if s.id not in sel.protected and _past_retention(sel, s)}
     units = {c: _delegate_closure(c, delegates) for c in candidates}
     if allowed is not None:
         candidates &= allowed
-    candidates, doomed = _settle(sel, candidates, units, allowed, conversations, opts.get("batch_size"))
+    candidates, doomed = _settle(sel, candidates, units, allowed, conversations, opts.batch_size)
     _record_deletions(sel, candidates, units, doomed, conversations)
     plan.kept = [
         {"session": s.id, "reason": sel.why[s.id]}
@@ -373,9 +374,9 @@ def _empty_plan(opts: Options, now: float) -> Plan:
     """A plan with its time and its cutoffs (zombie_days, prune_days, prune_days_by_source)."""
     plan = Plan()
     plan.now = now
-    plan.zombie_cutoff = now - float(opts["zombie_days"]) * DAY
-    plan.prune_cutoff = now - float(opts["prune_days"]) * DAY
-    by_source = opts.get("prune_days_by_source") or {}
+    plan.zombie_cutoff = now - float(opts.zombie_days) * DAY
+    plan.prune_cutoff = now - float(opts.prune_days) * DAY
+    by_source = opts.prune_days_by_source or {}
     plan.source_cutoffs = {source: now - float(days) * DAY for source, days in by_source.items()}
     return plan
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..backup.archive import list_archives
 from ..backup.whole_file import list_backups
@@ -18,6 +20,7 @@ from ..host.hazards import (
 )
 from ..host.profiles import backups_of, each_profile, sessions_dir
 from ..maintain.checked_options import for_profile, normalize_options
+from ..options import Options
 from ..plan.inventory import inventory, session_ids
 from ..plan.selection import DAY, build_plan
 from ..sqlite.db import MaintenanceError, ReadOnlyDB, check_db_file, engine_sqlite, holders, journal_mode
@@ -26,15 +29,22 @@ from ..store.catalogue import read_catalogue, summary
 from ..store.schema import inspect_schema, stats, unusable_fts
 
 
-def profile_info(home, name, db_path, opts, check_mode, now):
+def profile_info(home: str, name: str, db_path: str, opts: Options, check_mode: bool, now: float) -> dict[str, Any]:
     """Read-only facts about one profile; reports what it can even when maintenance would refuse."""
-    info = {"name": name, "home": home, "path": db_path, "status": "ok", "error": None, "sqlite": engine_sqlite()}
+    info: dict[str, Any] = {
+        "name": name,
+        "home": home,
+        "path": db_path,
+        "status": "ok",
+        "error": None,
+        "sqlite": engine_sqlite(),
+    }
     opts = for_profile(opts, name)
     db = None
     try:
         st = check_db_file(db_path)
         info["database_backend"] = database_backend(home, db_path)
-        db = ReadOnlyDB(db_path, opts["busy_timeout"])
+        db = ReadOnlyDB(db_path, opts.busy_timeout)
         schema = inspect_schema(db.conn, home)
         schema["catalogue"] = read_catalogue(db.conn)
         info["catalogue"] = summary(schema["catalogue"])
@@ -54,7 +64,7 @@ def profile_info(home, name, db_path, opts, check_mode, now):
             litestream=litestream_tables(db.conn),
             hermes_auto_maintenance=dict(auto_maintenance_meta(db.conn), config=auto_prune_setting(home)),
         )
-        backup_dir = backups_of(home, opts["backup_dir"])
+        backup_dir = backups_of(home, opts.backup_dir)
         backups, archives = list_backups(backup_dir, name), list_archives(backup_dir, name)
         info["newest_backup"] = _newest(backups, now)
         info["backups"] = len(backups)
@@ -78,12 +88,12 @@ def profile_info(home, name, db_path, opts, check_mode, now):
     return info
 
 
-def _newest(stamped, now):
+def _newest(stamped: Sequence[tuple[str, float]], now: float) -> dict[str, Any] | None:
     """The newest of ``stamped`` (path, unix time; newest first) as {"path", "age_days"}, or None."""
     return {"path": stamped[0][0], "age_days": round((now - stamped[0][1]) / DAY, 2)} if stamped else None
 
 
-def gather_info(options):
+def gather_info(options: Mapping[str, Any] | None) -> dict[str, Any]:
     """Stats of every profile, for reports; opens read-only and writes nothing."""
     opts = normalize_options(options)
     return {"profiles": each_profile(opts, profile_info, check_mode=True), "sqlite": engine_sqlite()}

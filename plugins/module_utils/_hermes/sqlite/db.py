@@ -20,8 +20,9 @@ import struct
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypedDict
+from typing import Any, Callable, TypedDict
 from urllib.parse import quote
 
 from ..options import BY_NAME

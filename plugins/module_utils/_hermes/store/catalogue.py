@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, TypedDict
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
     from .schema import SessionTables

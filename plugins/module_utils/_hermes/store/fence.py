@@ -41,7 +41,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from typing import Any, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 RETIRED_PREFIX = "gateway.retired_session.v1."
 RESULT_PREFIX = "gateway.admission.result.v1."

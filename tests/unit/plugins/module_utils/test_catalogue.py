@@ -14,6 +14,7 @@ import pytest
 from hermes_markers import release_module_marks
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.prune import PruneResult, prune
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.checked_options import normalize_options
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.plan.selection import build_plan
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info
@@ -106,7 +107,9 @@ def test_a_delete_the_guard_refuses_skips_that_session(home, kind):
     try:
         schema = inspect_schema(conn, str(home))
         schema["catalogue"] = read_catalogue(conn)
-        plan = build_plan(conn, schema, dict(OPTS, zombie_days=1, zombie_sources=["cli"]), time.time(), None)
+        plan = build_plan(
+            conn, schema, normalize_options(dict(OPTS, zombie_days=1, zombie_sources=["cli"])), time.time(), None
+        )
         assert set(plan.delete_order) == {"plain", "settled", "queued", "unknown", "working"}
         add_runtime_ledger_rows(db, "settled")
         result = prune(conn, plan, schema, batch_size=4000, pause=0, result=PruneResult())

@@ -27,6 +27,7 @@ from hermes_reliability import query as rows
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.prune import PruneResult, prune
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.undo import SLICED_SUFFIX
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.checked_options import normalize_options
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.plan.selection import build_plan
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import open_rw
@@ -140,7 +141,8 @@ def planned(home):
     conn = open_rw(str(home / "state.db"))
     schema = inspect_schema(conn, str(home))
     schema["catalogue"] = read_catalogue(conn)
-    return conn, schema, build_plan(conn, schema, dict(OPTS, zombie_days=1, zombie_sources=["cli"]), time.time(), None)
+    opts = normalize_options(dict(OPTS, zombie_days=1, zombie_sources=["cli"]))
+    return conn, schema, build_plan(conn, schema, opts, time.time(), None)
 
 
 def pruned(home, gateway):

@@ -13,6 +13,7 @@ from hermes_markers import release_module_marks
 from hermes_reliability import query as rows
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.prune import PruneResult, prune
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.checked_options import normalize_options
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.plan.selection import build_plan
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import open_rw
@@ -95,7 +96,9 @@ def test_a_schedule_set_after_the_plan_keeps_its_session(home):
     try:
         schema = inspect_schema(conn, str(home))
         schema["catalogue"] = read_catalogue(conn)
-        plan = build_plan(conn, schema, {"prune_days": 30, "zombie_days": 1, "zombie_sources": []}, time.time(), "")
+        plan = build_plan(
+            conn, schema, normalize_options({"prune_days": 30, "zombie_days": 1, "zombie_sources": []}), time.time(), ""
+        )
         assert "plain" in plan.delete_order
         code = "from hermes_cli import heartbeat\nheartbeat.HeartbeatManager('plain').set('ping', 60)\n"
         proc = run_release_code(hermes_python(LAYOUT), code, db)
