@@ -20,9 +20,14 @@ beside a live gateway in rollback-journal mode, where each read holds back its c
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from ..sqlite.db import RANGE_READ_BOUND, RANGE_READ_TIME, ranged_rows
+from ..sqlite.db import RANGE_READ_TIME, ranged_rows
 from ..sqlite.storage import byte_length
+
+if TYPE_CHECKING:
+    from ..store.schema import FtsTable, SchemaFacts
 
 SAMPLE_RANGES = 64  # evenly spaced rowid ranges read for the bytes of an average message
 SAMPLE_WIDTH = 200  # rowids per range (a short read)
@@ -37,11 +42,11 @@ STRUCTURE_ROWID = 10  # the FTS5 structure record's rowid in <index>_data
 STRUCTURE_V2 = b"\xff\x00\x00\x01"
 
 
-def _quote(name):
+def _quote(name: str) -> str:
     return '"%s"' % name.replace('"', '""')
 
 
-def _varint(buf, at):
+def _varint(buf: bytes, at: int) -> tuple[int, int]:
     """An SQLite varint of ``buf`` at ``at``: (value, the offset after it)."""
     value = 0
     for step in range(9):
@@ -55,7 +60,7 @@ def _varint(buf, at):
     return value, at
 
 
-def index_levels(record):
+def index_levels(record: bytes) -> list[tuple[int, list[int]]]:
     """The levels of an FTS5 index, from its structure record (sqlite.org's fts5_index.c: a 4-byte
     cookie, the V2 marker or not, the number of levels, of segments and the write counter, then per
     level its merge state and segments, each with its first and last leaf page): a list of
@@ -67,11 +72,11 @@ def index_levels(record):
     count, at = _varint(record, at)
     _segments, at = _varint(record, at)
     _writes, at = _varint(record, at)
-    levels = []
+    levels: list[tuple[int, list[int]]] = []
     for _level in range(count):
         merging, at = _varint(record, at)
         segments, at = _varint(record, at)
-        leaves = []
+        leaves: list[int] = []
         for _segment in range(segments):
             _segid, at = _varint(record, at)
             first, at = _varint(record, at)
@@ -81,15 +86,15 @@ def index_levels(record):
     return levels
 
 
-def read_index_levels(conn, name):
+def read_index_levels(conn: sqlite3.Connection, name: str) -> list[tuple[int, list[int]]]:
     """``index_levels`` of the FTS5 index ``name`` as ``conn`` sees it now ([] when it has no record)."""
     row = conn.execute("SELECT block FROM %s WHERE id = ?" % _quote(name + "_data"), (STRUCTURE_ROWID,)).fetchone()
     return index_levels(bytes(row[0])) if row and row[0] else []
 
 
-def fts_index_pages(conn, fts):
+def fts_index_pages(conn: sqlite3.Connection, fts: Iterable[FtsTable]) -> dict[str, int]:
     """Pages of each FTS5 index's segments: {name: pages}; an index whose record is unreadable counts 0."""
-    pages = {}
+    pages: dict[str, int] = {}
     for table in fts:
         try:
             pages[table["name"]] = sum(sum(leaves) for _merging, leaves in read_index_levels(conn, table["name"]))
@@ -98,13 +103,13 @@ def fts_index_pages(conn, fts):
     return pages
 
 
-def _row_bytes_sql(conn):
+def _row_bytes_sql(conn: sqlite3.Connection) -> str:
     """SQL for the bytes of a message's values (every column of ``messages``)."""
     columns = [row[1] for row in conn.execute("SELECT * FROM pragma_table_info('messages')")]
     return " + ".join(byte_length(c) for c in columns)
 
 
-def pruned_bytes(conn, pruned, live_rollback=False):
+def pruned_bytes(conn: sqlite3.Connection, pruned: dict[str, int], live_rollback: bool = False) -> int:
     """The bytes of the rows to prune. ``pruned``: session id -> its message count.
 
     The sessions go into a temporary table, each at the offset of its first message in the list, and
@@ -113,7 +118,8 @@ def pruned_bytes(conn, pruned, live_rollback=False):
     running at the bound is interrupted and its range read again in halves."""
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS hermes_ops_pruned (at INTEGER PRIMARY KEY, session_id TEXT)")
     try:
-        offsets, at = [], 0
+        offsets: list[tuple[int, str]] = []
+        at = 0
         for sid in sorted(pruned):
             offsets.append((at, sid))
             at += max(1, pruned[sid])
@@ -127,14 +133,16 @@ def pruned_bytes(conn, pruned, live_rollback=False):
             "SELECT COALESCE(SUM(b), 0) FROM (SELECT %s AS b FROM messages WHERE session_id IN "
             "(SELECT session_id FROM temp.hermes_ops_pruned WHERE at >= ? AND at < ?))" % _row_bytes_sql(conn)
         )
-        bounds = {"target": RANGE_READ_TIME, "bound": RANGE_READ_BOUND} if live_rollback else {"target": None}
-        ranges = ranged_rows(conn, sql, 0, at - 1, first=PRUNED_FIRST, most=PRUNED_MOST, **bounds)
-        return sum(rows[0][0] for rows in ranges)
+        # Beside a live rollback-journal gateway ranges sized to RANGE_READ_TIME, else fixed; the bound is the default.
+        target = RANGE_READ_TIME if live_rollback else None
+        ranges = ranged_rows(conn, sql, 0, at - 1, first=PRUNED_FIRST, most=PRUNED_MOST, target=target)
+        sizes: list[int] = [rows[0][0] for rows in ranges]
+        return sum(sizes)
     finally:
         conn.execute("DROP TABLE IF EXISTS temp.hermes_ops_pruned")
 
 
-def bytes_per_message(conn):
+def bytes_per_message(conn: sqlite3.Connection) -> float:
     """The bytes of an average message, from SAMPLE_RANGES evenly spaced rowid ranges (all of the
     table when it is that small)."""
     every = _row_bytes_sql(conn)
@@ -153,8 +161,15 @@ def bytes_per_message(conn):
 
 
 def predict_free_pages(
-    conn, schema, pruned, messages_total, *, extra_bytes=0, fts_optimized=False, live_rollback=False
-):
+    conn: sqlite3.Connection,
+    schema: SchemaFacts,
+    pruned: dict[str, int],
+    messages_total: int,
+    *,
+    extra_bytes: int = 0,
+    fts_optimized: bool = False,
+    live_rollback: bool = False,
+) -> dict[str, Any]:
     """The free pages a prune of ``pruned`` (session id -> message count) is expected to leave, and so
     the pages a vacuum after it gives back: ``{"free_pages", "share", "percent_now", "byte_share",
     "fts_pages", "marker_pages"}``; ``share`` is the share of the messages deleted (the words of a

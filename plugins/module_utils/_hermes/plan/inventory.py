@@ -15,6 +15,8 @@ import fnmatch
 import os
 import sqlite3
 import stat
+from collections.abc import Collection, Iterable, Iterator
+from typing import Any
 
 from ..sqlite.db import ReadOnlyDB, journal_mode
 from .selection import transcript_files
@@ -80,7 +82,7 @@ STORE_BUSY_TIMEOUT = 0.05  # seconds: a store that is locked is reported as such
 _TRANSCRIPT_SUFFIXES = (".jsonl", ".json")
 
 
-def kind_of(relpath):
+def kind_of(relpath: str) -> tuple[str, str]:
     """(kind, item) of a path relative to a profile's home; item names the unit counted."""
     top = relpath.split("/", 1)[0]
     for kind, patterns, depth, _what in KINDS:
@@ -90,7 +92,7 @@ def kind_of(relpath):
     return "other", relpath
 
 
-def _walk(root, skip):
+def _walk(root: str, skip: Collection[str]) -> Iterator[tuple[str, os.stat_result]]:
     """(relative path, lstat) of every non-directory under root, never following a link."""
     stack = [""]
     while stack:
@@ -112,7 +114,7 @@ def _walk(root, skip):
                 yield path, st
 
 
-def orphaned_transcripts(root, ids):
+def orphaned_transcripts(root: str, ids: Collection[str] | None) -> set[str]:
     """Paths (relative) of the transcript files under sessions/ whose session is not in ``ids``.
 
     A file counts as a session's the way the prune finds them (plan.selection.transcript_files),
@@ -122,7 +124,7 @@ def orphaned_transcripts(root, ids):
     if ids is None or os.path.islink(directory) or not os.path.isdir(directory):
         return set()
     owned = {os.path.basename(f) for files in transcript_files(directory, ids).values() for f in files}
-    orphaned = set()
+    orphaned: set[str] = set()
     for name in os.listdir(directory):
         if name in owned or name == "sessions.json" or not name.endswith(_TRANSCRIPT_SUFFIXES):
             continue
@@ -132,13 +134,13 @@ def orphaned_transcripts(root, ids):
     return orphaned
 
 
-def store_facts(path):
+def store_facts(path: str) -> dict[str, Any]:
     """Size, pages, free pages, journal and auto_vacuum mode of another SQLite store, read-only.
 
     ``reclaimable_bytes`` is what a VACUUM would give back (free pages times the page size); nothing
     is reclaimed here. An error (a locked or damaged store) is reported, never raised.
     """
-    facts = {"path": path, "bytes": os.lstat(path).st_size, "reclaimable_bytes": None, "error": None}
+    facts: dict[str, Any] = {"path": path, "bytes": os.lstat(path).st_size, "reclaimable_bytes": None, "error": None}
     db = None
     try:
         db = ReadOnlyDB(path, STORE_BUSY_TIMEOUT)
@@ -156,15 +158,17 @@ def store_facts(path):
     return facts
 
 
-def inventory(root, session_ids=None, skip=("profiles",)):
+def inventory(
+    root: str, session_ids: Collection[str] | None = None, skip: Iterable[str] = ("profiles",)
+) -> dict[str, Any]:
     """The files of one profile's home by kind.
 
     ``session_ids``: the ids in its state.db (None: unknown, then no transcript counts as
     orphaned). ``skip``: directories left out (the default profile's home holds the others).
     Returns {"kinds": {kind: {count, bytes, oldest, newest}}, "bytes", "named_bytes", "stores"}.
     """
-    kinds = {}
-    items = {}
+    kinds: dict[str, dict[str, Any]] = {}
+    items: dict[str, set[str]] = {}
     orphaned = orphaned_transcripts(root, session_ids)
     for relpath, st in _walk(root, set(skip)):
         kind, item = kind_of(relpath)
@@ -189,6 +193,6 @@ def inventory(root, session_ids=None, skip=("profiles",)):
     return {"kinds": ordered, "bytes": total, "named_bytes": named, "stores": stores}
 
 
-def session_ids(conn):
+def session_ids(conn: sqlite3.Connection) -> set[str]:
     """The session ids of an open state.db (one read of the sessions table)."""
     return {row[0] for row in conn.execute("SELECT id FROM sessions")}

@@ -20,12 +20,15 @@ import struct
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Iterator, Sequence
+from types import TracebackType
+from typing import Any, Callable, TypedDict
 from urllib.parse import quote
 
 from ..options import BY_NAME
 
-BUSY_TIMEOUT = BY_NAME["busy_timeout"].default  # for callers that pass no options
-BATCH_PAUSE = BY_NAME["batch_pause"].default
+BUSY_TIMEOUT: float = BY_NAME["busy_timeout"].default  # for callers that pass no options
+BATCH_PAUSE: float = BY_NAME["batch_pause"].default
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 SIDECAR_SUFFIXES = ("-wal", "-shm")
@@ -41,7 +44,7 @@ class ProfileSkipped(Exception):
     """The profile is fine but cannot be worked on now (lock held, database busy)."""
 
 
-def check_db_file(path):
+def check_db_file(path: str) -> os.stat_result:
     """Refuse anything that is not a plain, readable SQLite file; return its lstat."""
     try:
         st = os.lstat(path)
@@ -90,7 +93,7 @@ def check_db_file(path):
 
 
 @contextlib.contextmanager
-def db_file_fd(path):
+def db_file_fd(path: str) -> Iterator[int]:
     """A descriptor to read ``path`` (state.db, -wal, -shm) with ``os.pread``/``os.sendfile``.
 
     SQLite's own descriptor when this process has the file open (positional reads and
@@ -110,13 +113,13 @@ def db_file_fd(path):
         os.close(fd)
 
 
-def read_db_bytes(path, count, offset=0):
+def read_db_bytes(path: str, count: int, offset: int = 0) -> bytes:
     """Up to ``count`` bytes of a database file from ``offset``, through ``db_file_fd``."""
     with db_file_fd(path) as fd:
         return os.pread(fd, count, offset)
 
 
-def copy_db_bytes(src_path, dst_path, step=16 * MB, flush=False):
+def copy_db_bytes(src_path: str, dst_path: str, step: int = 16 * MB, flush: bool = False) -> None:
     """Copy a database file into the existing ``dst_path`` through ``db_file_fd``, in steps of
     ``step`` bytes, each fdatasync'ed when ``flush`` (one big write-back at the end delayed
     the gateway's own commits). A file that shrinks under the copy ends it there."""
@@ -135,7 +138,7 @@ def copy_db_bytes(src_path, dst_path, step=16 * MB, flush=False):
             os.close(dst)
 
 
-def _copy_range(src, dst, offset, count):
+def _copy_range(src: int, dst: int, offset: int, count: int) -> int:
     """Up to ``count`` bytes of descriptor ``src`` from ``offset`` written at the same offset of
     ``dst``: in the kernel where it can (Linux sendfile between files), else through a buffer
     (macOS sendfile wants a socket)."""
@@ -150,7 +153,7 @@ def _copy_range(src, dst, offset, count):
     return len(data)
 
 
-def sqlite_uri(path, **params):
+def sqlite_uri(path: str, **params: str) -> str:
     query = "&".join("%s=%s" % item for item in params.items())
     return "file:%s?%s" % (quote(os.path.abspath(path)), query)
 
@@ -158,7 +161,7 @@ def sqlite_uri(path, **params):
 _WAL_VERSIONS = b"\x02\x02"  # header bytes 18-19 (read/write versions): 2 is WAL, 1 a rollback journal
 
 
-def _header_versions(path):
+def _header_versions(path: str) -> bytes | None:
     """The header's read/write versions (bytes 18-19), or None when unreadable or too short."""
     try:
         header = read_db_bytes(path, 20)
@@ -167,15 +170,16 @@ def _header_versions(path):
     return header[18:20] if len(header) == 20 else None
 
 
-def journal_mode(conn, path):
+def journal_mode(conn: sqlite3.Connection, path: str) -> str:
     """The file's journal mode. A WAL file read ``immutable`` (check mode, no sidecars beside it)
     answers ``delete`` to the PRAGMA: WAL is a property of the file, so its header says it there."""
     if _header_versions(path) == _WAL_VERSIONS:
         return "wal"
-    return conn.execute("PRAGMA journal_mode").fetchone()[0].lower()  # a query: changes nothing
+    mode: str = conn.execute("PRAGMA journal_mode").fetchone()[0]  # a query: changes nothing
+    return mode.lower()
 
 
-def _wal_header(path):
+def _wal_header(path: str) -> bool:
     """Whether the file's header says WAL, not a rollback journal; one it cannot tell counts as WAL."""
     versions = _header_versions(path)
     return versions is None or versions == _WAL_VERSIONS
@@ -191,9 +195,9 @@ class ReadOnlyDB:
     the pair is copied to a private temporary directory and read there.
     """
 
-    def __init__(self, path, busy_timeout=BUSY_TIMEOUT):
+    def __init__(self, path: str, busy_timeout: float = BUSY_TIMEOUT) -> None:
         self.path = path
-        self._tmpdir = None
+        self._tmpdir: str | None = None
         has = [os.path.exists(path + s) for s in SIDECAR_SUFFIXES]
         if all(has) or not _wal_header(path):
             # A rollback-journal file: mode=ro creates nothing beside it and takes SHARED locks,
@@ -210,7 +214,7 @@ class ReadOnlyDB:
             uri = sqlite_uri(copy, mode="ro")
         self.conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout, isolation_level=None)
 
-    def close(self):
+    def close(self) -> None:
         try:
             self.conn.close()
         finally:
@@ -218,7 +222,7 @@ class ReadOnlyDB:
                 shutil.rmtree(self._tmpdir, ignore_errors=True)
 
 
-def open_rw(path, busy_timeout=BUSY_TIMEOUT):
+def open_rw(path: str, busy_timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:
     """Open for maintenance the way Hermes does: autocommit, foreign keys on.
 
     In WAL mode ``synchronous=NORMAL`` (this connection only) skips the WAL fsync at each of
@@ -260,27 +264,38 @@ class StatementBound:
     """Interrupt the statements run inside once ``seconds`` have passed (None: no bound); ``cut``
     says whether it did. An OperationalError raised by that interrupt is swallowed."""
 
-    def __init__(self, conn, seconds):
+    def __init__(self, conn: sqlite3.Connection, seconds: float | None) -> None:
         self.conn, self.seconds, self.cut = conn, seconds, False
 
-    def __enter__(self):
+    def __enter__(self) -> StatementBound:
         if self.seconds is not None:
             deadline = time.monotonic() + self.seconds
 
-            def check():
+            def check() -> int:
                 self.cut = time.monotonic() > deadline
                 return 1 if self.cut else 0
 
             self.conn.set_progress_handler(check, 100)
         return self
 
-    def __exit__(self, kind, exc, tb):
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
         if self.seconds is not None:
             self.conn.set_progress_handler(None, 0)
         return kind is not None and self.cut and issubclass(kind, sqlite3.OperationalError)
 
 
-def ranged_rows(conn, sql, low, top, *, first, most, target=RANGE_READ_TIME, bound=RANGE_READ_BOUND, args=()):
+def ranged_rows(
+    conn: sqlite3.Connection,
+    sql: str,
+    low: int,
+    top: int,
+    *,
+    first: int,
+    most: int,
+    target: float | None = RANGE_READ_TIME,
+    bound: float | None = RANGE_READ_BOUND,
+    args: Sequence[object] = (),
+) -> Iterator[list[Any]]:
     """The rows of ``sql`` over rowid ranges from ``low`` to ``top``, a list per range: its first two
     parameters are a range's ``start <= rowid < end``, then ``args``. Each statement is its own read.
 
@@ -310,7 +325,7 @@ def ranged_rows(conn, sql, low, top, *, first, most, target=RANGE_READ_TIME, bou
 
 
 @contextlib.contextmanager
-def read_snapshot(conn):
+def read_snapshot(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """One read transaction: all reads inside see one snapshot, and while it is open no
     checkpoint can restart the -wal or write into the file a frame newer than it."""
     conn.execute("BEGIN")
@@ -323,7 +338,7 @@ def read_snapshot(conn):
 
 
 @contextlib.contextmanager
-def write_transaction(conn):
+def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """``BEGIN IMMEDIATE`` ... ``COMMIT``: take the write lock up front, as Hermes's writers do.
 
     On error, roll back unless SQLite already did (it does after e.g. SQLITE_FULL, and a
@@ -344,21 +359,21 @@ def write_transaction(conn):
         raise
 
 
-def file_size(path):
+def file_size(path: str) -> int:
     try:
         return os.stat(path).st_size
     except OSError:
         return 0
 
 
-def free_bytes(directory):
+def free_bytes(directory: str) -> int:
     try:
         return shutil.disk_usage(directory).free
     except OSError:
         return 0
 
 
-def sqlite_wal_reset_affected(version_info=None):
+def sqlite_wal_reset_affected(version_info: Sequence[int] | None = None) -> bool:
     """True when this SQLite has the WAL-reset bug (sqlite.org/wal.html#walresetbug).
 
     3.7.0 (the first with WAL) up to 3.51.2; fixed in 3.51.3, and in the 3.50.7 and
@@ -369,7 +384,7 @@ def sqlite_wal_reset_affected(version_info=None):
     return not fixed
 
 
-def engine_sqlite():
+def engine_sqlite() -> dict[str, Any]:
     """Which SQLite does the work here: reported with every result."""
     return {
         "version": sqlite3.sqlite_version,
@@ -387,7 +402,7 @@ WAL_KEEP = 0
 WAL_BUDGET = 64 * MB
 
 
-def wal_pending_bytes(db_path):
+def wal_pending_bytes(db_path: str) -> int:
     """Bytes of WAL frames not yet checkpointed into the file: (mxFrame - nBackfill) frames.
 
     Read from the -shm's WAL-index header through the descriptor our own SQLite holds
@@ -403,17 +418,17 @@ def wal_pending_bytes(db_path):
         return file_size(db_path + "-wal")
     if len(head) < 104:
         return 0
-    page = struct.unpack_from("=H", head, 14)[0]
-    frames = struct.unpack_from("=I", head, 16)[0] - struct.unpack_from("=I", head, 96)[0]
+    page: int = struct.unpack_from("=H", head, 14)[0]
+    frames: int = struct.unpack_from("=I", head, 16)[0] - struct.unpack_from("=I", head, 96)[0]
     return max(0, frames) * frame_bytes(65536 if page == 1 else page)
 
 
-def frame_bytes(page_size):
+def frame_bytes(page_size: int) -> int:
     """A WAL frame's size: the page and its 24-byte frame header."""
     return page_size + 24
 
 
-def is_wal_file(path):
+def is_wal_file(path: str) -> bool:
     """The header says WAL (bytes 18 and 19 are 2): SQLite opens it in WAL mode."""
     return _header_versions(path) == _WAL_VERSIONS
 
@@ -428,7 +443,7 @@ SHM_LOCK_RANGE = (120, 9)
 _FLOCK = "hhqqi"  # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid
 
 
-def lock_owner(path, start, length):
+def lock_owner(path: str, start: int, length: int) -> int | None:
     """A lock another process holds on ``path``'s byte range: its pid (0 when not visible
     from here, -1 for an open-file-description lock), or None when nobody holds one.
 
@@ -442,6 +457,8 @@ def lock_owner(path, start, length):
             answer = fcntl.fcntl(fd, fcntl.F_GETLK, query + b"\0" * 16)
     except OSError:
         return None
+    l_type: int
+    l_pid: int
     l_type, _whence, _start, _len, l_pid = struct.unpack(_FLOCK, answer[: struct.calcsize(_FLOCK)])
     return None if l_type == fcntl.F_UNLCK else l_pid
 
@@ -453,7 +470,7 @@ def lock_owner(path, start, length):
 WAL_WRITE_LOCK_BYTE = SHM_LOCK_RANGE[0]
 
 
-def writer_probe(path, wal=False):
+def writer_probe(path: str, wal: bool = False) -> Callable[[], bool] | None:
     """A function that says whether another process is inside a write transaction on ``path``
     (holds SQLite's RESERVED byte in rollback-journal mode, the -shm's WAL_WRITE_LOCK byte with
     ``wal``: from its ``BEGIN IMMEDIATE`` to the end of its COMMIT), or None when this process has
@@ -476,17 +493,18 @@ def writer_probe(path, wal=False):
     query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, byte, length, 0) + b"\0" * 16
     size = struct.calcsize(_FLOCK)
 
-    def writing():
+    def writing() -> bool:
         try:
             answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
         except OSError:
             return False
-        return struct.unpack(_FLOCK, answer[:size])[0] != fcntl.F_UNLCK
+        l_type: int = struct.unpack(_FLOCK, answer[:size])[0]
+        return l_type != fcntl.F_UNLCK
 
     return writing
 
 
-def _own_fd(path):
+def _own_fd(path: str) -> int | None:
     """A readable descriptor this process already has on ``path``'s file (SQLite's), or None."""
     try:
         want = os.stat(path)
@@ -505,7 +523,7 @@ def _own_fd(path):
     return None
 
 
-def holders(db_path, exclude_pids=None):
+def holders(db_path: str, exclude_pids: Iterable[int] | None = None) -> list[dict[str, Any]]:
     """Processes that have state.db or a sidecar open, or may have: never fewer than there are.
 
     Each is ``{"pid", "command", "evidence"}``: ``descriptor`` (its /proc/PID/fd points at
@@ -550,14 +568,28 @@ SHARED_FILESYSTEMS = frozenset(
 MOUNTINFO = "/proc/self/mountinfo"
 
 
-def _unescape(field):
+class Filesystem(TypedDict):
+    """The mount a file is on, as ``filesystem_of`` tells it."""
+
+    type: str
+    mount_point: str
+    source: str
+
+
+class Mount(Filesystem):
+    """One line of mountinfo: a ``Filesystem`` and its device number (``major:minor``)."""
+
+    dev: str
+
+
+def _unescape(field: str) -> str:
     """mountinfo writes space, tab, newline and backslash as octal escapes (\\040 ...)."""
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def parse_mountinfo(text):
+def parse_mountinfo(text: str) -> list[Mount]:
     """Each mount of mountinfo text as {"dev", "mount_point", "type", "source"}, in its order."""
-    mounts = []
+    mounts: list[Mount] = []
     for line in text.splitlines():
         left, sep, right = line.partition(" - ")
         fields, tail = left.split(), right.split()
@@ -574,7 +606,7 @@ def parse_mountinfo(text):
     return mounts
 
 
-def filesystem_of(path, mountinfo_text=None):
+def filesystem_of(path: str, mountinfo_text: str | None = None) -> Filesystem | None:
     """The mount ``path`` is on: {"type", "mount_point", "source"}, or None when unknown.
 
     The mount with the file's own device number (``st_dev`` as major:minor) whose mount point
@@ -591,20 +623,22 @@ def filesystem_of(path, mountinfo_text=None):
         return None
     dev = "%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
 
-    def under(mount):
+    def under(mount: Mount) -> bool:
         point = mount["mount_point"].rstrip("/") + "/"
         return real == mount["mount_point"] or real.startswith(point) or point == "/"
 
     mounts = [m for m in parse_mountinfo(mountinfo_text) if under(m)]
     same = [m for m in mounts if m["dev"] == dev] or mounts
-    best = None
+    best: Mount | None = None
     for mount in same:
         if best is None or len(mount["mount_point"]) >= len(best["mount_point"]):
             best = mount
-    return {k: best[k] for k in ("type", "mount_point", "source")} if best else None
+    if not best:
+        return None
+    return {"type": best["type"], "mount_point": best["mount_point"], "source": best["source"]}
 
 
-def shared_filesystem(path, mountinfo_text=None):
+def shared_filesystem(path: str, mountinfo_text: str | None = None) -> str | None:
     """Why ``path``'s filesystem is shared with other hosts (network or VM share), or None.
 
     There no process holding the file can be ruled out (other hosts are not in /proc, and
@@ -619,7 +653,7 @@ def shared_filesystem(path, mountinfo_text=None):
     )
 
 
-def refuse_wal_on_shared_filesystem(db_path, journal_mode):
+def refuse_wal_on_shared_filesystem(db_path: str, journal_mode: str) -> str | None:
     """No write into a WAL file on a network or VM-shared filesystem: raise, naming why."""
     shared = shared_filesystem(db_path)
     if shared and journal_mode.lower() == "wal":
@@ -632,7 +666,7 @@ def refuse_wal_on_shared_filesystem(db_path, journal_mode):
     return shared
 
 
-def _scan_proc(db_path, exclude):
+def _scan_proc(db_path: str, exclude: set[int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(holders seen in /proc/*/fd, processes that could hold it but whose descriptors are unreadable)."""
     real = os.path.realpath(db_path)
     targets = {real} | {real + s for s in SIDECAR_SUFFIXES} | {real + "-journal"}
@@ -641,13 +675,15 @@ def _scan_proc(db_path, exclude):
         pids = [p for p in os.listdir("/proc") if p.isdigit()]
     except OSError:
         return [], [{"pid": None, "command": "every process (/proc cannot be read)", "evidence": "unreadable"}]
-    found, hidden = [], []
+    found: list[dict[str, Any]] = []
+    hidden: list[dict[str, Any]] = []
     ancestors = _ancestors()
     for pid in pids:
         if int(pid) in exclude:
             continue
         fd_dir = "/proc/%s/fd" % pid
         readable = True
+        fds: list[str]
         try:
             fds = os.listdir(fd_dir)
         except FileNotFoundError:
@@ -677,7 +713,7 @@ def _scan_proc(db_path, exclude):
     return found, hidden
 
 
-def _exited(pid):
+def _exited(pid: int | str) -> bool:
     """Whether ``pid`` is a zombie (it holds no file; its parent has not reaped it yet): a gateway a
     service window just stopped, whose descriptor table its owner could not read while it ran."""
     try:
@@ -687,7 +723,7 @@ def _exited(pid):
         return False
 
 
-def _session_closer(pid):
+def _session_closer(pid: int | str) -> bool:
     """Whether ``pid`` is ``(sd-pam)``: the helper that a user's own systemd manager forks (and that
     lives as long as it) to close the PAM session at its end. The manager of a Hermes user runs for
     good once linger is on, which `hermes gateway install` turns on for the gateway's user unit. The
@@ -695,13 +731,17 @@ def _session_closer(pid):
     user's: not a possible holder. Known by its name and its parent, the manager's systemd."""
     if _comm(pid) != "(sd-pam)":
         return False
+    parent = _parent(pid)
+    if parent is None:
+        return False
+
     try:
-        return os.path.basename(os.readlink("/proc/%d/exe" % _parent(pid))) == "systemd"
-    except (OSError, TypeError):
+        return os.path.basename(os.readlink("/proc/%d/exe" % parent)) == "systemd"
+    except OSError:
         return False
 
 
-def _parent(pid):
+def _parent(pid: int | str) -> int | None:
     """The parent's pid from /proc/PID/stat (the field after "(comm) state"), or None."""
     try:
         with open("/proc/%s/stat" % pid) as handle:
@@ -710,7 +750,7 @@ def _parent(pid):
         return None
 
 
-def _ancestors():
+def _ancestors() -> set[int]:
     """The processes that started this one (init, cron, sshd, sudo, the Ansible connection).
 
     Their descriptors are often unreadable (another uid, more capabilities than ours), but
@@ -718,14 +758,15 @@ def _ancestors():
     (Hermes's own cron) runs as the file's owner, so its descriptors are readable and it is
     found by them. Their open files are still checked when they can be read.
     """
-    chain, pid = set(), os.getppid()
+    chain: set[int] = set()
+    pid: int | None = os.getppid()
     while pid and pid > 0 and pid not in chain:
         chain.add(pid)
         pid = _parent(pid)
     return chain
 
 
-def _could_open(pid, st):
+def _could_open(pid: int | str, st: os.stat_result) -> bool:
     """Whether a process whose descriptors we cannot read could have the file open at all.
 
     Its owner's processes, anyone's when the mode lets group or others in, and root's when
@@ -741,7 +782,7 @@ def _could_open(pid, st):
     return st.st_uid == 0 and 0 in uids
 
 
-def _status_ids(pid, field):
+def _status_ids(pid: int | str, field: str) -> set[int] | None:
     try:
         with open("/proc/%s/status" % pid) as handle:
             for line in handle:
@@ -752,7 +793,7 @@ def _status_ids(pid, field):
     return None
 
 
-def _proc_hides_others():
+def _proc_hides_others() -> bool:
     try:
         with open("/proc/self/mountinfo") as handle:
             for line in handle:
@@ -765,7 +806,7 @@ def _proc_hides_others():
     return False
 
 
-def describe_holders(found, limit=5):
+def describe_holders(found: Sequence[dict[str, Any]], limit: int = 5) -> str:
     """``python3 (pid 12)``, ``hermes (pid 40, a possible holder: its descriptors cannot be read)``."""
     words = []
     for h in found[:limit]:
@@ -784,7 +825,7 @@ def describe_holders(found, limit=5):
     return ", ".join(words)
 
 
-def _comm(pid):
+def _comm(pid: int | str) -> str:
     try:
         with open("/proc/%s/comm" % pid) as handle:
             return handle.read().strip()
@@ -792,7 +833,7 @@ def _comm(pid):
         return "?"
 
 
-def fsync_path(path):
+def fsync_path(path: str) -> None:
     """fsync a file (its data) or a directory (its entries: names created, renamed, removed)."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -801,7 +842,7 @@ def fsync_path(path):
         os.close(fd)
 
 
-def makedirs_durable(path, mode=0o777):
+def makedirs_durable(path: str, mode: int = 0o777) -> None:
     """os.makedirs, each directory it creates made durable: itself and its entry in its parent.
 
     Without the parent's fsync a power loss can take a new directory away with all it holds,
@@ -818,7 +859,7 @@ def makedirs_durable(path, mode=0o777):
         pass
 
 
-def fsync_tree(path):
+def fsync_tree(path: str) -> None:
     """fsync a file, or a directory with everything under it, then its parent's entry."""
     if os.path.isdir(path) and not os.path.islink(path):
         for base, _dirs, files in os.walk(path, topdown=False):
@@ -831,7 +872,7 @@ def fsync_tree(path):
     fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
-def commits_durable(db_path):
+def commits_durable(db_path: str) -> None:
     """Make every transaction committed so far to db_path durable, whatever ``synchronous`` was.
 
     In WAL mode with synchronous=NORMAL a COMMIT only wrote its frames to the -wal: fsync it.

@@ -13,6 +13,7 @@ split and read again; an object whose page walk is cut short is named as not mea
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 from .db import RANGE_READ_BOUND, RANGE_READ_TIME, StatementBound, ranged_rows
 
@@ -37,11 +38,11 @@ STATEMENT_BOUND = RANGE_READ_BOUND  # seconds after which such a statement is in
 NO_DBSTAT = "this SQLite (%s) was built without the dbstat virtual table (SQLITE_ENABLE_DBSTAT_VTAB)"
 
 
-def _quote(name):
+def _quote(name: str) -> str:
     return '"%s"' % name.replace('"', '""')
 
 
-def has_dbstat(conn):
+def has_dbstat(conn: sqlite3.Connection) -> bool:
     try:
         conn.execute("SELECT 1 FROM dbstat LIMIT 0").fetchall()
     except sqlite3.OperationalError:
@@ -49,7 +50,7 @@ def has_dbstat(conn):
     return True
 
 
-def _owners(conn):
+def _owners(conn: sqlite3.Connection) -> tuple[dict[str, tuple[str, str]], set[str]]:
     """btree name -> (kind, the object it counts under), from sqlite_master."""
     rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
     virtual = {
@@ -57,7 +58,10 @@ def _owners(conn):
     }
     shadow = {vt + suffix: vt for vt in virtual for suffix in FTS5_SHADOWS}
     # Page 1's btree: dbstat names it sqlite_schema from SQLite 3.33, sqlite_master before.
-    owners = {"sqlite_schema": ("table", "sqlite_schema"), "sqlite_master": ("table", "sqlite_schema")}
+    owners: dict[str, tuple[str, str]] = {
+        "sqlite_schema": ("table", "sqlite_schema"),
+        "sqlite_master": ("table", "sqlite_schema"),
+    }
     for kind, name, table, _sql in rows:
         if kind == "table" and name in shadow:
             owners[name] = ("fts", shadow[name])
@@ -68,17 +72,19 @@ def _owners(conn):
     return owners, virtual
 
 
-def _object_pages(conn, name, bound):
+def _object_pages(conn: sqlite3.Connection, name: str, bound: float | None) -> tuple[int, int] | None:
     """(pages, bytes) of one btree, overflow pages included; None when the bound cut it short."""
+    row: tuple[int, int] | None = None
     with StatementBound(conn, bound) as cut:
         row = conn.execute("SELECT COUNT(*), COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name = ?", (name,)).fetchone()
     return None if cut.cut else row
 
 
-def by_object(conn, live_rollback):
+def by_object(conn: sqlite3.Connection, live_rollback: bool) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """{object: {kind, table, pages, bytes}} by dbstat, one read per btree; and what was not measured."""
     owners, virtual = _owners(conn)
-    objects, unmeasured = {}, []
+    objects: dict[str, dict[str, Any]] = {}
+    unmeasured: list[str] = []
     for btree in sorted(owners):
         kind, owner = owners[btree]
         figures = _object_pages(conn, btree, STATEMENT_BOUND if live_rollback else None)
@@ -93,7 +99,7 @@ def by_object(conn, live_rollback):
     return objects, unmeasured
 
 
-def byte_length(column):
+def byte_length(column: str) -> str:
     """SQL for the bytes a column's value takes: octet_length (3.43+) reads only the record
     header; before it the value is cast to a blob, which reads it."""
     if sqlite3.sqlite_version_info >= (3, 43, 0):
@@ -101,7 +107,9 @@ def byte_length(column):
     return "COALESCE(length(CAST(%s AS BLOB)), 0)" % _quote(column)
 
 
-def _scan_messages(conn, columns, live_rollback):
+def _scan_messages(
+    conn: sqlite3.Connection, columns: set[str], live_rollback: bool
+) -> tuple[dict[tuple[str, str | None], list[int]], list[str]]:
     """{(session_id, role): [messages, content_bytes, payload_bytes]} over every message, by rowid ranges."""
     payload = [c for c in PAYLOAD_COLUMNS if c in columns]
     content = byte_length("content") if "content" in columns else "0"
@@ -111,12 +119,12 @@ def _scan_messages(conn, columns, live_rollback):
         "GROUP BY session_id, role" % (content, total)
     )
     low, top = conn.execute("SELECT MIN(id), MAX(id) FROM messages").fetchone()
-    figures = {}
+    figures: dict[tuple[str, str | None], list[int]] = {}
     if low is None:
         return figures, payload
-    live = {"target": STATEMENT_TARGET, "bound": STATEMENT_BOUND} if live_rollback else {"target": None, "bound": None}
+    target, bound = (STATEMENT_TARGET, STATEMENT_BOUND) if live_rollback else (None, None)
     first = FIRST_LIVE_RANGE if live_rollback else SCAN_RANGE
-    for rows in ranged_rows(conn, sql, low, top, first=first, most=SCAN_RANGE, **live):
+    for rows in ranged_rows(conn, sql, low, top, first=first, most=SCAN_RANGE, target=target, bound=bound):
         for sid, role, count, content_bytes, payload_bytes in rows:
             entry = figures.setdefault((sid, role), [0, 0, 0])
             entry[0] += count
@@ -125,21 +133,23 @@ def _scan_messages(conn, columns, live_rollback):
     return figures, payload
 
 
-def _add(totals, key, count, content_bytes, payload_bytes):
+def _add(totals: dict[str, dict[str, int]], key: str, count: int, content_bytes: int, payload_bytes: int) -> None:
     entry = totals.setdefault(key, {"messages": 0, "content_bytes": 0, "payload_bytes": 0})
     entry["messages"] += count
     entry["content_bytes"] += content_bytes
     entry["payload_bytes"] += payload_bytes
 
 
-def payload(conn, live_rollback, top=TOP_SESSIONS):
+def payload(conn: sqlite3.Connection, live_rollback: bool, top: int = TOP_SESSIONS) -> dict[str, Any]:
     """Message payload bytes by role, by session source, and the largest sessions."""
     columns = {row[1] for row in conn.execute("SELECT * FROM pragma_table_info('messages')")}
     figures, counted = _scan_messages(conn, columns, live_rollback)
-    sessions = {}
+    sessions: dict[str, tuple[Any, ...]] = {}
     for row in conn.execute("SELECT id, source, started_at, ended_at FROM sessions"):
         sessions[row[0]] = row[1:]
-    by_role, by_source, by_session = {}, {}, {}
+    by_role: dict[str, dict[str, int]] = {}
+    by_source: dict[str, dict[str, int]] = {}
+    by_session: dict[str, dict[str, Any]] = {}
     for (sid, role), (count, content_bytes, payload_bytes) in figures.items():
         source, started, ended = sessions.get(sid, (None, None, None))
         _add(by_role, role if role is not None else "(none)", count, content_bytes, payload_bytes)
@@ -152,14 +162,14 @@ def payload(conn, live_rollback, top=TOP_SESSIONS):
     return {"payload_columns": counted, "by_role": by_role, "by_source": by_source, "largest_sessions": largest}
 
 
-def storage(conn, live_rollback):
+def storage(conn: sqlite3.Connection, live_rollback: bool) -> dict[str, Any]:
     """The ``storage`` figures of state_db_info for one open (read-only) state.db.
 
     ``live_rollback``: the file is in rollback-journal mode and other processes hold it.
     """
     page_size = conn.execute("PRAGMA page_size").fetchone()[0]
     free_pages = conn.execute("PRAGMA freelist_count").fetchone()[0]
-    result = {
+    result: dict[str, Any] = {
         "page_size": page_size,
         "page_count": conn.execute("PRAGMA page_count").fetchone()[0],
         "free_pages": free_pages,

