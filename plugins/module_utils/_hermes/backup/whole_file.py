@@ -12,6 +12,7 @@ only this collection's own files (``hermes-ops_*``).
 
 from __future__ import annotations
 
+import builtins
 import calendar
 import contextlib
 import errno
@@ -22,7 +23,7 @@ import shutil
 import sqlite3
 import stat
 import time
-from typing import Any, Callable, Iterable, List, Mapping, Pattern, Tuple, TypedDict
+from typing import Any, Callable, Iterable, Mapping, Pattern, Tuple, TypedDict
 
 from ..sqlite.db import (
     BUSY_TIMEOUT,
@@ -78,7 +79,7 @@ class StampedFiles:
         """Whether ``name`` is a finished file's name (never a hidden ``.partial``)."""
         return self.pattern.match(name) is not None
 
-    def list(self, backup_dir: str, profile: str) -> List[Stamped]:
+    def list(self, backup_dir: str, profile: str) -> builtins.list[Stamped]:  # the method's own name hides the builtin here
         """This profile's finished files, newest first, as (path, unix time)."""
         return list_stamped(backup_dir, profile, self.pattern)
 
