@@ -79,7 +79,7 @@ class StampedFiles:
         """Whether ``name`` is a finished file's name (never a hidden ``.partial``)."""
         return self.pattern.match(name) is not None
 
-    def list(self, backup_dir: str, profile: str) -> builtins.list[Stamped]:  # the method's own name hides the builtin here
+    def list(self, backup_dir: str, profile: str) -> builtins.list[Stamped]:  # "list" here is this method
         """This profile's finished files, newest first, as (path, unix time)."""
         return list_stamped(backup_dir, profile, self.pattern)
 
