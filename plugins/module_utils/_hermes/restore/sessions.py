@@ -551,7 +551,8 @@ def _select(
 
 def _present(dst: sqlite3.Connection, ids: Iterable[str]) -> set[str]:
     """Which of ``ids`` state.db has, a statement (a short read) per ID_CHUNK."""
-    ordered, found = sorted(ids), set[str]()
+    ordered = sorted(ids)
+    found: set[str] = set()
     for start in range(0, len(ordered), ID_CHUNK):
         chunk = ordered[start : start + ID_CHUNK]
         found |= {
