@@ -117,7 +117,7 @@ class RestorePlan(TypedDict, total=False):
 
     db: str
     backup_dir: str
-    backup: BackupCounts | None
+    backup: BackupCounts
     rejected: list[Rejected]
     current: Current
     holders: Sequence[Mapping[str, object]]
@@ -206,7 +206,7 @@ def plan_restore(home: str, profile: str, backup_dir: str | None = None, backup:
     """What a restore would do; reads only. Raises MaintenanceError with the reason."""
     db = profile_db(home, profile)
     backup_dir = backups_of(os.path.abspath(os.path.expanduser(home)), backup_dir)
-    plan: RestorePlan = {"db": db, "backup_dir": backup_dir, "backup": None, "rejected": []}
+    rejected: list[Rejected] = []
     if backup:
         candidates = [_resolve_backup(backup, backup_dir)]
     else:
@@ -215,16 +215,23 @@ def plan_restore(home: str, profile: str, backup_dir: str | None = None, backup:
             raise MaintenanceError(
                 "no backup of profile %s in %s (hermes-ops_%s_*.db[.gz])" % (profile, backup_dir, profile)
             )
-    plan["backup"] = _first_verified(candidates, plan["rejected"])
-    if plan["backup"] is None:
+    verified = _first_verified(candidates, rejected)
+    if verified is None:
         raise MaintenanceError(
             "no backup of profile %s verifies: %s"
-            % (profile, "; ".join("%s: %s" % (r["path"], r["error"]) for r in plan["rejected"]))
+            % (profile, "; ".join("%s: %s" % (r["path"], r["error"]) for r in rejected))
         )
-    plan["current"] = _current_file(db)
-    plan["holders"] = holders(db)
-    plan["aside"] = os.path.join(os.path.dirname(db), ASIDE_PREFIX + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
-    return plan
+    current, held_by = _current_file(db), holders(db)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return {
+        "db": db,
+        "backup_dir": backup_dir,
+        "backup": verified,
+        "rejected": rejected,
+        "current": current,
+        "holders": held_by,
+        "aside": os.path.join(os.path.dirname(db), ASIDE_PREFIX + stamp),
+    }
 
 
 def _first_verified(candidates: list[str], rejected: list[Rejected]) -> BackupCounts | None:
@@ -285,7 +292,6 @@ def _maintenance_lock(db: str, current: Current) -> ProfileLock:
 
 def _restore(plan: RestorePlan, force: bool) -> RestorePlan:
     db, backup, current = plan["db"], plan["backup"], plan["current"]
-    assert backup is not None  # plan_restore raises when no backup verifies
     others = holders(db)
     if others and not force:
         raise MaintenanceError(
