@@ -157,7 +157,7 @@ class Totals(TypedDict):
     changed: bool
 
 
-class RestorePlan(Totals, total=False):
+class SessionRestorePlan(Totals, total=False):
     """``plan_session_restore``'s plan (see there); a run adds ``done`` and ``after``, the caller ``db``."""
 
     archive: SourceInfo
@@ -584,7 +584,7 @@ def plan_session_restore(
     select: Selection | None = None,
     info: SourceInfo | None = None,
     pending: Collection[str] = (),
-) -> RestorePlan:
+) -> SessionRestorePlan:
     """What restoring the sessions chosen from an archive or backup would do; reads only.
 
     ``archive_path``: the archive, or a whole-file backup's plain file with its ``info``
@@ -633,7 +633,7 @@ def _read_plan(
     info: SourceInfo,
     sel: Selection,
     pending: Collection[str],
-) -> RestorePlan:
+) -> SessionRestorePlan:
     """``plan_session_restore`` on the open source ``src`` and state.db ``dst``."""
     archive = info["kind"] == "archive"
     what = "archive" if archive else "backup"
@@ -787,9 +787,9 @@ def _plan_one(
     }
 
 
-def _totals(sessions: list[SessionPlan], live_version: int | None, notes: list[str]) -> RestorePlan:
+def _totals(sessions: list[SessionPlan], live_version: int | None, notes: list[str]) -> SessionRestorePlan:
     """A plan of these ``sessions``, with their totals."""
-    totals: RestorePlan = {
+    totals: SessionRestorePlan = {
         "db_schema_version": live_version,
         "sessions": sessions,
         "notes": notes,
@@ -897,11 +897,11 @@ class _SessionRun:
         self.db_path, self.plain, self.info, self.select = db_path, plain, info, select
         self.busy_timeout, self.pause = busy_timeout, pause
 
-    def plan(self, pending: Collection[str]) -> RestorePlan:
+    def plan(self, pending: Collection[str]) -> SessionRestorePlan:
         return plan_session_restore(self.db_path, self.plain, None, self.busy_timeout, self.select, self.info, pending)
 
 
-def _restore_from(run: _SessionRun, source: Source, check_mode: bool) -> RestorePlan:
+def _restore_from(run: _SessionRun, source: Source, check_mode: bool) -> SessionRestorePlan:
     """Plan, then (not in check mode) restore what the plan lacks; a backup's sessions are listed
     in the pending file until they are complete."""
     backup = source["kind"] == "file"
@@ -927,7 +927,7 @@ def _restore_from(run: _SessionRun, source: Source, check_mode: bool) -> Restore
     return plan
 
 
-def _put_sessions_back(run: _SessionRun, plan: RestorePlan, wanted: list[str], backup: bool) -> dict[str, int]:
+def _put_sessions_back(run: _SessionRun, plan: SessionRestorePlan, wanted: list[str], backup: bool) -> dict[str, int]:
     """The sessions ``wanted`` written back (in that order from a backup), then the closes undone."""
     try:
         done: dict[str, int] = restore_sessions(
@@ -948,7 +948,7 @@ def _put_sessions_back(run: _SessionRun, plan: RestorePlan, wanted: list[str], b
     return done
 
 
-def _record_done(plan: RestorePlan, done: dict[str, int], after: list[SessionPlan]) -> None:
+def _record_done(plan: SessionRestorePlan, done: dict[str, int], after: list[SessionPlan]) -> None:
     """The plan's figures replaced by what the run did; ``after``: the sessions restored, as they are now."""
     plan["sessions_reopened"] = done.get("sessions_reopened", 0)
     plan["done"] = done
