@@ -12,6 +12,7 @@ only this collection's own files (``hermes-ops_*``).
 
 from __future__ import annotations
 
+import builtins
 import calendar
 import contextlib
 import errno
@@ -22,6 +23,7 @@ import shutil
 import sqlite3
 import stat
 import time
+from typing import Any, Callable, Iterable, Mapping, Pattern, Tuple, TypedDict
 
 from ..sqlite.db import (
     BUSY_TIMEOUT,
@@ -42,14 +44,23 @@ BACKUP_STEP_BYTES = 16 * 1024 * 1024  # copied per step, then flushed (see _copy
 # past this size the slower backup API copies instead, without blocking writers.
 RAW_WAL_LIMIT = 32 * 1024 * 1024
 
+Stamped = Tuple[str, int]  # a finished file's path and the unix time its name carries
 
-def stamped_name(prefix, profile, when, seq=0):
+
+class Counts(TypedDict):
+    """What a verified copy holds."""
+
+    sessions: int
+    messages: int
+
+
+def stamped_name(prefix: str, profile: str, when: float, seq: int = 0) -> str:
     """``<prefix><profile>_<UTC stamp>[-<seq>].db``: the name backups and archives share."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
     return "%s%s_%s%s.db" % (prefix, profile, stamp, "-%d" % seq if seq else "")
 
 
-def stamped_pattern(prefix, suffix=r"\.db"):
+def stamped_pattern(prefix: str, suffix: str = r"\.db") -> Pattern[str]:
     """The names stamped_name gives with ``prefix`` (and ``suffix``): groups ``profile``, ``stamp``, ``seq``."""
     return re.compile(r"^%s(?P<profile>.+)_(?P<stamp>\d{8}T\d{6}Z)(?:-(?P<seq>\d+))?%s$" % (re.escape(prefix), suffix))
 
@@ -57,30 +68,30 @@ def stamped_pattern(prefix, suffix=r"\.db"):
 class StampedFiles:
     """The finished files of one kind in a backup directory, named ``<prefix><profile>_<UTC stamp>[-<seq>].db``."""
 
-    def __init__(self, prefix):
+    def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self.pattern = stamped_pattern(prefix)
 
-    def name(self, profile, when, seq=0):
+    def name(self, profile: str, when: float, seq: int = 0) -> str:
         return stamped_name(self.prefix, profile, when, seq)
 
-    def is_name(self, name):
+    def is_name(self, name: str) -> bool:
         """Whether ``name`` is a finished file's name (never a hidden ``.partial``)."""
         return self.pattern.match(name) is not None
 
-    def list(self, backup_dir, profile):
+    def list(self, backup_dir: str, profile: str) -> builtins.list[Stamped]:  # "list" here is this method
         """This profile's finished files, newest first, as (path, unix time)."""
         return list_stamped(backup_dir, profile, self.pattern)
 
 
-def list_stamped(backup_dir, profile, pattern):
+def list_stamped(backup_dir: str, profile: str, pattern: Pattern[str]) -> list[Stamped]:
     """This profile's finished files whose names match ``pattern`` (groups ``profile``,
     ``stamp``, ``seq``), newest first, as (path, unix time)."""
     try:
         names = os.listdir(backup_dir)
     except OSError:
         return []
-    found = []
+    found: list[tuple[str, int, int]] = []
     for name in names:
         match = pattern.match(name)
         if match and match.group("profile") == profile:
@@ -93,22 +104,22 @@ def list_stamped(backup_dir, profile, pattern):
 BACKUP_NAME = stamped_pattern(PREFIX, r"\.db(?P<gz>\.gz)?")
 
 
-def backup_name(profile, when, seq=0):
+def backup_name(profile: str, when: float, seq: int = 0) -> str:
     return stamped_name(PREFIX, profile, when, seq)
 
 
-def list_backups(backup_dir, profile):
+def list_backups(backup_dir: str, profile: str) -> list[Stamped]:
     """This profile's finished backups, newest first, as (path, unix time)."""
     return list_stamped(backup_dir, profile, BACKUP_NAME)
 
 
-def parse_backup_name(name):
+def parse_backup_name(name: str) -> tuple[str, int] | None:
     """(profile, unix time) of a finished backup's file name, else None."""
     match = BACKUP_NAME.match(name)
     return (match.group("profile"), stamp_time(match.group("stamp"))) if match else None
 
 
-def stamp_time(stamp):
+def stamp_time(stamp: str) -> int:
     """YYYYmmddTHHMMSSZ as unix time. Not time.strptime: it imports ``_strptime`` lazily, and
     as root the work runs in a child switched to the Hermes user, who may not be able to
     read this interpreter's library (a Python under /root): that import then fails."""
@@ -116,7 +127,7 @@ def stamp_time(stamp):
     return calendar.timegm(tuple(int(f) for f in fields) + (0, 0, 0))
 
 
-def check_backup_dir(backup_dir, owner_uid, create):
+def check_backup_dir(backup_dir: str, owner_uid: int, create: bool) -> None:
     """The directory must be the owner's own: not a link, not writable by others."""
     if os.path.islink(backup_dir):
         raise MaintenanceError(
@@ -145,7 +156,7 @@ def check_backup_dir(backup_dir, owner_uid, create):
         )
 
 
-def remove_partials(backup_dir, profile, prefix=PREFIX, between=".*"):
+def remove_partials(backup_dir: str, profile: str, prefix: str = PREFIX, between: str = ".*") -> None:
     """Leftovers of an interrupted backup (or, with the archives' ``prefix``, archive) of this
     profile (we hold its lock). ``between``: what may stand between ``.db`` and ``.partial``
     (a backup's work files are ``.db.gz.partial`` and ``.db.gz.partial.db``)."""
@@ -175,24 +186,25 @@ class WriteBack:
     970 ms, and a writer on another file of the same disk waited as long).
     """
 
-    def __init__(self, fd):
+    def __init__(self, fd: int) -> None:
         self.fd = fd  # the descriptor that created the partial file: no second open by its path
         self.flushed = 0
 
-    def __call__(self):
+    def __call__(self) -> None:
         size = os.fstat(self.fd).st_size
         if size - self.flushed >= BACKUP_STEP_BYTES:
             os.fdatasync(self.fd)
             self.flushed = size
 
-    def close(self):
+    def close(self) -> None:
         os.close(self.fd)
 
 
-def open_partial(partial):
+def open_partial(partial: str) -> tuple[WriteBack, sqlite3.Connection]:
     """A new private partial archive: (its WriteBack, on the descriptor that created it; a SQLite
     connection to it, no journal and no syncs: it is verified and fsynced before it counts)."""
-    write_back, dst = WriteBack(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)), None
+    write_back = WriteBack(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    dst: sqlite3.Connection | None = None
     try:
         dst = sqlite3.connect(partial)
         dst.execute("PRAGMA journal_mode=OFF")
@@ -205,43 +217,25 @@ def open_partial(partial):
     return write_back, dst
 
 
-def take_backup(conn, db_path, backup_dir, profile, compress, must_contain, busy_timeout=BUSY_TIMEOUT):
-    """Back up through ``conn``'s snapshot; verify; return {path, bytes, verified, ...}."""
+def take_backup(
+    conn: sqlite3.Connection,
+    db_path: str,
+    backup_dir: str,
+    profile: str,
+    compress: bool,
+    must_contain: Mapping[str, int],
+    busy_timeout: float = BUSY_TIMEOUT,
+) -> dict[str, Any]:
+    """Back up through ``conn``'s snapshot; verify; return {path, bytes, verified, ...}.
+
+    A dict, not a TypedDict: the callers add their own keys (``removed``) to it."""
     remove_partials(backup_dir, profile)
-    needed = int((file_size(db_path) + file_size(db_path + "-wal")) * 1.1) + MB
-    if compress:  # the plain copy stays until its .gz is complete, and gzip can't promise to shrink it
-        needed = 2 * needed
-    available = free_bytes(backup_dir)
-    if available < needed:
-        raise MaintenanceError(
-            "not enough space for the backup in %s: it needs about %d MB, %d MB are free; nothing was changed. "
-            "Free space there or set backup_dir elsewhere" % (backup_dir, needed // MB, available // MB)
-        )
-    now = time.time()
-    seq = 0
-    while True:
-        final = os.path.join(backup_dir, backup_name(profile, now, seq) + (".gz" if compress else ""))
-        if not os.path.exists(final):
-            break
-        seq += 1
+    needed = _space_needed(db_path, backup_dir, compress)
+    final = _unused_backup_path(backup_dir, profile, compress, time.time())
     partial = os.path.join(backup_dir, "." + os.path.basename(final) + ".partial")
     work = partial + ".db" if compress else partial
     try:
-        os.close(os.open(work, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        wal_mode = conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"
-        by_files = not wal_mode or file_size(db_path + "-wal") <= RAW_WAL_LIMIT
-        if by_files:
-            by_files = _copy_files(conn, db_path, work, wal_mode, busy_timeout)
-        target = sqlite3.connect(work, isolation_level=None)
-        try:
-            if not by_files:
-                _copy_snapshot(conn, target, work)
-            # A standalone file: no -wal beside a backup, whatever the source used. From a
-            # copied -wal, this replays its committed frames (checksummed) into the copy first.
-            target.execute("PRAGMA journal_mode=DELETE")
-            counts = verify(target, work, must_contain)
-        finally:
-            target.close()
+        by_files, counts = _verified_copy(conn, db_path, work, must_contain, busy_timeout)
         if compress:
             with open(work, "rb") as src, gzip.open(partial, "wb", compresslevel=6) as dst:
                 shutil.copyfileobj(src, dst, 4 * MB)
@@ -251,22 +245,10 @@ def take_backup(conn, db_path, backup_dir, profile, compress, must_contain, busy
         os.rename(partial, final)
         fsync_path(backup_dir)
     except BaseException as exc:
-        for leftover in (work, partial, work + "-journal", work + "-wal", work + "-shm"):
-            try:
-                os.unlink(leftover)
-            except OSError:
-                pass
-        if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or _disk_full(exc):
-            raise MaintenanceError(
-                "the backup ran out of space in %s (it needs about %d MB): the partial file was removed, "
-                "nothing was changed" % (backup_dir, needed // MB)
-            ) from None
-        if isinstance(exc, (sqlite3.Error, OSError)):  # OSError names the file
-            raise MaintenanceError(
-                "backup of %s to %s failed: %s; nothing was changed" % (db_path, final, exc)
-            ) from None
+        _remove_work_files(work, partial)
+        _raise_backup_failed(exc, backup_dir, needed, db_path, final)
         raise
-    result = {
+    result: dict[str, Any] = {
         "kind": "file",
         "path": final,
         "bytes": file_size(final),
@@ -278,7 +260,72 @@ def take_backup(conn, db_path, backup_dir, profile, compress, must_contain, busy
     return result
 
 
-def _copy_files(conn, db_path, work, wal_mode, busy_timeout):
+def _space_needed(db_path: str, backup_dir: str, compress: bool) -> int:
+    """Bytes the backup needs in ``backup_dir``; refused when they are not free."""
+    needed = int((file_size(db_path) + file_size(db_path + "-wal")) * 1.1) + MB
+    if compress:  # the plain copy stays until its .gz is complete, and gzip can't promise to shrink it
+        needed = 2 * needed
+    available = free_bytes(backup_dir)
+    if available < needed:
+        raise MaintenanceError(
+            "not enough space for the backup in %s: it needs about %d MB, %d MB are free; nothing was changed. "
+            "Free space there or set backup_dir elsewhere" % (backup_dir, needed // MB, available // MB)
+        )
+    return needed
+
+
+def _unused_backup_path(backup_dir: str, profile: str, compress: bool, now: float) -> str:
+    """The backup's final path: the first sequence number no finished file of this second holds."""
+    seq = 0
+    while True:
+        final = os.path.join(backup_dir, backup_name(profile, now, seq) + (".gz" if compress else ""))
+        if not os.path.exists(final):
+            return final
+        seq += 1
+
+
+def _verified_copy(
+    conn: sqlite3.Connection, db_path: str, work: str, must_contain: Mapping[str, int], busy_timeout: float
+) -> tuple[bool, Counts]:
+    """Copy the database into the new private file ``work`` and verify it: (copied by files, its counts)."""
+    os.close(os.open(work, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    wal_mode = conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"
+    by_files = not wal_mode or file_size(db_path + "-wal") <= RAW_WAL_LIMIT
+    if by_files:
+        by_files = _copy_files(conn, db_path, work, wal_mode, busy_timeout)
+    target = sqlite3.connect(work, isolation_level=None)
+    try:
+        if not by_files:
+            _copy_snapshot(conn, target, work)
+        # A standalone file: no -wal beside a backup, whatever the source used. From a
+        # copied -wal, this replays its committed frames (checksummed) into the copy first.
+        target.execute("PRAGMA journal_mode=DELETE")
+        return by_files, verify(target, work, must_contain)
+    finally:
+        target.close()
+
+
+def _remove_work_files(work: str, partial: str) -> None:
+    """What a failed backup leaves: its copy, the partial .gz and SQLite's files beside the copy."""
+    for leftover in (work, partial, work + "-journal", work + "-wal", work + "-shm"):
+        try:
+            os.unlink(leftover)
+        except OSError:
+            pass
+
+
+def _raise_backup_failed(exc: BaseException, backup_dir: str, needed: int, db_path: str, final: str) -> None:
+    """A full disk or a failed copy as a MaintenanceError naming it; anything else is left to propagate."""
+    if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or _disk_full(exc):
+        raise MaintenanceError(
+            "the backup ran out of space in %s (it needs about %d MB): the partial file was removed, "
+            "nothing was changed" % (backup_dir, needed // MB)
+        ) from None
+    if isinstance(exc, (sqlite3.Error, OSError)):  # OSError names the file
+        raise MaintenanceError("backup of %s to %s failed: %s; nothing was changed" % (db_path, final, exc)) from None
+
+
+def _copy_files(conn: sqlite3.Connection, db_path: str, work: str, wal_mode: bool, busy_timeout: float) -> bool:
     """Copy state.db byte for byte under a read snapshot on ``conn``, then its -wal under the write lock.
 
     While ``conn`` reads, no checkpoint can restart the -wal, nor copy into state.db a frame
@@ -307,14 +354,14 @@ def _copy_files(conn, db_path, work, wal_mode, busy_timeout):
     return True
 
 
-def _paced_copy(src_path, dst_path, flush=True):
+def _paced_copy(src_path: str, dst_path: str, flush: bool = True) -> None:
     """``cp`` through SQLite's own descriptor (``copy_db_bytes``: closing another would drop the
     read snapshot's locks) in steps of BACKUP_STEP_BYTES, each flushed to disk unless ``flush`` is
     False. A file that shrinks under the copy (a checkpoint truncated it) is covered by the -wal replay."""
     copy_db_bytes(src_path, dst_path, step=BACKUP_STEP_BYTES, flush=flush)
 
 
-def _copy_snapshot(conn, target, work):
+def _copy_snapshot(conn: sqlite3.Connection, target: sqlite3.Connection, work: str) -> None:
     """Copy ``conn``'s database into ``target`` from ONE read snapshot, in paced steps (backup API).
 
     The backup API restarts a stepped copy whenever another connection writes, which
@@ -328,7 +375,8 @@ def _copy_snapshot(conn, target, work):
     """
     target.execute("PRAGMA journal_mode=OFF")
     target.execute("PRAGMA synchronous=OFF")
-    pages = max(1, BACKUP_STEP_BYTES // conn.execute("PRAGMA page_size").fetchone()[0])
+    page_size: int = conn.execute("PRAGMA page_size").fetchone()[0]
+    pages = max(1, BACKUP_STEP_BYTES // page_size)
     fd = os.open(work, os.O_RDONLY)
     try:
         with read_snapshot(conn):
@@ -337,14 +385,14 @@ def _copy_snapshot(conn, target, work):
         os.close(fd)
 
 
-def _disk_full(exc):
+def _disk_full(exc: BaseException) -> bool:
     """SQLite's SQLITE_FULL (13): its page copy hit ENOSPC."""
     if not isinstance(exc, sqlite3.Error):
         return False
     return getattr(exc, "sqlite_errorcode", None) == 13 or "disk is full" in str(exc)
 
 
-def verify(target, path, must_contain):
+def verify(target: sqlite3.Connection, path: str, must_contain: Mapping[str, int]) -> Counts:
     """The copy opens, and holds every session about to be pruned with at least its messages.
 
     ``must_contain``: session id -> message count (the plan's). No full quick_check here: the
@@ -352,8 +400,8 @@ def verify(target, path, must_contain):
     -wal frames SQLite accepts only by their checksums; restore quick_checks a backup again
     before it uses it (docs/safety.md). This check is what the prune relies on.
     """
-    sessions = target.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
-    messages = target.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+    sessions: int = target.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+    messages: int = target.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
     ids = list(must_contain)
     present = held = 0
     for start in range(0, len(ids), 500):
@@ -370,20 +418,28 @@ def verify(target, path, must_contain):
     return {"sessions": sessions, "messages": messages}
 
 
-def newest_durable(paths):
+def newest_durable(paths: Iterable[str]) -> None:
     """fsync the copies retention keeps and their directory (a run killed between a backup's
     rename and its directory's fsync left a complete copy whose name is not yet durable)."""
     for path in paths:
         fsync_tree(path)
 
 
-def apply_retention(backup_dir, profile, keep_days, keep_count, now, keep_path, lister=None):
+def apply_retention(
+    backup_dir: str,
+    profile: str,
+    keep_days: float | None,
+    keep_count: int | None,
+    now: float,
+    keep_path: str | None,
+    lister: Callable[[str, str], list[Stamped]] | None = None,
+) -> list[str]:
     """Remove this profile's backups older than keep_days or beyond keep_count; never the newest.
 
     ``lister``: which files (default ``list_backups``; the prune archives have their own).
     """
     backups = (lister or list_backups)(backup_dir, profile)
-    removed = []
+    removed: list[str] = []
     for index, (path, stamp) in enumerate(backups):
         if index == 0 or path == keep_path:
             continue

@@ -47,6 +47,7 @@ import stat
 import tempfile
 import time
 import zlib
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Tuple, TypedDict, cast
 
 from ..apply.elision import (
     PAYLOAD_PREFIX,
@@ -69,7 +70,7 @@ from ..backup.archive import (
 from ..backup.whole_file import list_backups, parse_backup_name
 from ..host.hazards import refuse_during_hermes_operation
 from ..host.profiles import LOCK_SUFFIX, ProfileLock, backups_of, profile_path, run_as_owner
-from ..plan.selection import load_sessions, parents_first, taken_along
+from ..plan.selection import Session, load_sessions, parents_first, taken_along
 from ..sqlite.db import (
     BATCH_PAUSE,
     BUSY_TIMEOUT,
@@ -94,8 +95,146 @@ NEWEST = "newest"  # backup: the profile's newest whole-file backup
 # A decompressed backup (a private directory) and the list of an unfinished restore, in the backup directory.
 WORK_PREFIX = ".hermes-ops-restore_"
 
+# A payload body to put back: (archive or backup path, message id, session id, bytes, tombstone).
+PayloadItem = Tuple[str, int, str, int, str]
 
-def resolve_archive(archive, backup_dir):
+
+class Selection(TypedDict):
+    """The sessions asked for (``selection``): each criterion None when not asked."""
+
+    sessions: list[str] | None
+    active_after: float | None
+    active_before: float | None
+    sources: list[str] | None
+    match: str | None
+
+
+class SourceInfo(TypedDict, total=False):
+    """What an archive (``check_archive``) or a whole-file backup (``opened_source``) holds."""
+
+    path: str
+    kind: str  # archive or file
+    profile: str | None
+    source: str | None
+    compressed: bool
+    created_at: float | None
+    schema_version: int | None
+    sessions: int
+    messages: int
+    sessions_closed: int
+
+
+class Source(TypedDict, total=False):
+    """Where a session restore reads from: ``kind`` (archive or file), ``path``, ``profile``,
+    ``backup_dir``, and ``fd``: root's descriptor on a backup the owner's process cannot open."""
+
+    kind: str
+    path: str
+    profile: str
+    backup_dir: str
+    fd: int | None
+
+
+class SessionPlan(TypedDict):
+    """One session of a restore plan (``_plan_one``)."""
+
+    id: str
+    present: bool
+    messages_archived: int
+    messages_missing: int
+    rows_missing: int
+    orphaned: bool
+
+
+class Totals(TypedDict):
+    """A restore plan's figures, summed over its sessions."""
+
+    sessions_restored: int
+    sessions_present: int
+    messages_restored: int
+    rows_restored: int
+    orphaned: int
+    changed: bool
+
+
+class SessionRestorePlan(Totals, total=False):
+    """``plan_session_restore``'s plan (see there); a run adds ``done`` and ``after``, the caller ``db``."""
+
+    archive: SourceInfo
+    backup: SourceInfo
+    db_schema_version: int | None
+    sessions: list[SessionPlan]
+    notes: list[str]
+    reopen: list[str]
+    sessions_reopened: int
+    done: dict[str, int]
+    after: list[SessionPlan]
+    db: str
+
+
+class MissingGroup(TypedDict):
+    """What a file holds that state.db lacks, of one UTC day and source (``_missing``)."""
+
+    day: str
+    source: str | None
+    sessions: int
+    messages: int
+    ids: list[dict[str, Any]]  # {"id", "title", "messages"}: a title is whatever Hermes stored
+
+
+class Missing(TypedDict):
+    missing: list[MissingGroup]
+    sessions_missing: int
+    messages_missing: int
+
+
+class ListedFile(TypedDict, total=False):
+    """One file ``list_missing`` lists: what it holds and what of that state.db lacks, or its ``error``."""
+
+    path: str
+    kind: str
+    created_at: float | None
+    schema_version: int | None
+    sessions: int
+    messages: int
+    missing: list[MissingGroup]
+    sessions_missing: int
+    messages_missing: int
+    error: str
+
+
+class Unmatched(TypedDict):
+    """A tombstone a payload restore leaves alone, and why."""
+
+    id: int
+    session_id: str
+    reason: str
+
+
+class PayloadResult(TypedDict, total=False):
+    """What ``restore_tool_payloads`` returns (see there)."""
+
+    archives: list[str]
+    backups: list[str]
+    planned: int
+    bytes: int
+    sessions: list[str]
+    unmatched: int
+    unmatched_messages: list[Unmatched]
+    notes: list[str]
+    changed: bool
+    done: dict[str, Any]  # restore_payloads' {"restored", "bytes", "sessions"}
+
+
+class Outcome(TypedDict, total=False):
+    """What work done in the file owner's process returns (as JSON when it ran in a child):
+    its ``result``, or the ``error`` that stopped it."""
+
+    result: Mapping[str, Any]
+    error: str
+
+
+def resolve_archive(archive: str, backup_dir: str) -> str:
     """The archive's path: as given when absolute, else a file name in ``backup_dir``."""
     path = archive if os.path.isabs(archive) else os.path.join(backup_dir, archive)
     name = os.path.basename(path)
@@ -111,7 +250,7 @@ def resolve_archive(archive, backup_dir):
     return path
 
 
-def _check_private(path, what):
+def _check_private(path: str, what: str) -> None:
     """A regular file of ours (the file owner's or root's) that nobody else can write."""
     st = os.lstat(path)
     if not stat.S_ISREG(st.st_mode):
@@ -123,12 +262,12 @@ def _check_private(path, what):
         )
 
 
-def _open_archive(path):
+def _open_archive(path: str) -> sqlite3.Connection:
     _check_private(path, "archive")
     return sqlite3.connect(sqlite_uri(path, mode="ro", immutable="1"), uri=True, isolation_level=None)
 
 
-def resolve_backup(backup, backup_dir, profile):
+def resolve_backup(backup: str, backup_dir: str, profile: str) -> str:
     """A whole-file backup's path: V(newest) (the profile's newest), an absolute path, or a file name in
     ``backup_dir``; only a finished backup of this same profile."""
     if backup == NEWEST:
@@ -138,7 +277,8 @@ def resolve_backup(backup, backup_dir, profile):
                 "no whole-file backup (hermes-ops_%s_<time>.db[.gz]) and no archive (hermes-ops-archive_%s_<time>.db) "
                 "of profile %s in %s: nothing was restored" % (profile, profile, profile, backup_dir)
             )
-        return found[0][0]
+        newest: str = found[0][0]
+        return newest
     path = backup if os.path.isabs(backup) else os.path.join(backup_dir, backup)
     name = os.path.basename(path)
     if name.startswith(".") or ".partial" in name:
@@ -159,14 +299,14 @@ def resolve_backup(backup, backup_dir, profile):
     return os.path.abspath(path)
 
 
-def _gz_size(path):
+def _gz_size(path: str) -> int:
     """What a .gz decompresses to, at least (gzip's trailer holds it modulo 4 GiB)."""
     with open(path, "rb") as handle:
         handle.seek(-4, os.SEEK_END)
         return max(int.from_bytes(handle.read(4), "little"), os.path.getsize(path))
 
 
-def _decompress(path, profile):
+def _decompress(path: str, profile: str) -> tuple[str, str]:
     """``path`` (.gz) decompressed into a private directory (0700, its file 0600) beside it."""
     backup_dir = os.path.dirname(path)
     needed, available = _gz_size(path) + MB, free_bytes(backup_dir)
@@ -185,7 +325,7 @@ def _decompress(path, profile):
     return workdir, plain
 
 
-def _stage(fd, name, backup_dir, profile):
+def _stage(fd: int, name: str, backup_dir: str, profile: str) -> tuple[str, str]:
     """A copy, in a private directory of ``backup_dir`` (0700, its file 0600), of the backup root
     opened as ``fd``: a backup root fetched into its own directory (the off-site copy) is not
     readable by the file owner's process, which restores it. The directory carries the name of a
@@ -218,7 +358,7 @@ def _stage(fd, name, backup_dir, profile):
     return workdir, copy
 
 
-def _remove_leftovers(backup_dir, profile):
+def _remove_leftovers(backup_dir: str, profile: str) -> None:
     """Decompressed copies a killed restore of this profile left (we hold its lock)."""
     pattern = re.compile(r"^%s%s\.[A-Za-z0-9_]{8}$" % (re.escape(WORK_PREFIX), re.escape(profile)))
     try:
@@ -232,11 +372,12 @@ def _remove_leftovers(backup_dir, profile):
 
 
 @contextlib.contextmanager
-def opened_source(kind, path, profile):
+def opened_source(kind: str, path: str, profile: str) -> Iterator[tuple[str, SourceInfo]]:
     """(readable plain file, info) of a verified archive (``kind`` archive) or whole-file backup
     (``file``) of ``profile``; a decompressed copy is removed on leaving. Raises MaintenanceError."""
     if kind == "archive":
-        info = dict(check_archive(path), kind="archive")
+        info = check_archive(path)
+        info["kind"] = "archive"
         if info["profile"] not in (None, profile):
             raise MaintenanceError(
                 "archive %s holds sessions of profile %s, not of %s: refused" % (path, info["profile"], profile)
@@ -244,7 +385,7 @@ def opened_source(kind, path, profile):
         yield path, info
         return
     _check_private(path, "backup")
-    workdir, plain = _decompress(path, profile) if path.endswith(".gz") else (None, path)
+    workdir, plain = _decompress(path, profile) if path.endswith(".gz") else ("", path)
     try:
         try:
             counts = db_counts(plain)
@@ -255,7 +396,7 @@ def opened_source(kind, path, profile):
             "kind": "file",
             "profile": profile,
             "compressed": path.endswith(".gz"),
-            "created_at": float(parse_backup_name(os.path.basename(path))[1]),
+            "created_at": float(cast("tuple[str, int]", parse_backup_name(os.path.basename(path)))[1]),
             "schema_version": counts["schema_version"],
             "sessions": counts["sessions"],
             "messages": counts["messages"],
@@ -266,7 +407,7 @@ def opened_source(kind, path, profile):
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def check_archive(path):
+def check_archive(path: str) -> SourceInfo:
     """What a finished archive holds; raises MaintenanceError naming what is wrong with it."""
     conn = _open_archive(path)
     try:
@@ -296,7 +437,7 @@ def check_archive(path):
             )
         )
     version = meta.get("schema_version")
-    return {
+    info: SourceInfo = {
         "path": path,
         "profile": meta.get("profile"),
         "source": meta.get("source"),
@@ -306,17 +447,19 @@ def check_archive(path):
         "messages": sum(held.get(sid, 0) for sid, _count in listed),
         "sessions_closed": closes,
     }
+    return info
 
 
-def _live_schema_version(dst):
+def _live_schema_version(dst: sqlite3.Connection) -> int | None:
     try:
         row = dst.execute("SELECT MAX(version) FROM schema_version").fetchone()
     except sqlite3.Error:
         return None
-    return row[0] if row else None
+    version: int | None = row[0] if row else None
+    return version
 
 
-def parse_time(value, name):
+def parse_time(value: object, name: str) -> float | None:
     """Unix seconds, or an ISO 8601 date or date and time (UTC unless it names a zone); None stays None."""
     if value is None or value == "":
         return None
@@ -339,16 +482,23 @@ def parse_time(value, name):
     return when.timestamp()
 
 
-def selection(sessions=None, active_after=None, active_before=None, sources=None, match=None):
+def selection(
+    sessions: Iterable[str] | None = None,
+    active_after: object = None,
+    active_before: object = None,
+    sources: Iterable[str] | None = None,
+    match: str | None = None,
+) -> Selection:
     """The sessions asked for, every criterion given combined with AND (None: not asked)."""
-    sel = {
+    sel: Selection = {
         "sessions": list(sessions) if sessions is not None else None,
         "active_after": parse_time(active_after, "active_after"),
         "active_before": parse_time(active_before, "active_before"),
         "sources": list(sources) if sources else None,
         "match": match or None,
     }
-    if None not in (sel["active_after"], sel["active_before"]) and sel["active_after"] >= sel["active_before"]:
+    after, before = sel["active_after"], sel["active_before"]
+    if after is not None and before is not None and after >= before:
         raise MaintenanceError(
             "active_after (%s) is not before active_before (%s): no session can be in that window"
             % (active_after, active_before)
@@ -356,7 +506,7 @@ def selection(sessions=None, active_after=None, active_before=None, sources=None
     return sel
 
 
-def _active_in(s, after, before):
+def _active_in(s: Session, after: float | None, before: float | None) -> bool:
     """The session's span (started .. last activity) touches [after, before)."""
     if not isinstance(s.started, (int, float)):
         return False
@@ -364,10 +514,10 @@ def _active_in(s, after, before):
     return (after is None or last >= after) and (before is None or s.started < before)
 
 
-def _matching(src, text):
+def _matching(src: sqlite3.Connection, text: str) -> tuple[set[str], str | None]:
     """Sessions whose title contains ``text``, or a message of which the file's own FTS index
     finds as a phrase; the note says when there is no usable index (titles only)."""
-    found = set()
+    found: set[str] = set()
     if "title" in columns(src, "sessions"):
         like = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         found |= {r[0] for r in src.execute("SELECT id FROM sessions WHERE title LIKE ? ESCAPE '\\'", (like,))}
@@ -382,7 +532,9 @@ def _matching(src, text):
     return found | {r[0] for r in rows}, None
 
 
-def _select(src, held, scope, sel):
+def _select(
+    src: sqlite3.Connection, held: Mapping[str, Session], scope: Iterable[str], sel: Selection
+) -> tuple[set[str], str | None]:
     chosen = set(scope)
     if sel["sessions"] is not None:
         chosen &= set(sel["sessions"])
@@ -397,18 +549,19 @@ def _select(src, held, scope, sel):
     return chosen, note
 
 
-def _present(dst, ids):
+def _present(dst: sqlite3.Connection, ids: Iterable[str]) -> set[str]:
     """Which of ``ids`` state.db has, a statement (a short read) per ID_CHUNK."""
-    ids, found = sorted(ids), set()
-    for start in range(0, len(ids), ID_CHUNK):
-        chunk = ids[start : start + ID_CHUNK]
+    ordered = sorted(ids)
+    found: set[str] = set()
+    for start in range(0, len(ordered), ID_CHUNK):
+        chunk = ordered[start : start + ID_CHUNK]
         found |= {
             r[0] for r in dst.execute("SELECT id FROM sessions WHERE id IN (%s)" % ",".join("?" * len(chunk)), chunk)
         }
     return found
 
 
-def _held_sessions(src, what, path):
+def _held_sessions(src: sqlite3.Connection, what: str, path: str) -> dict[str, Session]:
     lacking = [c for c in REQUIRED_COLUMNS["sessions"] if c not in columns(src, "sessions")]
     if lacking:
         raise MaintenanceError(
@@ -419,12 +572,19 @@ def _held_sessions(src, what, path):
         "session_columns": set(columns(src, "sessions")),
         "tables": {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")},
     }
-    return load_sessions(src, schema, time.time())
+    held: dict[str, Session] = load_sessions(src, schema, time.time())
+    return held
 
 
 def plan_session_restore(
-    db_path, archive_path, session_ids=None, busy_timeout=BUSY_TIMEOUT, select=None, info=None, pending=()
-):
+    db_path: str,
+    archive_path: str,
+    session_ids: Iterable[str] | None = None,
+    busy_timeout: float = BUSY_TIMEOUT,
+    select: Selection | None = None,
+    info: SourceInfo | None = None,
+    pending: Collection[str] = (),
+) -> SessionRestorePlan:
     """What restoring the sessions chosen from an archive or backup would do; reads only.
 
     ``archive_path``: the archive, or a whole-file backup's plain file with its ``info``
@@ -437,99 +597,140 @@ def plan_session_restore(
     "sessions_restored", "sessions_present", "messages_restored", "rows_restored", "orphaned",
     "changed", "notes"}.
     """
-    info = info or dict(check_archive(archive_path), kind="archive")
-    archive = info["kind"] == "archive"
-    what = "archive" if archive else "backup"
-    sel = dict(select or selection())
-    if session_ids is not None:
-        sel["sessions"] = list(session_ids)
-    if not archive and sel == selection():
-        raise MaintenanceError(
-            "name what to bring back from backup %s (sessions, active_after/active_before, sources, match): "
-            "a whole-file backup also holds sessions deleted on purpose; list_missing shows what it holds; "
-            "nothing was restored" % info["path"]
-        )
+    if not info:
+        info = check_archive(archive_path)
+        info["kind"] = "archive"
+    sel = _asked(info, select, session_ids)
     src = sqlite3.connect(sqlite_uri(archive_path, mode="ro", immutable="1"), uri=True, isolation_level=None)
     live = ReadOnlyDB(db_path, busy_timeout)  # creates no file beside state.db, takes no lock between statements
-    dst = live.conn
     try:
-        if archive:
-            scope = [r[0] for r in src.execute("SELECT id FROM archive_sessions ORDER BY seq DESC")]
-        else:
-            scope = [r[0] for r in src.execute("SELECT id FROM sessions")]
-        closes = recorded_closes(src) if archive else []
-        unknown = sorted(set(sel["sessions"] or ()) - set(scope) - {r[0] for r in closes})
-        if unknown:
-            raise MaintenanceError(
-                "%s %s does not hold session(s) %s (it holds %d sessions; %s); nothing was restored"
-                % (
-                    what,
-                    info["path"],
-                    ", ".join(unknown[:5]),
-                    len(scope),
-                    "list them with check mode and no sessions given" if archive else "list_missing shows them",
-                )
-            )
-        live_version = _live_schema_version(dst)
-        if info["schema_version"] and live_version and info["schema_version"] > live_version:
-            raise MaintenanceError(
-                "%s %s was taken from schema_version %d, state.db is at %d (an older Hermes): refused; "
-                "upgrade Hermes (it migrates state.db) first"
-                % (what, info["path"], info["schema_version"], live_version)
-            )
-        referencing, _referenced = related_tables(src)
-        problems = _schema_problems(src, dst, ["sessions"] + [t for t, _c in referencing[:1]], what)
-        if problems:
-            raise MaintenanceError(
-                "%s %s does not fit %s: %s; nothing was restored" % (what, info["path"], db_path, "; ".join(problems))
-            )
-        held = _held_sessions(src, what, info["path"])
-        chosen, note = _select(src, held, scope, sel)
-        taken = taken_along(chosen, held) & set(scope)
-        present = _present(dst, taken)
-        fenced = sorted(retired(dst, sorted(taken - present)))
-        if fenced:
-            raise MaintenanceError(
-                "session(s) %s were deleted under Hermes's deletion fence (state_meta %s<id>): Hermes refuses to "
-                "recreate a retired id (its local create returns not_found; a retry must not resurrect the row and "
-                "re-admit its requests), so no faithful restore exists; nothing was restored. Read them from %s %s"
-                % (", ".join(fenced[:5]), RETIRED_PREFIX, what, info["path"])
-            )
-        if archive:
-            wanted = [sid for sid in scope if sid in taken]
-            untouched = 0
-        else:  # what state.db has is never touched, but what an unfinished restore is putting back
-            wanted = parents_first((taken - present) | (taken & set(pending)), held)
-            untouched = len(taken & present - set(pending))
-        # Rows of the other tables tied to a session (session_model_usage): a restore cut short
-        # after a session's messages went back may still lack them.
-        others = [(t, c) for t, c in referencing[1:] if _schema_problems(src, dst, [t], what) == []]
-        sessions = [_plan_one(src, dst, sid, set(wanted), others) for sid in wanted]
-        reopen = _closes_asked(closes, sel)
-        reopened = reopenable(dst, reopen)
+        return _read_plan(src, live.conn, db_path, info, sel, pending)
     except sqlite3.OperationalError as exc:
         raise MaintenanceError("%s could not be read: %s; nothing was restored" % (db_path, exc)) from None
     finally:
         src.close()
         live.close()
-    plan = {what: info, "db_schema_version": live_version, "sessions": sessions, "notes": [note] if note else []}
-    plan.update(_totals(sessions))
+
+
+def _asked(info: SourceInfo, select: Selection | None, session_ids: Iterable[str] | None) -> Selection:
+    """The selection: ``select`` with ``session_ids`` as its sessions; from a backup, never everything."""
+    sel = Selection(**(select or selection()))
+    if session_ids is not None:
+        sel["sessions"] = list(session_ids)
+    if info["kind"] != "archive" and sel == selection():
+        raise MaintenanceError(
+            "name what to bring back from backup %s (sessions, active_after/active_before, sources, match): "
+            "a whole-file backup also holds sessions deleted on purpose; list_missing shows what it holds; "
+            "nothing was restored" % info["path"]
+        )
+    return sel
+
+
+def _read_plan(
+    src: sqlite3.Connection,
+    dst: sqlite3.Connection,
+    db_path: str,
+    info: SourceInfo,
+    sel: Selection,
+    pending: Collection[str],
+) -> SessionRestorePlan:
+    """``plan_session_restore`` on the open source ``src`` and state.db ``dst``."""
+    archive = info["kind"] == "archive"
+    what = "archive" if archive else "backup"
+    if archive:
+        scope = [r[0] for r in src.execute("SELECT id FROM archive_sessions ORDER BY seq DESC")]
+    else:
+        scope = [r[0] for r in src.execute("SELECT id FROM sessions")]
+    closes = recorded_closes(src) if archive else []
+    _refuse_unknown(sel, scope, {r[0] for r in closes}, what, info["path"])
+    live_version = _live_schema_version(dst)
+    _refuse_newer(info, live_version, what)
+    referencing, _referenced = related_tables(src)
+    problems = _schema_problems(src, dst, ["sessions"] + [t for t, _c in referencing[:1]], what)
+    if problems:
+        raise MaintenanceError(
+            "%s %s does not fit %s: %s; nothing was restored" % (what, info["path"], db_path, "; ".join(problems))
+        )
+    held = _held_sessions(src, what, info["path"])
+    chosen, note = _select(src, held, scope, sel)
+    taken = taken_along(chosen, held) & set(scope)
+    present = _present(dst, taken)
+    _refuse_fenced(dst, taken - present, what, info["path"])
+    if archive:
+        wanted = [sid for sid in scope if sid in taken]
+        untouched = 0
+    else:  # what state.db has is never touched, but what an unfinished restore is putting back
+        wanted = parents_first((taken - present) | (taken & set(pending)), held)
+        untouched = len(taken & present - set(pending))
+    # Rows of the other tables tied to a session (session_model_usage): a restore cut short
+    # after a session's messages went back may still lack them.
+    others = [(t, c) for t, c in referencing[1:] if _schema_problems(src, dst, [t], what) == []]
+    sessions = [_plan_one(src, dst, sid, set(wanted), others) for sid in wanted]
+    reopen = _closes_asked(closes, sel)
+    reopened = reopenable(dst, reopen)
+    plan = _totals(sessions, live_version, [note] if note else [])
+    if archive:
+        plan["archive"] = info
+    else:
+        plan["backup"] = info
     plan["sessions_present"] += untouched
-    plan.update(reopen=[r[0] for r in reopen], sessions_reopened=reopened, changed=plan["changed"] or bool(reopened))
+    plan["reopen"], plan["sessions_reopened"] = [r[0] for r in reopen], reopened
+    plan["changed"] = plan["changed"] or bool(reopened)
     return plan
 
 
-def _closes_asked(closes, sel):
+def _refuse_unknown(sel: Selection, scope: list[str], closed: set[str], what: str, path: str) -> None:
+    """Every session named must be one the source holds (or one whose close it recorded)."""
+    unknown = sorted(set(sel["sessions"] or ()) - set(scope) - closed)
+    if unknown:
+        raise MaintenanceError(
+            "%s %s does not hold session(s) %s (it holds %d sessions; %s); nothing was restored"
+            % (
+                what,
+                path,
+                ", ".join(unknown[:5]),
+                len(scope),
+                "list them with check mode and no sessions given" if what == "archive" else "list_missing shows them",
+            )
+        )
+
+
+def _refuse_newer(info: SourceInfo, live_version: int | None, what: str) -> None:
+    """A source of a newer schema than state.db's would bring columns an older Hermes does not know."""
+    version = info["schema_version"]
+    if version and live_version and version > live_version:
+        raise MaintenanceError(
+            "%s %s was taken from schema_version %d, state.db is at %d (an older Hermes): refused; "
+            "upgrade Hermes (it migrates state.db) first" % (what, info["path"], version, live_version)
+        )
+
+
+def _refuse_fenced(dst: sqlite3.Connection, absent: set[str], what: str, path: str) -> None:
+    """Hermes refuses to recreate a session deleted under its deletion fence: so does the restore."""
+    fenced = sorted(retired(dst, sorted(absent)))
+    if fenced:
+        raise MaintenanceError(
+            "session(s) %s were deleted under Hermes's deletion fence (state_meta %s<id>): Hermes refuses to "
+            "recreate a retired id (its local create returns not_found; a retry must not resurrect the row and "
+            "re-admit its requests), so no faithful restore exists; nothing was restored. Read them from %s %s"
+            % (", ".join(fenced[:5]), RETIRED_PREFIX, what, path)
+        )
+
+
+def _closes_asked(closes: list[Any], sel: Selection) -> list[Any]:
     """The recorded zombie closes to undo: those named in ``sessions``, or all with no selection
     (a close records no source, time or text, so the other criteria choose none)."""
     if sel == selection():
         return closes
-    if sel["sessions"] is None or any(sel[key] for key in ("active_after", "active_before", "sources", "match")):
+    asked = sel["sessions"]
+    if asked is None or any((sel["active_after"], sel["active_before"], sel["sources"], sel["match"])):
         return []
-    return [r for r in closes if r[0] in set(sel["sessions"])]
+    return [r for r in closes if r[0] in set(asked)]
 
 
-def _schema_problems(src, dst, tables, what="archive"):
+def _schema_problems(
+    src: sqlite3.Connection, dst: sqlite3.Connection, tables: Iterable[str], what: str = "archive"
+) -> list[str]:
     """What keeps the source's rows from fitting state.db's tables (columns matched by name)."""
     problems = []
     for table in tables:
@@ -545,11 +746,11 @@ def _schema_problems(src, dst, tables, what="archive"):
     return problems
 
 
-def _quote(name):
+def _quote(name: str) -> str:
     return '"%s"' % name.replace('"', '""')
 
 
-def _missing_rows(src, dst, sid, others):
+def _missing_rows(src: sqlite3.Connection, dst: sqlite3.Connection, sid: str, others: Iterable[tuple[str, str]]) -> int:
     missing = 0
     for table, column in others:
         sql = "SELECT COUNT(*) FROM %s WHERE %s = ?" % (_quote(table), _quote(column))
@@ -557,7 +758,9 @@ def _missing_rows(src, dst, sid, others):
     return missing
 
 
-def _plan_one(src, dst, sid, wanted, others):
+def _plan_one(
+    src: sqlite3.Connection, dst: sqlite3.Connection, sid: str, wanted: set[str], others: Iterable[tuple[str, str]]
+) -> SessionPlan:
     parent = src.execute("SELECT parent_session_id FROM sessions WHERE id = ?", (sid,)).fetchone()[0]
     ids = [r[0] for r in src.execute("SELECT id FROM messages WHERE session_id = ? ORDER BY id", (sid,))]
     present = dst.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone() is not None
@@ -584,23 +787,28 @@ def _plan_one(src, dst, sid, wanted, others):
     }
 
 
-def _totals(sessions):
-    totals = {
+def _totals(sessions: list[SessionPlan], live_version: int | None, notes: list[str]) -> SessionRestorePlan:
+    """A plan of these ``sessions``, with their totals."""
+    totals: SessionRestorePlan = {
+        "db_schema_version": live_version,
+        "sessions": sessions,
+        "notes": notes,
         "sessions_restored": sum(1 for s in sessions if not s["present"]),
         "sessions_present": sum(1 for s in sessions if s["present"]),
         "messages_restored": sum(s["messages_missing"] for s in sessions),
         "rows_restored": sum(s["rows_missing"] for s in sessions),
         "orphaned": sum(1 for s in sessions if s["orphaned"]),
+        "changed": False,
     }
     totals["changed"] = bool(totals["sessions_restored"] or totals["messages_restored"] or totals["rows_restored"])
     return totals
 
 
-def _pending_path(backup_dir, profile):
+def _pending_path(backup_dir: str, profile: str) -> str:
     return os.path.join(backup_dir, WORK_PREFIX + profile + ".pending")
 
 
-def _read_pending(path, source):
+def _read_pending(path: str, source: str) -> set[str]:
     """Sessions an unfinished restore from ``source`` was putting back (nothing for another source)."""
     try:
         with open(path) as handle:
@@ -610,7 +818,7 @@ def _read_pending(path, source):
     return set(data.get("sessions") or ()) if isinstance(data, dict) and data.get("source") == source else set()
 
 
-def _write_pending(path, source, ids):
+def _write_pending(path: str, source: str, ids: Iterable[str]) -> None:
     """Written (0600, fsynced) before the first write; removed once every session is complete."""
     partial = path + ".partial"
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -622,7 +830,7 @@ def _write_pending(path, source, ids):
     fsync_path(os.path.dirname(path))
 
 
-def _settle_pending(path, source, pending, planned, db_path):
+def _settle_pending(path: str, source: str, pending: set[str], planned: list[SessionPlan], db_path: str) -> None:
     """Take the sessions ``planned`` shows complete off the list (an older killed run's others stay).
 
     Only once the commits that completed them are durable: else a power loss brings back a
@@ -635,7 +843,7 @@ def _settle_pending(path, source, pending, planned, db_path):
         os.unlink(path)
 
 
-def _locked(db_path, check_mode):
+def _locked(db_path: str, check_mode: bool) -> ProfileLock:
     try:
         lock = ProfileLock(db_path, check_mode=check_mode)
     except ProfileSkipped:
@@ -651,11 +859,10 @@ def _locked(db_path, check_mode):
     return lock
 
 
-def _work(db_path, source, select, check_mode, busy_timeout, pause):
-    """The restore itself, in the file owner's process; returns {"result"} or {"error"}.
-
-    ``source``: {"kind" (archive or file), "path", "profile", "backup_dir"}.
-    """
+def _work(
+    db_path: str, source: Source, select: Selection | None, check_mode: bool, busy_timeout: float, pause: float
+) -> Outcome:
+    """The restore itself, in the file owner's process; returns {"result"} or {"error"}."""
     lock = None
     staged = None
     try:
@@ -663,50 +870,14 @@ def _work(db_path, source, select, check_mode, busy_timeout, pause):
         if not check_mode:
             _remove_leftovers(source["backup_dir"], source["profile"])
         readable = source["path"]
-        if source.get("fd") is not None:
-            staged = _stage(source["fd"], os.path.basename(source["path"]), source["backup_dir"], source["profile"])
+        fd = source.get("fd")
+        if fd is not None:
+            staged = _stage(fd, os.path.basename(source["path"]), source["backup_dir"], source["profile"])
             readable = staged[1]
         with opened_source(source["kind"], readable, source["profile"]) as (plain, info):
             info["path"] = source["path"]  # the backup as named: the pending list and the result name it
-            backup = source["kind"] == "file"
-            pending_path = _pending_path(source["backup_dir"], source["profile"])
-            pending = _read_pending(pending_path, source["path"]) if backup else set()
-            plan = plan_session_restore(db_path, plain, None, busy_timeout, select, info, pending)
-            if pending & {s["id"] for s in plan["sessions"]}:
-                plan["notes"].append("completes the unfinished restore listed in %s" % pending_path)
-            if check_mode or not plan["changed"]:
-                if backup and pending and not check_mode:  # killed after its last commit: nothing left to do
-                    _settle_pending(pending_path, info["path"], pending, plan["sessions"], db_path)
-                return {"result": plan}
-            wanted = [
-                s["id"] for s in plan["sessions"] if not s["present"] or s["messages_missing"] or s["rows_missing"]
-            ]
-            refuse_wal_on_shared_filesystem(db_path, "wal" if is_wal_file(db_path) else "delete")
-            if backup:
-                pending |= set(wanted)
-                _write_pending(pending_path, info["path"], pending)
-            try:
-                done = restore_sessions(
-                    db_path, plain, wanted, busy_timeout=busy_timeout, pause=pause, order=wanted if backup else None
-                )
-            except sqlite3.OperationalError as exc:
-                raise MaintenanceError(
-                    "%s: %s (held by another writer for longer than busy_timeout, %ss); what was restored stays, "
-                    "run the restore again to complete it" % (db_path, exc, busy_timeout)
-                ) from None
-            if plan["reopen"]:
-                done.update(reopen_closed(db_path, plain, plan["reopen"], busy_timeout=busy_timeout))
-            plan["sessions_reopened"] = done.get("sessions_reopened", 0)
-            plan["done"] = done
-            plan.update({key: done[key] for key in ("sessions_restored", "messages_restored", "orphaned")})
-            after = plan_session_restore(db_path, plain, None, busy_timeout, select, info, pending)["sessions"]
-            plan["after"] = [s for s in after if s["id"] in set(wanted)] if backup else after
-            plan["rows_restored"] -= sum(s["rows_missing"] for s in plan["after"])
-            restored = done["sessions_restored"] or done["messages_restored"] or plan["rows_restored"]
-            plan["changed"] = bool(restored or plan["sessions_reopened"])
-            if backup:
-                _settle_pending(pending_path, info["path"], pending, after, db_path)
-            return {"result": plan}
+            run = _SessionRun(db_path, plain, info, select, busy_timeout, pause)
+            return {"result": _restore_from(run, source, check_mode)}
     except MaintenanceError as exc:
         return {"error": str(exc)}
     finally:
@@ -716,7 +887,81 @@ def _work(db_path, source, select, check_mode, busy_timeout, pause):
             lock.release()
 
 
-def _open_roots(path, owner):
+class _SessionRun:
+    """What one session restore reads and writes: state.db, the source's plain file and its info,
+    the selection and the pacing."""
+
+    def __init__(
+        self, db_path: str, plain: str, info: SourceInfo, select: Selection | None, busy_timeout: float, pause: float
+    ) -> None:
+        self.db_path, self.plain, self.info, self.select = db_path, plain, info, select
+        self.busy_timeout, self.pause = busy_timeout, pause
+
+    def plan(self, pending: Collection[str]) -> SessionRestorePlan:
+        return plan_session_restore(self.db_path, self.plain, None, self.busy_timeout, self.select, self.info, pending)
+
+
+def _restore_from(run: _SessionRun, source: Source, check_mode: bool) -> SessionRestorePlan:
+    """Plan, then (not in check mode) restore what the plan lacks; a backup's sessions are listed
+    in the pending file until they are complete."""
+    backup = source["kind"] == "file"
+    pending_path = _pending_path(source["backup_dir"], source["profile"])
+    pending = _read_pending(pending_path, source["path"]) if backup else set()
+    plan = run.plan(pending)
+    if pending & {s["id"] for s in plan["sessions"]}:
+        plan["notes"].append("completes the unfinished restore listed in %s" % pending_path)
+    if check_mode or not plan["changed"]:
+        if backup and pending and not check_mode:  # killed after its last commit: nothing left to do
+            _settle_pending(pending_path, source["path"], pending, plan["sessions"], run.db_path)
+        return plan
+    wanted = [s["id"] for s in plan["sessions"] if not s["present"] or s["messages_missing"] or s["rows_missing"]]
+    refuse_wal_on_shared_filesystem(run.db_path, "wal" if is_wal_file(run.db_path) else "delete")
+    if backup:
+        pending |= set(wanted)
+        _write_pending(pending_path, source["path"], pending)
+    done = _put_sessions_back(run, plan, wanted, backup)
+    after = run.plan(pending)["sessions"]
+    _record_done(plan, done, [s for s in after if s["id"] in set(wanted)] if backup else after)
+    if backup:
+        _settle_pending(pending_path, source["path"], pending, after, run.db_path)
+    return plan
+
+
+def _put_sessions_back(run: _SessionRun, plan: SessionRestorePlan, wanted: list[str], backup: bool) -> dict[str, int]:
+    """The sessions ``wanted`` written back (in that order from a backup), then the closes undone."""
+    try:
+        done: dict[str, int] = restore_sessions(
+            run.db_path,
+            run.plain,
+            wanted,
+            busy_timeout=run.busy_timeout,
+            pause=run.pause,
+            order=wanted if backup else None,
+        )
+    except sqlite3.OperationalError as exc:
+        raise MaintenanceError(
+            "%s: %s (held by another writer for longer than busy_timeout, %ss); what was restored stays, "
+            "run the restore again to complete it" % (run.db_path, exc, run.busy_timeout)
+        ) from None
+    if plan["reopen"]:
+        done.update(reopen_closed(run.db_path, run.plain, plan["reopen"], busy_timeout=run.busy_timeout))
+    return done
+
+
+def _record_done(plan: SessionRestorePlan, done: dict[str, int], after: list[SessionPlan]) -> None:
+    """The plan's figures replaced by what the run did; ``after``: the sessions restored, as they are now."""
+    plan["sessions_reopened"] = done.get("sessions_reopened", 0)
+    plan["done"] = done
+    plan["sessions_restored"] = done["sessions_restored"]
+    plan["messages_restored"] = done["messages_restored"]
+    plan["orphaned"] = done["orphaned"]
+    plan["after"] = after
+    plan["rows_restored"] -= sum(s["rows_missing"] for s in after)
+    restored = done["sessions_restored"] or done["messages_restored"] or plan["rows_restored"]
+    plan["changed"] = bool(restored or plan["sessions_reopened"])
+
+
+def _open_roots(path: str, owner: int) -> int | None:
     """A descriptor on ``path`` when it is root's and the work is done as ``owner`` (else None):
     opened here, as root, and read by the owner's process, which cannot open it itself."""
     if os.geteuid() != 0 or owner == 0:
@@ -738,10 +983,11 @@ def _open_roots(path, owner):
     return fd
 
 
-def _in_owner(db_path, fn, *args):
+def _in_owner(db_path: str, fn: Callable[..., Outcome], *args: object) -> dict[str, Any]:
     """``fn(*args)`` as the owner of state.db (a child switched to that user, as root), umask 077."""
     owner = os.lstat(db_path).st_uid
     old_umask = os.umask(0o077)
+    outcome: Outcome
     try:
         if os.geteuid() == 0 and owner != 0:
             outcome = run_as_owner(owner, fn, *args)
@@ -751,27 +997,21 @@ def _in_owner(db_path, fn, *args):
         os.umask(old_umask)
     if "error" in outcome:
         raise MaintenanceError(outcome["error"])
-    return outcome["result"]
+    return dict(outcome["result"])  # a copy the caller adds its keys to (a child's came as JSON anyway)
 
 
-def _profile_db(home, profile):
-    db_path = profile_path(home, profile)
+def _profile_db(home: str, profile: str) -> str:
+    db_path: str = profile_path(home, profile)
     if not os.path.isfile(db_path) or os.path.islink(db_path):
         raise MaintenanceError("%s is not a state.db file: check hermes_home and profile" % db_path)
     return db_path
 
 
 def restore_selected(
-    home,
-    profile,
-    archive=None,
-    backup=None,
-    select=None,
-    backup_dir=None,
-    check_mode=False,
-    busy_timeout=BUSY_TIMEOUT,
-    pause=BATCH_PAUSE,
-):
+    home: str, profile: str, archive: str | None = None, backup: str | None = None, select: Selection | None = None,
+    backup_dir: str | None = None, check_mode: bool = False, busy_timeout: float = BUSY_TIMEOUT,
+    pause: float = BATCH_PAUSE,
+) -> dict[str, Any]:  # fmt: skip
     """Restore the sessions ``select`` (``selection``) names from an archive or a whole-file backup.
 
     ``archive``: a path, or a file name in ``backup_dir`` (default HOME/backups); ``backup``: the
@@ -783,15 +1023,8 @@ def restore_selected(
         raise MaintenanceError("name exactly one of archive and backup to restore sessions from")
     home = os.path.abspath(os.path.expanduser(home))
     db_path = _profile_db(home, profile)
-    backup_dir = backups_of(home, backup_dir)
-    fallback = None
-    if archive is not None:
-        source = {"kind": "archive", "path": resolve_archive(archive, backup_dir)}
-    elif backup == NEWEST and not list_backups(backup_dir, profile) and list_archives(backup_dir, profile):
-        source, fallback = _newest_archive_instead(backup_dir, profile, select)
-    else:
-        source = {"kind": "file", "path": resolve_backup(backup, backup_dir, profile)}
-    source.update(profile=profile, backup_dir=backup_dir)
+    backups: str = backups_of(home, backup_dir)
+    source, fallback = _session_source(archive, backup, backups, profile, select)
     fd = _open_roots(source["path"], os.lstat(db_path).st_uid) if source["kind"] == "file" else None
     source["fd"] = fd
     try:
@@ -805,11 +1038,26 @@ def restore_selected(
     return result
 
 
-def _newest_archive_instead(backup_dir, profile, select):
+def _session_source(
+    archive: str | None, backup: str | None, backup_dir: str, profile: str, select: Selection | None
+) -> tuple[Source, str | None]:
+    """The archive or whole-file backup to restore from, and the note when V(newest) takes an archive."""
+    fallback = None
+    if archive is not None:
+        source: Source = {"kind": "archive", "path": resolve_archive(archive, backup_dir)}
+    elif backup == NEWEST and not list_backups(backup_dir, profile) and list_archives(backup_dir, profile):
+        source, fallback = _newest_archive_instead(backup_dir, profile, select)
+    else:
+        source = {"kind": "file", "path": resolve_backup(cast(str, backup), backup_dir, profile)}
+    source["profile"], source["backup_dir"] = profile, backup_dir
+    return source, fallback
+
+
+def _newest_archive_instead(backup_dir: str, profile: str, select: Selection | None) -> tuple[Source, str]:
     """For V(newest) where the profile has no whole-file backup: its newest archive (the rows a prune
     deleted, kept when a whole-file backup could not be taken beside the gateway), with the note that
     says so. A selection stays required, as from a backup: newest never means every session."""
-    path = list_archives(backup_dir, profile)[0][0]
+    path: str = list_archives(backup_dir, profile)[0][0]
     if not select or select == selection():
         raise MaintenanceError(
             "no whole-file backup of profile %s in %s; its newest archive is %s: name what to bring back from it "
@@ -824,15 +1072,9 @@ def _newest_archive_instead(backup_dir, profile, select):
 
 
 def restore_from_archive(
-    home,
-    profile,
-    archive,
-    session_ids=None,
-    backup_dir=None,
-    check_mode=False,
-    busy_timeout=BUSY_TIMEOUT,
-    pause=BATCH_PAUSE,
-):
+    home: str, profile: str, archive: str, session_ids: Iterable[str] | None = None, backup_dir: str | None = None,
+    check_mode: bool = False, busy_timeout: float = BUSY_TIMEOUT, pause: float = BATCH_PAUSE,
+) -> dict[str, Any]:  # fmt: skip
     """Restore ``session_ids`` (None: every session) of an archive into a profile's state.db."""
     return restore_selected(
         home, profile, archive=archive, select=selection(sessions=session_ids), backup_dir=backup_dir,
@@ -840,13 +1082,13 @@ def restore_from_archive(
     )  # fmt: skip
 
 
-def _missing(src, dst, scope):
+def _missing(src: sqlite3.Connection, dst: sqlite3.Connection, scope: Collection[str]) -> Missing:
     """What ``src`` holds of ``scope`` that state.db lacks, per (UTC day it started, source), each
     group naming its sessions (``ids``: id, title, messages; oldest first)."""
     absent = set(scope) - _present(dst, scope)
     counts = dict(src.execute("SELECT session_id, COUNT(*) FROM messages GROUP BY session_id").fetchall())
     title = "title" if "title" in columns(src, "sessions") else "NULL"
-    groups = {}
+    groups: dict[tuple[str, str | None], MissingGroup] = {}
     rows = src.execute("SELECT id, source, started_at, %s FROM sessions ORDER BY started_at, id" % title)
     for sid, source, started, name in rows:
         if sid not in absent:
@@ -866,30 +1108,20 @@ def _missing(src, dst, scope):
     }
 
 
-def _list_work(db_path, backup_dir, profile, busy_timeout):
+def _list_work(db_path: str, backup_dir: str, profile: str, busy_timeout: float) -> Outcome:
     lock = None
     try:
         lock = _locked(db_path, True)
         files = [("file", p, t) for p, t in list_backups(backup_dir, profile)]
         files += [("archive", p, t) for p, t in list_archives(backup_dir, profile)]
         files.sort(key=lambda item: item[2], reverse=True)
-        found = []
+        found: list[ListedFile] = []
         live = ReadOnlyDB(db_path, busy_timeout)
         try:
             for kind, path, _stamp in files:
-                entry = {"path": path, "kind": kind}
+                entry: ListedFile = {"path": path, "kind": kind}
                 try:
-                    with opened_source(kind, path, profile) as (plain, info):
-                        entry.update({k: info[k] for k in ("created_at", "schema_version", "sessions", "messages")})
-                        with contextlib.closing(
-                            sqlite3.connect(sqlite_uri(plain, mode="ro", immutable="1"), uri=True)
-                        ) as src:
-                            scope = (
-                                [r[0] for r in src.execute("SELECT id FROM archive_sessions")]
-                                if kind == "archive"
-                                else [r[0] for r in src.execute("SELECT id FROM sessions")]
-                            )
-                            entry.update(_missing(src, live.conn, scope))
+                    _describe_file(entry, profile, live.conn)
                 except (MaintenanceError, sqlite3.Error, OSError) as exc:
                     entry["error"] = str(exc)  # one bad file does not hide the others
                 found.append(entry)
@@ -903,7 +1135,27 @@ def _list_work(db_path, backup_dir, profile, busy_timeout):
             lock.release()
 
 
-def list_missing(home, profile, backup_dir=None, busy_timeout=BUSY_TIMEOUT):
+def _describe_file(entry: ListedFile, profile: str, dst: sqlite3.Connection) -> None:
+    """``entry`` filled in: what its file holds, and what of that state.db ``dst`` lacks."""
+    kind = entry["kind"]
+    with opened_source(kind, entry["path"], profile) as (plain, info):
+        entry["created_at"], entry["schema_version"] = info["created_at"], info["schema_version"]
+        entry["sessions"], entry["messages"] = info["sessions"], info["messages"]
+        with contextlib.closing(sqlite3.connect(sqlite_uri(plain, mode="ro", immutable="1"), uri=True)) as src:
+            scope = (
+                [r[0] for r in src.execute("SELECT id FROM archive_sessions")]
+                if kind == "archive"
+                else [r[0] for r in src.execute("SELECT id FROM sessions")]
+            )
+            missing = _missing(src, dst, scope)
+            entry["missing"] = missing["missing"]
+            entry["sessions_missing"] = missing["sessions_missing"]
+            entry["messages_missing"] = missing["messages_missing"]
+
+
+def list_missing(
+    home: str, profile: str, backup_dir: str | None = None, busy_timeout: float = BUSY_TIMEOUT
+) -> dict[str, Any]:
     """For every whole-file backup and archive of the profile (newest first): what it holds that
     state.db no longer has, as {"path", "kind", "created_at", "schema_version", "sessions",
     "messages", "missing": [{"day", "source", "sessions", "messages", "ids": [{"id", "title",
@@ -916,7 +1168,9 @@ def list_missing(home, profile, backup_dir=None, busy_timeout=BUSY_TIMEOUT):
     return result
 
 
-def _payload_sources(archive, backup, backup_dir, profile):
+def _payload_sources(
+    archive: str | None, backup: str | None, backup_dir: str, profile: str
+) -> tuple[list[str], list[str]]:
     """(payload archives, whole-file backups) to restore tool payloads from: the archive named (a path
     or a name in ``backup_dir``), or the backup named (as ``resolve_backup`` takes it), else every
     payload archive of the profile and then every backup, each newest first."""
@@ -945,13 +1199,25 @@ def _payload_sources(archive, backup, backup_dir, profile):
 UNMATCHED_LISTED = 100  # tombstones left alone that the result names one by one (all are counted)
 
 
-def _payload_backups(stack, backups, fds, stones, profile, backup_dir, named):
+def _payload_backups(
+    stack: contextlib.ExitStack,
+    backups: list[str],
+    fds: Mapping[str, int | None],
+    stones: dict[int, dict[str, Any]],
+    profile: str,
+    backup_dir: str,
+    named: bool,
+) -> tuple[list[PayloadItem], set[str], dict[int, str], list[str], list[str]]:
     """Match the tombstones ``stones`` no archive gives back against the whole-file ``backups``, newest
     first, until none is left: (todo, plain paths to read the bodies from, {message id: why no backup
     gave it}, the backups read, notes).
     A backup that gives something stays open (decompressed or staged) in ``stack`` for the run. A
     backup that fails its checks is an error when it was ``named``, else a note and the next one."""
-    todo, plain_paths, refused, read, notes = [], set(), {}, [], []
+    todo: list[PayloadItem] = []
+    plain_paths: set[str] = set()
+    refused: dict[int, str] = {}
+    read: list[str] = []
+    notes: list[str] = []
     for path in backups:
         if not stones:
             break
@@ -959,8 +1225,9 @@ def _payload_backups(stack, backups, fds, stones, profile, backup_dir, named):
         try:
             with contextlib.ExitStack() as inner:
                 readable = path
-                if fds.get(path) is not None:
-                    workdir, readable = _stage(fds[path], os.path.basename(path), backup_dir, profile)
+                fd = fds.get(path)
+                if fd is not None:
+                    workdir, readable = _stage(fd, os.path.basename(path), backup_dir, profile)
                     inner.callback(shutil.rmtree, workdir, True)
                 plain, _info = inner.enter_context(opened_source("file", readable, profile))
                 src = inner.enter_context(
@@ -991,43 +1258,44 @@ class PayloadSources:
     descriptor of each backup it opened (None: the owner's process opens it). ``archive_named`` /
     ``backup_named``: the operator named that one source."""
 
-    def __init__(self, archives, backups, backup_dir, profile, archive_named, backup_named):
-        self.archives, self.backups, self.fds = archives, backups, {}
+    def __init__(
+        self,
+        archives: list[str],
+        backups: list[str],
+        backup_dir: str,
+        profile: str,
+        archive_named: bool,
+        backup_named: bool,
+    ) -> None:
+        self.archives, self.backups = archives, backups
+        self.fds: dict[str, int | None] = {}
         self.backup_dir, self.profile = backup_dir, profile
         self.archive_named, self.backup_named = archive_named, backup_named
 
 
-def _payload_work(db_path, sources, session_ids, check_mode, busy_timeout, pause):
+def _payload_work(
+    db_path: str,
+    sources: PayloadSources,
+    session_ids: list[str] | None,
+    check_mode: bool,
+    busy_timeout: float,
+    pause: float,
+) -> Outcome:
     """``sources``: a PayloadSources. Unless an archive was named, every tombstone of the chosen
     sessions that no source gives back is reported (``unmatched``)."""
-    archives, backups, fds = sources.archives, sources.backups, sources.fds
-    backup_dir, profile = sources.backup_dir, sources.profile
     lock = None
     stack = contextlib.ExitStack()
     try:
         lock = _locked(db_path, check_mode)
-        if backups and not check_mode:
-            _remove_leftovers(backup_dir, profile)
-        notes, refused, plain_paths, read = [], {}, set(), []
+        if sources.backups and not check_mode:
+            _remove_leftovers(sources.backup_dir, sources.profile)
         live = ReadOnlyDB(db_path, busy_timeout)
         try:
-            todo = plan_restore(live.conn, archives, session_ids)
-            if not sources.archive_named:
-                stones = live_tombstones(live.conn, session_ids)
-                for entry in todo:
-                    stones.pop(entry[1], None)
-                found, plain_paths, refused, read, notes = _payload_backups(
-                    stack, backups, fds, stones, profile, backup_dir, sources.backup_named
-                )
-                todo += found
-                for mid, entry in stones.items():
-                    refused.setdefault(mid, "no payload archive or backup holds it")
-                    refused[mid] = {"id": mid, "session_id": entry["session"], "reason": refused[mid]}
+            todo, plain_paths, left, read, notes = _payload_plan(live.conn, sources, session_ids, stack)
         finally:
             live.close()
-        left = [refused[mid] for mid in sorted(refused)]
-        result = {
-            "archives": archives,
+        result: PayloadResult = {
+            "archives": sources.archives,
             "backups": read,
             "planned": len(todo),
             "bytes": sum(item[3] for item in todo),
@@ -1055,17 +1323,37 @@ def _payload_work(db_path, sources, session_ids, check_mode, busy_timeout, pause
             lock.release()
 
 
+def _payload_plan(
+    live: sqlite3.Connection, sources: PayloadSources, session_ids: list[str] | None, stack: contextlib.ExitStack
+) -> tuple[list[PayloadItem], set[str], list[Unmatched], list[str], list[str]]:
+    """(bodies to put back, the backups' plain files they come from, the tombstones no source gives
+    back, ordered by message id, the backups read, notes): the payload archives first, then, unless an
+    archive was named, the whole-file backups for the tombstones left."""
+    todo: list[PayloadItem] = plan_restore(live, sources.archives, session_ids)
+    if sources.archive_named:
+        return todo, set(), [], [], []
+    stones = live_tombstones(live, session_ids)
+    for entry in todo:
+        stones.pop(entry[1], None)
+    found, plain_paths, reasons, read, notes = _payload_backups(
+        stack, sources.backups, sources.fds, stones, sources.profile, sources.backup_dir, sources.backup_named
+    )
+    unmatched: dict[int, Unmatched] = {
+        mid: {
+            "id": mid,
+            "session_id": entry["session"],
+            "reason": reasons.get(mid, "no payload archive or backup holds it"),
+        }
+        for mid, entry in stones.items()
+    }
+    return todo + found, plain_paths, [unmatched[mid] for mid in sorted(unmatched)], read, notes
+
+
 def restore_tool_payloads(
-    home,
-    profile,
-    archive=None,
-    session_ids=None,
-    backup_dir=None,
-    check_mode=False,
-    busy_timeout=BUSY_TIMEOUT,
-    pause=BATCH_PAUSE,
-    backup=None,
-):
+    home: str, profile: str, archive: str | None = None, session_ids: Iterable[str] | None = None,
+    backup_dir: str | None = None, check_mode: bool = False, busy_timeout: float = BUSY_TIMEOUT,
+    pause: float = BATCH_PAUSE, backup: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Put the tool payloads that ``tool_payload_days`` elided back, byte for byte: those of
     ``session_ids`` (None: of every session) whose message still holds the tombstone written in its
     place. From the payload archive ``archive`` names, or from the whole-file backup ``backup`` names

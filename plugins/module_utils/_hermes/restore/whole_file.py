@@ -40,6 +40,7 @@ import sqlite3
 import stat
 import tempfile
 import time
+from typing import Mapping, Sequence, TypedDict
 
 from ..backup.whole_file import list_backups
 from ..host.profiles import LOCK_SUFFIX, ProfileLock, backups_of, profile_path
@@ -64,25 +65,89 @@ ASIDE_PREFIX = "state.db.pre-restore-"
 MOVED_SUFFIXES = ("",) + SIDECAR_SUFFIXES + ("-journal",)
 
 
-def profile_db(home, profile):
-    return profile_path(os.path.abspath(os.path.expanduser(home)), profile)
+class DbCounts(TypedDict):
+    """What a database file holds (``db_counts``)."""
+
+    sessions: int
+    messages: int
+    schema_version: int | None
 
 
-def db_counts(path):
+class BackupCounts(DbCounts, total=False):
+    """A backup that verified: its counts, its size decompressed, and (in a plan) where it is."""
+
+    db_bytes: int
+    path: str
+    bytes: int
+    compressed: bool
+
+
+class Rejected(TypedDict):
+    path: str
+    error: str
+
+
+class Current(TypedDict, total=False):
+    """The state.db a restore replaces (or, where there is none, its directory's owner)."""
+
+    exists: bool
+    uid: int
+    gid: int
+    mode: str | None
+    error: str
+    files: list[str]
+    sessions: int
+    messages: int
+    schema_version: int | None
+
+
+class Owner(TypedDict):
+    uid: int
+    gid: int
+    mode: str
+
+
+class MovedAside(TypedDict):
+    dir: str
+    files: list[str]
+
+
+class RestorePlan(TypedDict, total=False):
+    """``plan_restore``'s plan; ``restore`` adds ``restored``, ``moved_aside`` and ``owner``."""
+
+    db: str
+    backup_dir: str
+    backup: BackupCounts
+    rejected: list[Rejected]
+    current: Current
+    holders: Sequence[Mapping[str, object]]
+    aside: str
+    restored: DbCounts
+    moved_aside: MovedAside | None
+    owner: Owner
+
+
+def profile_db(home: str, profile: str) -> str:
+    path: str = profile_path(os.path.abspath(os.path.expanduser(home)), profile)
+    return path
+
+
+def db_counts(path: str) -> DbCounts:
     """quick_check and counts of a database file, read without creating any file beside it."""
     conn = sqlite3.connect(sqlite_uri(path, mode="ro", immutable="1"), uri=True, isolation_level=None)
     try:
         check = quick_check_rows(conn)
         if check != ["ok"]:
             raise MaintenanceError("quick_check failed: %s" % "; ".join(check[:3]))
-        counts = {
+        counts: DbCounts = {
             "sessions": conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0],
             "messages": conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0],
+            "schema_version": None,
         }
         try:
             counts["schema_version"] = conn.execute("SELECT version FROM schema_version").fetchone()[0]
         except sqlite3.Error:
-            counts["schema_version"] = None
+            pass
         return counts
     except sqlite3.Error as exc:
         raise MaintenanceError("not a readable Hermes database: %s" % exc) from None
@@ -90,13 +155,12 @@ def db_counts(path):
         conn.close()
 
 
-def unpack_backup(backup, target, owner=None):
+def unpack_backup(backup: str, target: str, owner: tuple[int, int] | None = None) -> None:
     """Copy or decompress ``backup`` into the new file ``target`` (0600; ``owner``'s, a (uid, gid)
     pair, when given), fsynced."""
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as dst:
-        opener = gzip.open if backup.endswith(".gz") else open
-        with opener(backup, "rb") as src:
+        with gzip.open(backup, "rb") if backup.endswith(".gz") else open(backup, "rb") as src:
             shutil.copyfileobj(src, dst, 4 * MB)
         dst.flush()
         if owner:
@@ -104,12 +168,10 @@ def unpack_backup(backup, target, owner=None):
         os.fsync(dst.fileno())
 
 
-def verify_backup(path):
+def verify_backup(path: str) -> BackupCounts:
     """Counts of a backup (a .gz is decompressed into a private temporary directory)."""
     if not path.endswith(".gz"):
-        counts = db_counts(path)
-        counts["db_bytes"] = file_size(path)
-        return counts
+        return _with_size(db_counts(path), path)
     tmpdir = tempfile.mkdtemp(prefix="hermes-ops-restore-")
     try:
         plain = os.path.join(tmpdir, "backup.db")
@@ -117,14 +179,21 @@ def verify_backup(path):
             unpack_backup(path, plain)
         except (OSError, EOFError) as exc:
             raise MaintenanceError("cannot decompress: %s" % exc) from None
-        counts = db_counts(plain)
-        counts["db_bytes"] = file_size(plain)
-        return counts
+        return _with_size(db_counts(plain), plain)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def _resolve_backup(backup, backup_dir):
+def _with_size(counts: DbCounts, plain: str) -> BackupCounts:
+    return {
+        "sessions": counts["sessions"],
+        "messages": counts["messages"],
+        "schema_version": counts["schema_version"],
+        "db_bytes": file_size(plain),
+    }
+
+
+def _resolve_backup(backup: str, backup_dir: str) -> str:
     path = backup if os.path.isabs(backup) else os.path.join(backup_dir, backup)
     if not os.path.isfile(path):
         raise MaintenanceError("backup %s does not exist" % path)
@@ -133,11 +202,11 @@ def _resolve_backup(backup, backup_dir):
     return path
 
 
-def plan_restore(home, profile, backup_dir=None, backup=None):
+def plan_restore(home: str, profile: str, backup_dir: str | None = None, backup: str | None = None) -> RestorePlan:
     """What a restore would do; reads only. Raises MaintenanceError with the reason."""
     db = profile_db(home, profile)
     backup_dir = backups_of(os.path.abspath(os.path.expanduser(home)), backup_dir)
-    plan = {"db": db, "backup_dir": backup_dir, "backup": None, "rejected": [], "current": None}
+    rejected: list[Rejected] = []
     if backup:
         candidates = [_resolve_backup(backup, backup_dir)]
     else:
@@ -146,27 +215,51 @@ def plan_restore(home, profile, backup_dir=None, backup=None):
             raise MaintenanceError(
                 "no backup of profile %s in %s (hermes-ops_%s_*.db[.gz])" % (profile, backup_dir, profile)
             )
+    verified = _first_verified(candidates, rejected)
+    if verified is None:
+        raise MaintenanceError(
+            "no backup of profile %s verifies: %s"
+            % (profile, "; ".join("%s: %s" % (r["path"], r["error"]) for r in rejected))
+        )
+    current, held_by = _current_file(db), holders(db)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return {
+        "db": db,
+        "backup_dir": backup_dir,
+        "backup": verified,
+        "rejected": rejected,
+        "current": current,
+        "holders": held_by,
+        "aside": os.path.join(os.path.dirname(db), ASIDE_PREFIX + stamp),
+    }
+
+
+def _first_verified(candidates: list[str], rejected: list[Rejected]) -> BackupCounts | None:
+    """The first of ``candidates`` that verifies; each one before it is added to ``rejected``."""
     for path in candidates:
         try:
             counts = verify_backup(path)
         except MaintenanceError as exc:
-            plan["rejected"].append({"path": path, "error": str(exc)})
+            rejected.append({"path": path, "error": str(exc)})
             continue
-        counts.update(path=path, bytes=file_size(path), compressed=path.endswith(".gz"))
-        plan["backup"] = counts
-        break
-    if plan["backup"] is None:
-        raise MaintenanceError(
-            "no backup of profile %s verifies: %s"
-            % (profile, "; ".join("%s: %s" % (r["path"], r["error"]) for r in plan["rejected"]))
-        )
+        counts["path"], counts["bytes"], counts["compressed"] = path, file_size(path), path.endswith(".gz")
+        return counts
+    return None
+
+
+def _current_file(db: str) -> Current:
+    """The file the restore replaces: owner, mode, counts and files; where there is none, its directory's owner."""
+    current: Current
     if os.path.lexists(db):
         st = os.lstat(db)
         if not stat.S_ISREG(st.st_mode):
             raise MaintenanceError("%s is not a regular file (a link or a directory): restore refused" % db)
         current = {"exists": True, "uid": st.st_uid, "gid": st.st_gid, "mode": "%o" % stat.S_IMODE(st.st_mode)}
         try:
-            current.update(db_counts(db) if not os.path.exists(db + "-wal") else {})
+            if not os.path.exists(db + "-wal"):
+                counts = db_counts(db)
+                current["sessions"], current["messages"] = counts["sessions"], counts["messages"]
+                current["schema_version"] = counts["schema_version"]
         except MaintenanceError as exc:
             current["error"] = str(exc)  # a damaged file is a reason to restore, not to refuse
     else:
@@ -177,19 +270,16 @@ def plan_restore(home, profile, backup_dir=None, backup=None):
         current = {"exists": False, "uid": st.st_uid, "gid": st.st_gid, "mode": None}
     # A -journal too: left beside the restored file, a hot journal would be rolled back into it.
     current["files"] = [os.path.basename(db) + s for s in MOVED_SUFFIXES if os.path.lexists(db + s)]
-    plan["current"] = current
-    plan["holders"] = holders(db)
-    plan["aside"] = os.path.join(os.path.dirname(db), ASIDE_PREFIX + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
-    return plan
+    return current
 
 
-def restore(plan, force=False):
+def restore(plan: RestorePlan, force: bool = False) -> RestorePlan:
     """Carry out ``plan`` under the profile's maintenance lock; returns it with ``restored``."""
     with _maintenance_lock(plan["db"], plan["current"]):
         return _restore(plan, force)
 
 
-def _maintenance_lock(db, current):
+def _maintenance_lock(db: str, current: Current) -> ProfileLock:
     """The lock maintenance runs take: no scheduled run works on the file meanwhile."""
     try:
         return ProfileLock(db, check_mode=False, owner=(current["uid"], current["gid"]))
@@ -200,7 +290,7 @@ def _maintenance_lock(db, current):
         ) from None
 
 
-def _restore(plan, force):
+def _restore(plan: RestorePlan, force: bool) -> RestorePlan:
     db, backup, current = plan["db"], plan["backup"], plan["current"]
     others = holders(db)
     if others and not force:
@@ -209,14 +299,31 @@ def _restore(plan, force):
             "and restart every process that had it open" % (db, describe_holders(others))
         )
     directory = os.path.dirname(db)
-    # the restored file, and the copies of the old file's sidecars kept aside
+    _check_room(db, backup)
+    partial = os.path.join(directory, PARTIAL)
+    _verified_partial(backup, partial, (current["uid"], current["gid"]))
+    aside = _unused(plan["aside"])
+    present = [name for name in _names(db) if os.path.lexists(os.path.join(directory, name))]
+    plan["restored"] = _swap(db, partial, aside, present, (current["uid"], current["gid"]), force, backup)
+    plan["moved_aside"] = {"dir": aside, "files": present} if present else None
+    st = os.stat(db)
+    plan["owner"] = {"uid": st.st_uid, "gid": st.st_gid, "mode": "%o" % stat.S_IMODE(st.st_mode)}
+    return plan
+
+
+def _check_room(db: str, backup: BackupCounts) -> None:
+    """Room beside state.db for the restored file and the copies of the old file's sidecars kept aside."""
+    directory = os.path.dirname(db)
     need = int(backup["db_bytes"] * 1.05) + MB + sum(file_size(db + suffix) for suffix in MOVED_SUFFIXES[1:])
     if free_bytes(directory) < need:
         raise MaintenanceError(
             "not enough space in %s for the restored file: about %d MB needed, %d MB free; nothing was changed"
             % (directory, need // MB, free_bytes(directory) // MB)
         )
-    partial = os.path.join(directory, PARTIAL)
+
+
+def _verified_partial(backup: BackupCounts, partial: str, owner: tuple[int, int]) -> None:
+    """Step 1: the backup's copy at ``partial``, checked against its verified counts, the owner's, 0600, durable."""
     if os.path.lexists(partial):
         os.unlink(partial)  # left by an interrupted restore
     try:
@@ -224,23 +331,30 @@ def _restore(plan, force):
         got = db_counts(partial)
         if (got["sessions"], got["messages"]) != (backup["sessions"], backup["messages"]):
             raise MaintenanceError("the copy of %s does not match its verified counts" % backup["path"])
-        os.chown(partial, current["uid"], current["gid"])
+        os.chown(partial, *owner)
         os.chmod(partial, 0o600)
         fsync_path(partial)  # its owner too: a root-owned state.db after a power loss locks Hermes out
     except BaseException:
         _remove(partial)
         raise
-    aside = _unused(plan["aside"])
-    present = [name for name in _names(db) if os.path.lexists(os.path.join(directory, name))]
-    kept = os.path.join(aside, "state.db")
-    has_db, owner = "state.db" in present, (current["uid"], current["gid"])
-    copied, moved, renamed = [], [], False
+
+
+def _swap(
+    db: str, partial: str, aside: str, present: list[str], owner: tuple[int, int], force: bool, backup: BackupCounts
+) -> DbCounts:
+    """Steps 2 to 4: the old files aside, the verified copy renamed over state.db and checked again;
+    on any failure the old files are put back. Returns the restored file's counts."""
+    directory = os.path.dirname(db)
+    has_db = "state.db" in present
+    copied: list[str] = []
+    moved: list[str] = []
+    renamed = False
     try:
         if present:
             os.mkdir(aside, 0o700)
             os.chown(aside, *owner)
             if has_db:  # a second name for the old file: state.db itself never goes missing
-                os.link(db, kept)
+                os.link(db, os.path.join(aside, "state.db"))
             _sidecars_aside(
                 db, aside, [n for n in present if n != "state.db"], owner, has_db and not force, copied, moved
             )
@@ -254,14 +368,18 @@ def _restore(plan, force):
         _put_back(db, aside, has_db, renamed, copied, moved)
         _remove(partial)
         raise
-    plan["restored"] = restored
-    plan["moved_aside"] = {"dir": aside, "files": present} if present else None
-    st = os.stat(db)
-    plan["owner"] = {"uid": st.st_uid, "gid": st.st_gid, "mode": "%o" % stat.S_IMODE(st.st_mode)}
-    return plan
+    return restored
 
 
-def _sidecars_aside(db, aside, sidecars, owner, settling, copied, moved):
+def _sidecars_aside(
+    db: str,
+    aside: str,
+    sidecars: list[str],
+    owner: tuple[int, int],
+    settling: bool,
+    copied: list[str],
+    moved: list[str],
+) -> None:
     """The sidecars out of the home and into ``aside``, state.db's second name being there already.
 
     ``settling`` (nobody holds the file): copied first, then the old file settled, then they go;
@@ -286,11 +404,11 @@ def _sidecars_aside(db, aside, sidecars, owner, settling, copied, moved):
     aside_durable(aside, directory)
 
 
-def _names(db):
+def _names(db: str) -> list[str]:
     return [os.path.basename(db) + suffix for suffix in MOVED_SUFFIXES]
 
 
-def _unused(aside):
+def _unused(aside: str) -> str:
     """``aside``, or with ``-1``, ``-2``... when a restore in the same second made it."""
     name, seq = aside, 1
     while os.path.lexists(name):
@@ -298,7 +416,7 @@ def _unused(aside):
     return name
 
 
-def settle(db):
+def settle(db: str) -> str | None:
     """Make state.db hold on its own every row committed to it, durably: SQLite opens it as Hermes
     would (rolling a hot journal back), checkpoints its -wal into it (TRUNCATE), then it is fsynced.
     Only while nobody else holds the file (a checkpoint beside a holder meets SQLite's WAL-reset bug).
@@ -311,7 +429,7 @@ def settle(db):
         try:
             conn.execute("PRAGMA synchronous=FULL")  # the file fsynced before the -wal is truncated
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            busy: int = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
         finally:
             conn.close()
     except sqlite3.Error as exc:
@@ -322,7 +440,7 @@ def settle(db):
     return None
 
 
-def _put_back(db, aside, has_db, renamed, copied, moved):
+def _put_back(db: str, aside: str, has_db: bool, renamed: bool, copied: list[str], moved: list[str]) -> None:
     """After a failure: the old file at its name again (over the new one), then its sidecars;
     a copy goes back only where SQLite's settling removed the sidecar (its rows are in state.db)."""
     directory = os.path.dirname(db)
@@ -343,7 +461,7 @@ def _put_back(db, aside, has_db, renamed, copied, moved):
         os.rmdir(aside)
 
 
-def aside_durable(aside, directory):
+def aside_durable(aside: str, directory: str) -> None:
     """The aside directory, the old file's second name and the sidecars' copies or moves, durable
     before the settling and the rename over state.db: else a power loss can leave the old -wal
     beside the restored file (SQLite replays it into it: "row missing from index") or the old
@@ -352,7 +470,7 @@ def aside_durable(aside, directory):
     fsync_path(directory)
 
 
-def _remove(path):
+def _remove(path: str) -> None:
     try:
         os.unlink(path)
     except OSError:
