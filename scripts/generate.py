@@ -342,15 +342,22 @@ def typed_fields(rows, overrides):
     return ["%s: %s" % (row.name, python_type(row, overrides)) for row in rows]
 
 
+# Documented once, in the doc fragment hermes_agent.ops.pacing, for every module that takes them.
+PACING = ("busy_timeout", "batch_pause")
+
+
 def blocks(options, results):
     """(file, block name) -> the block's lines, unindented."""
     return {
-        ("plugins/doc_fragments/hermes.py", "options"): module_options(options, options.SHARED),
-        ("plugins/modules/session_maintenance.py", "options"): module_options(options, options.MAINTENANCE),
-        ("plugins/modules/session_maintenance.py", "return"): module_return(results.RUN_FIELDS, results.PROFILE_FIELDS),
-        ("plugins/modules/session_restore.py", "options"): option_docs(
-            [options.BY_NAME["busy_timeout"], options.BY_NAME["batch_pause"]]
+        ("plugins/doc_fragments/hermes.py", "options"): option_docs(
+            [o for o in options.options_in(options.SHARED) if o.name not in PACING]
         ),
+        ("plugins/doc_fragments/pacing.py", "busy-timeout"): option_docs([options.BY_NAME["busy_timeout"]]),
+        ("plugins/doc_fragments/pacing.py", "batch-pause"): option_docs([options.BY_NAME["batch_pause"]]),
+        ("plugins/modules/session_maintenance.py", "options"): option_docs(
+            [o for o in options.options_in(options.MAINTENANCE) if o.name not in PACING]
+        ),
+        ("plugins/modules/session_maintenance.py", "return"): module_return(results.RUN_FIELDS, results.PROFILE_FIELDS),
         ("plugins/modules/state_db_info.py", "return"): module_return(
             results.INFO_RUN_FIELDS, results.INFO_PROFILE_FIELDS
         ),

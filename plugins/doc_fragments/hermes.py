@@ -61,12 +61,6 @@ options:
       - Where backups are written and looked up. Defaults to C(HOME/backups) of each home.
       - Must be a real directory owned by the owner of C(state.db) and not writable by others.
     type: path
-  busy_timeout:
-    description:
-      - Seconds to wait for a lock held by Hermes before giving up on the profile (it is skipped; the next run takes
-        it up again).
-    type: float
-    default: 5
   # END GENERATED
 """
 

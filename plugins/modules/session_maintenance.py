@@ -27,6 +27,8 @@ author:
 extends_documentation_fragment:
   - hermes_agent.ops.hermes
   - hermes_agent.ops.hermes.ATTRIBUTES
+  - hermes_agent.ops.pacing
+  - hermes_agent.ops.pacing.BATCH_PAUSE
 options:
   # BEGIN GENERATED: options (scripts/generate.py, from plugins/module_utils/_hermes/options.py)
   end_reason:
@@ -151,12 +153,6 @@ options:
         stalls within 131 ms.
     type: float
     default: 0.06
-  batch_pause:
-    description:
-      - Seconds to pause between transactions, so that a live gateway's writes get the lock.
-      - A waiting writer polls the lock every 25 ms or more, so a pause shorter than that can starve it.
-    type: float
-    default: 0.03
   tool_payload_days:
     description:
       - In the sessions the prune keeps, replace the content of C(role=tool) messages older than this many days with a

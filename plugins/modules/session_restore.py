@@ -60,6 +60,8 @@ attributes:
     support: full
 extends_documentation_fragment:
   - hermes_agent.ops.restore
+  - hermes_agent.ops.pacing
+  - hermes_agent.ops.pacing.BATCH_PAUSE
 options:
   archive:
     description:
@@ -132,20 +134,6 @@ options:
         with it.
     type: bool
     default: false
-  # BEGIN GENERATED: options (scripts/generate.py)
-  busy_timeout:
-    description:
-      - Seconds to wait for a lock held by Hermes before giving up on the profile (it is skipped; the next run takes
-        it up again).
-    type: float
-    default: 5
-  batch_pause:
-    description:
-      - Seconds to pause between transactions, so that a live gateway's writes get the lock.
-      - A waiting writer polls the lock every 25 ms or more, so a pause shorter than that can starve it.
-    type: float
-    default: 0.03
-  # END GENERATED
 seealso:
   - module: hermes_agent.ops.session_maintenance
   - module: hermes_agent.ops.state_db_restore

@@ -18,6 +18,7 @@ author:
   - Hermes Agent Ops maintainers (@hermes-agent-ops)
 extends_documentation_fragment:
   - hermes_agent.ops.hermes
+  - hermes_agent.ops.pacing
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.

@@ -110,8 +110,8 @@ def test_one_new_option_row_reaches_every_copy(tmp_path):
     assert run_generate(root, "--check").returncode == 1
     assert run_generate(root).returncode == 0
     for path, _block in BLOCKS:
-        if path in ("plugins/doc_fragments/hermes.py", "plugins/modules/session_restore.py"):
-            continue  # shared options only / the two options the restore of sessions takes
+        if path in ("plugins/doc_fragments/hermes.py", "plugins/doc_fragments/pacing.py"):
+            continue  # shared options only / busy_timeout and batch_pause only
         if "results" in _block or _block == "return":
             continue
         if _block == "deletes":
@@ -124,13 +124,16 @@ def test_one_new_option_row_reaches_every_copy(tmp_path):
 
 
 def module_docs():
-    """session_maintenance's options as ansible-doc merges them (its own + the doc fragment)."""
+    """session_maintenance's options as ansible-doc merges them (its own + the doc fragments)."""
     namespace = {}
     source = (REPO / "plugins/modules/session_maintenance.py").read_text()
     exec(compile(source.split("from ansible.module_utils", 1)[0], "session_maintenance", "exec"), namespace)
-    fragment = {}
-    exec((REPO / "plugins/doc_fragments/hermes.py").read_text(), fragment)
-    options = dict(yaml.safe_load(fragment["ModuleDocFragment"].DOCUMENTATION)["options"])
+    options = {}
+    for name, parts in (("hermes", ("DOCUMENTATION",)), ("pacing", ("DOCUMENTATION", "BATCH_PAUSE"))):
+        fragment = {}
+        exec((REPO / "plugins/doc_fragments" / (name + ".py")).read_text(), fragment)
+        for part in parts:
+            options.update(yaml.safe_load(getattr(fragment["ModuleDocFragment"], part))["options"])
     options.update(yaml.safe_load(namespace["DOCUMENTATION"])["options"])
     return options
 
