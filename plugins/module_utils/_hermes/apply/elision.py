@@ -34,13 +34,15 @@ import re
 import sqlite3
 import stat
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, List, Mapping, NamedTuple, Sequence, Tuple, TypeVar
+from typing import Any, Callable, NamedTuple, TypeVar
 
 from ..backup.archive import ArchivePaths, new_archive_paths, write_archive, write_archive_meta
 from ..backup.whole_file import StampedFiles, WriteBack, remove_partials
 from ..plan.selection import DAY, ROUTED, SANE_MIN, Plan, leased_conversation, live_leases
 from ..sqlite.db import MaintenanceError, ranged_rows, read_snapshot, sqlite_uri, write_transaction
+from ..store.schema import Schema
 from .prune import (
     FIRST_GROUP_SHARE,
     PROGRESS_STEPS,
@@ -71,11 +73,10 @@ payload_archive_name = PAYLOAD_ARCHIVES.name
 is_payload_archive_name = PAYLOAD_ARCHIVES.is_name
 list_payload_archives = PAYLOAD_ARCHIVES.list
 
-Schema = Mapping[str, Any]  # store.schema.inspect_schema's answer
 # What a payload restore puts back: (archive or backup path, message id, session id, bytes, tombstone)
-PayloadRestore = Tuple[str, int, str, int, str]
+PayloadRestore = tuple[str, int, str, int, str]
 # A body as an archive holds it: (message id, session id, typeof(content), body, bytes, tombstone)
-ArchivedBody = Tuple[int, str, str, bytes, int, str]
+ArchivedBody = tuple[int, str, str, bytes, int, str]
 Changed = TypeVar("Changed")
 Wait = Callable[[float], None]  # the gateway's turn after a transaction that held the lock that long
 
@@ -830,8 +831,8 @@ class _Restored:
 
 
 # A body to put back, grouped by its source: (message id, session id, bytes, tombstone)
-RestoreEntry = Tuple[int, str, int, str]
-Fetch = Callable[[sqlite3.Connection, List[RestoreEntry]], List[ArchivedBody]]
+RestoreEntry = tuple[int, str, int, str]
+Fetch = Callable[[sqlite3.Connection, list[RestoreEntry]], list[ArchivedBody]]
 
 
 def restore_payloads(

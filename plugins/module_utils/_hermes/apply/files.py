@@ -29,7 +29,8 @@ import os
 import shutil
 import sqlite3
 import stat
-from typing import Any, Collection, Dict, Iterator, Mapping, Tuple, TypedDict
+from collections.abc import Collection, Iterator, Mapping
+from typing import Any, TypedDict
 
 from ..host.hazards import lock_is_held
 from ..plan.inventory import STORES, orphaned_transcripts, store_facts
@@ -53,9 +54,9 @@ NEVER = {
 ZIP_PREFIXES = ("hermes-backup-", "pre-update-", "pre-migration-")  # hermes_cli/backup.py
 _PARTIAL = (".partial", ".incomplete.zip", ".tmp")
 
-Rule = Dict[str, float]  # "keep" (a whole number) and/or "days"
-Rules = Dict[str, Rule]  # kind -> its rule
-Identity = Tuple[int, int, int, int]  # inode, device, mtime (ns), file type: the same file still
+Rule = dict[str, float]  # "keep" (a whole number) and/or "days"
+Rules = dict[str, Rule]  # kind -> its rule
+Identity = tuple[int, int, int, int]  # inode, device, mtime (ns), file type: the same file still
 
 
 class RemovedItem(TypedDict):

@@ -13,7 +13,8 @@ import os
 import sqlite3
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..plan.estimate import predict_free_pages, read_index_levels
 from ..sqlite.db import (
@@ -33,6 +34,7 @@ from .prune import ROLLBACK_COMMIT_TIME, hard_bound, turn_after_commit
 
 if TYPE_CHECKING:
     from ..options import Options
+    from ..store.schema import Schema
 
 MERGE_PAGES = 256  # FTS5 pages an untimed optimize step writes (batch_time 0)
 OPTIMIZE_FIRST = 64  # FTS5 pages of the optimize's first timed step, before the rate per page is known
@@ -56,12 +58,12 @@ AUTO_VACUUM_INCREMENTAL = 2
 Stop = Callable[[], Optional[str]]  # why the work stops between two transactions now, or None
 Wait = Callable[[float], object]  # the gateway's turn after a transaction that held the lock that long
 FtsIndexes = Sequence[Mapping[str, Any]]  # the schema's ``fts``: each index's "name" and "error"
-Decision = Tuple[Optional[str], Optional[str]]  # (action, or None and why not)
+Decision = tuple[Optional[str], Optional[str]]  # (action, or None and why not)
 
 
 # The reclaim's decision and report are parts of the profile's result (``reclaim``): their keys are
 # the result table's (results.py), and the maintenance steps add to them.
-Reclaim = Dict[str, Any]
+Reclaim = dict[str, Any]
 
 
 def wal_budget(conn: sqlite3.Connection, db_path: str, replica: Sequence[str] | None = None) -> Stop | None:
@@ -410,7 +412,7 @@ def plan_reclaim(
     conn: sqlite3.Connection,
     db_path: str,
     options: Options,
-    schema: Mapping[str, Any],
+    schema: Schema,
     *,
     pruned: dict[str, int],
     messages_total: int,
@@ -476,7 +478,7 @@ def reclaim(
     conn: sqlite3.Connection,
     db_path: str,
     options: Options,
-    schema: Mapping[str, Any],
+    schema: Schema,
     decision: Reclaim,
     *,
     pruned: bool,

@@ -38,7 +38,8 @@ import json
 import os
 import sqlite3
 import time
-from typing import Any, Dict, Iterable, List, Sequence, TypedDict
+from collections.abc import Iterable, Sequence
+from typing import Any, TypedDict
 
 from ..sqlite.db import MaintenanceError, commits_durable, fsync_path, write_transaction
 
@@ -52,7 +53,7 @@ SETTLE_CHUNK = 500  # messages put back per transaction after a crash (as a rest
 # A recorded change: (op: "insert", "update" or "delete"; the rowid; the row's values), a list of
 # three once read back from the durable list (JSON). The values are SQLite's, whatever the column holds.
 UndoRecord = Sequence[Any]
-FenceRecords = Dict[str, List[List[Any]]]  # table -> its recorded changes, oldest first
+FenceRecords = dict[str, list[list[Any]]]  # table -> its recorded changes, oldest first
 
 
 class SlicedEntry(TypedDict, total=False):
@@ -64,7 +65,7 @@ class SlicedEntry(TypedDict, total=False):
     fence: FenceRecords | None
 
 
-SlicedList = Dict[str, SlicedEntry]  # session id -> its entry
+SlicedList = dict[str, SlicedEntry]  # session id -> its entry
 
 
 def _quote(name: str) -> str:

@@ -24,17 +24,12 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import (
     Any,
     Callable,
-    Collection,
-    Iterable,
-    Iterator,
-    List,
     NamedTuple,
     Optional,
-    Sequence,
-    Tuple,
     TypedDict,
     TypeVar,
 )
@@ -61,13 +56,13 @@ archive_name = ARCHIVES.name
 is_archive_name = ARCHIVES.is_name
 list_archives = ARCHIVES.list
 
-Referencing = List[Tuple[str, str]]  # (table, its column naming the session)
-Referenced = List[Tuple[str, str, str]]  # (table, its key column, the sessions column naming it)
+Referencing = list[tuple[str, str]]  # (table, its column naming the session)
+Referenced = list[tuple[str, str, str]]  # (table, its key column, the sessions column naming it)
 # a cursor's description: each column's name, then six None
-Description = Tuple[Tuple[str, None, None, None, None, None, None], ...]
-Row = Tuple[object, ...]
+Description = tuple[tuple[str, None, None, None, None, None, None], ...]
+Row = tuple[object, ...]
 # A recorded close: (id, ended_at, end_reason, closed_ended_at, closed_end_reason)
-CloseRecord = Tuple[str, Optional[float], Optional[str], float, str]
+CloseRecord = tuple[str, Optional[float], Optional[str], float, str]
 Filled = TypeVar("Filled")
 SessionIds = Optional[Collection[str]]  # the sessions asked for (None: all)
 

@@ -23,7 +23,9 @@ import shutil
 import sqlite3
 import stat
 import time
-from typing import Any, Callable, Iterable, Mapping, Pattern, Tuple, TypedDict
+from collections.abc import Iterable, Mapping
+from re import Pattern
+from typing import Any, Callable, TypedDict
 
 from ..sqlite.db import (
     BUSY_TIMEOUT,
@@ -44,7 +46,7 @@ BACKUP_STEP_BYTES = 16 * 1024 * 1024  # copied per step, then flushed (see _copy
 # past this size the slower backup API copies instead, without blocking writers.
 RAW_WAL_LIMIT = 32 * 1024 * 1024
 
-Stamped = Tuple[str, int]  # a finished file's path and the unix time its name carries
+Stamped = tuple[str, int]  # a finished file's path and the unix time its name carries
 
 
 class Counts(TypedDict):

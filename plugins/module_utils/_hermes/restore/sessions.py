@@ -47,7 +47,8 @@ import stat
 import tempfile
 import time
 import zlib
-from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Tuple, TypedDict, cast
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from typing import Any, Callable, TypedDict, cast
 
 from ..apply.elision import (
     PAYLOAD_PREFIX,
@@ -87,7 +88,7 @@ from ..sqlite.db import (
     sqlite_uri,
 )
 from ..store.fence import RETIRED_PREFIX, retired
-from ..store.schema import REQUIRED_COLUMNS, columns, quick_check_rows
+from ..store.schema import REQUIRED_COLUMNS, SessionTables, columns, quick_check_rows
 from .whole_file import db_counts, unpack_backup
 
 ID_CHUNK = 500  # message ids looked up per read transaction of state.db
@@ -96,7 +97,7 @@ NEWEST = "newest"  # backup: the profile's newest whole-file backup
 WORK_PREFIX = ".hermes-ops-restore_"
 
 # A payload body to put back: (archive or backup path, message id, session id, bytes, tombstone).
-PayloadItem = Tuple[str, int, str, int, str]
+PayloadItem = tuple[str, int, str, int, str]
 
 
 class Selection(TypedDict):
@@ -568,7 +569,7 @@ def _held_sessions(src: sqlite3.Connection, what: str, path: str) -> dict[str, S
             "%s %s has no sessions.%s: not a Hermes state.db this collection knows; nothing was restored"
             % (what, path, ", ".join(lacking))
         )
-    schema = {
+    schema: SessionTables = {
         "session_columns": set(columns(src, "sessions")),
         "tables": {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")},
     }

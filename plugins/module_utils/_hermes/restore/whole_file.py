@@ -40,7 +40,8 @@ import sqlite3
 import stat
 import tempfile
 import time
-from typing import Mapping, Sequence, TypedDict
+from collections.abc import Mapping, Sequence
+from typing import TypedDict
 
 from ..backup.whole_file import list_backups
 from ..host.profiles import LOCK_SUFFIX, ProfileLock, backups_of, profile_path
