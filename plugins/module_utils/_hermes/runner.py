@@ -414,7 +414,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = _stamp()
     try:
-        result = _recorded(args.record) if args.record else run_maintenance(options, check_mode=args.dry_run)
+        result: Mapping[str, Any] = (
+            _recorded(args.record) if args.record else run_maintenance(options, check_mode=args.dry_run)
+        )
     except ConfigError as exc:
         return _config_error(runner, str(exc), args.dry_run)
     except OPTION_ERRORS as exc:
@@ -429,7 +431,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = [str(line) for line in (result.get("summary") or [])]
     errors = _profile_errors(result)
 
-    if args.json:
+    _print_run(result, summary, errors, args.json)
+    if runner.get("syslog"):
+        _log_syslog(summary, errors, args.dry_run)
+    if runner.get("log_file"):
+        _write_run_log(runner, _run_log_text(result, summary, errors, started, args.dry_run))
+
+    if runner.get("metrics_dir") and not args.dry_run:
+        _write_metrics(runner, lambda: record_run(runner["metrics_dir"], options, result), args.dry_run)
+
+    if result.get("failed") or errors:
+        return EXIT_FAILED
+    return EXIT_NO_PROFILES if result.get("status") == "no_profiles" else EXIT_OK
+
+
+def _print_run(result: Mapping[str, Any], summary: Sequence[str], errors: Sequence[str], as_json: bool) -> None:
+    """The run on stdout (summary lines between START and DONE, or the result as JSON), its errors on stderr."""
+    if as_json:
         sys.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
     else:
         out = [START]
@@ -440,21 +458,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"{_stamp()} {line}\n")
     sys.stdout.flush()
 
-    if runner.get("syslog"):
-        _log_syslog(summary, errors, args.dry_run)
-    if runner.get("log_file"):
-        head = START + (" (dry run)" if args.dry_run else "") + " {} {}\n".format(time.strftime("%Y-%m-%d"), started)
-        body = f"{_stamp()} {sqlite_line(result.get('sqlite') or {})}\n"
-        body += "".join(f"{_stamp()} {line}\n" for line in summary)
-        body += "".join(f"{_stamp()} ERROR {line}\n" for line in errors)
-        _write_run_log(runner, head + body + DONE + "\n")
 
-    if runner.get("metrics_dir") and not args.dry_run:
-        _write_metrics(runner, lambda: record_run(runner["metrics_dir"], options, result), args.dry_run)
-
-    if result.get("failed") or errors:
-        return EXIT_FAILED
-    return EXIT_NO_PROFILES if result.get("status") == "no_profiles" else EXIT_OK
+def _run_log_text(
+    result: Mapping[str, Any], summary: Sequence[str], errors: Sequence[str], started: str, dry_run: bool
+) -> str:
+    """One run's entry in the log file: the date, which SQLite did the work, the summary, the errors."""
+    head = START + (" (dry run)" if dry_run else "") + " {} {}\n".format(time.strftime("%Y-%m-%d"), started)
+    body = f"{_stamp()} {sqlite_line(result.get('sqlite') or {})}\n"
+    body += "".join(f"{_stamp()} {line}\n" for line in summary)
+    body += "".join(f"{_stamp()} ERROR {line}\n" for line in errors)
+    return head + body + DONE + "\n"
 
 
 def _write_metrics(runner: Mapping[str, Any], write: Callable[[], object], dry_run: bool) -> None:
