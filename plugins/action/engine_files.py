@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
@@ -14,7 +15,7 @@ ENGINE_DIR = Path(__file__).resolve().parent.parent / "module_utils" / "_hermes"
 ENGINE_GLOB = "*.py"
 
 
-def engine_files():
+def engine_files() -> dict[str, str]:
     """Path in the package ("sqlite/db.py") -> text of every engine file, read on the controller."""
     files = {
         path.relative_to(ENGINE_DIR).as_posix(): path.read_text(encoding="utf-8")
@@ -29,7 +30,7 @@ def engine_files():
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
 
-    def run(self, tmp=None, task_vars=None):
+    def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
         del tmp  # unused since ansible-core 2.5
         if "_files" in self._task.args:

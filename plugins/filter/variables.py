@@ -24,6 +24,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 from ansible.errors import AnsibleFilterError
@@ -34,6 +35,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.options i
     NUMBER_TYPES,
     OPTIONS,
     ROLE_NONE,
+    Option,
 )
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import MaintenanceError
 
@@ -78,7 +80,7 @@ PLAYBOOK_VARIABLES = (
     "hermes_restore_all",  # restore_sessions.yml: an archive's every session, without a selection
 )
 
-_KNOWN = None
+_KNOWN: frozenset[str] | None = None
 TYPE_WORDS = {
     "bool": "true or false",
     "int": "an integer",
@@ -90,23 +92,23 @@ TYPE_WORDS = {
 }
 
 
-def role_variables():
+def role_variables() -> set[str]:
     """The role's variables: its argument specs (entry point main) and the option table's."""
     with open(ARGUMENT_SPECS) as handle:
         specs = yaml.safe_load(handle)
-    names = set(specs["argument_specs"]["main"]["options"])
+    names: set[str] = set(specs["argument_specs"]["main"]["options"])
     names.update(ROLE_PREFIX + o.name for o in OPTIONS if o.role is not ROLE_NONE)
     return names
 
 
-def known_variables():
+def known_variables() -> frozenset[str]:
     global _KNOWN
     if _KNOWN is None:
         _KNOWN = frozenset(role_variables() | set(PLAYBOOK_VARIABLES))
     return _KNOWN
 
 
-def closest(name, known):
+def closest(name: str, known: Iterable[str]) -> str | None:
     """The known name ``name`` most likely meant: by the part after its name space
     (``prune_day`` -> ``prune_days``), else, for a misspelt name space, by the whole name."""
     space = CHECKED.match(name)
@@ -119,13 +121,13 @@ def closest(name, known):
     return close[0] if close else None
 
 
-def unknown_message(name, known):
+def unknown_message(name: str, known: Iterable[str]) -> str:
     close = closest(name, known)
     hint = "did you mean %s?" % close if close else "see roles/session_maintenance/README.md for the variables"
     return "unknown variable %s: %s" % (name, hint)
 
 
-def unknown(name, known):
+def unknown(name: str, known: frozenset[str]) -> bool:
     """In the collection's name spaces, any name it does not know; elsewhere (another role's
     hermes_* variable) only one so close to a known name that it is a misspelling."""
     if name in known:
@@ -133,7 +135,7 @@ def unknown(name, known):
     return bool(CHECKED.match(name)) or bool(difflib.get_close_matches(name, known, n=1, cutoff=MISSPELT_SPACE))
 
 
-def _converted(option, value):
+def _converted(option: Option, value: Any) -> Any:
     """``value`` as the runner's config holds it (the role's template converts the same way)."""
     if option.type == "bool":
         return boolean(value, strict=True)
@@ -153,19 +155,20 @@ def _converted(option, value):
     return str(value)
 
 
-def _role_names(text):
+def _role_names(text: str) -> str:
     """The engine's message with each option named by its role variable."""
     names = "|".join(sorted((o.name for o in OPTIONS if o.role is not ROLE_NONE), key=len, reverse=True))
     return re.sub(r"(?<![\w.])(%s)\b" % names, ROLE_PREFIX + r"\1", text)
 
 
-def value_problems(values, hermes_python_found=False):
+def value_problems(values: Mapping[str, Any], hermes_python_found: bool = False) -> list[str]:
     """The engine's checks on the role's option variables: what the scheduled run would refuse.
 
     ``hermes_python_found``: the role takes hermes_python from the Hermes entry points it reads
     later (and fails there if none names one), so unknown_schema=release_rules and delete_with=hermes
     need none here."""
-    problems, options = [], {}
+    problems: list[str] = []
+    options: dict[str, Any] = {}
     for option in OPTIONS:
         name = ROLE_PREFIX + option.name
         if option.role is ROLE_NONE or values.get(name) in (None, ""):
@@ -186,14 +189,14 @@ def value_problems(values, hermes_python_found=False):
     return problems
 
 
-def bare_option_names(names):
+def bare_option_names(names: Iterable[str]) -> list[str]:
     """Among ``names``, the role's engine options written without their prefix
     (``prune_days`` for ``hermes_maintenance_prune_days``): the role would never read them."""
     options = {o.name for o in OPTIONS if o.role is not ROLE_NONE} - BARE_NAMES_OF_OTHERS
     return sorted(set(names) & options)
 
 
-def bare_message(name):
+def bare_message(name: str) -> str:
     return "%s is not a variable of the role: its variables carry the prefix %s (write %s%s)" % (
         name,
         ROLE_PREFIX,
@@ -202,7 +205,13 @@ def bare_message(name):
     )
 
 
-def variable_problems(values, names=(), check_values=True, hermes_python_found=False, bare=()):
+def variable_problems(
+    values: dict[str, Any],
+    names: Iterable[str] = (),
+    check_values: bool = True,
+    hermes_python_found: bool = False,
+    bare: Iterable[str] = (),
+) -> list[str]:
     """Messages for unknown names among ``values`` (name -> value) and ``names`` (every
     hermes_* name, whose values are not needed), for engine options among ``bare`` (names
     without the hermes_ prefix), then for refused values."""
@@ -217,5 +226,5 @@ def variable_problems(values, names=(), check_values=True, hermes_python_found=F
 
 
 class FilterModule:
-    def filters(self):
+    def filters(self) -> dict[str, Callable[..., list[str]]]:
         return {"variable_problems": variable_problems}

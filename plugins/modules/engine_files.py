@@ -125,6 +125,7 @@ import pwd
 import re
 import stat
 import tempfile
+from typing import Any, Callable, Iterator, Optional, Tuple, TypedDict
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -136,9 +137,17 @@ ENGINE_FILE = re.compile(r"^(?:[A-Za-z_]\w*/)*[A-Za-z_]\w*\.py$")
 TEMP_PREFIX = ".engine_files."
 # Python's own caches beside the sources: neither engine files nor extra ones.
 CACHE_DIR = "__pycache__"
+# What a path of the package must be: its bytes (None: a directory), uid and gid (None: left as
+# they are) and mode.
+Wanted = Tuple[Optional[bytes], Optional[int], Optional[int], int]
 
 
-def main():
+class InstallPlan(TypedDict):
+    write: list[tuple[str, list[str]]]  # (path in the package, why it is written)
+    extra: list[str]  # installed engine files the collection lacks
+
+
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             dest=dict(type="path", required=True),
@@ -161,7 +170,9 @@ def main():
             write_files(p["dest"], wanted, [name for name, _why in plan["write"]])
     except (OSError, ValueError) as exc:
         module.fail_json(msg="installing the engine in %s: %s" % (p["dest"], exc), invocation=invocation)
-    results = [dict(dest=os.path.join(p["dest"], name), changed=True, why=why) for name, why in plan["write"]]
+    results: list[dict[str, Any]] = [
+        dict(dest=os.path.join(p["dest"], name), changed=True, why=why) for name, why in plan["write"]
+    ]
     written = [r["dest"] for r in results]
     extra = [os.path.join(p["dest"], name) for name in plan["extra"]]
     result = dict(changed=bool(written), written=written, results=results, extra=extra, invocation=invocation)
@@ -173,7 +184,7 @@ def main():
     module.exit_json(**result)
 
 
-def wanted_files(texts, owner, group, mode):
+def wanted_files(texts: dict[str, str], owner: str | None, group: str | None, mode: str) -> dict[str, Wanted]:
     """path -> (bytes, uid or None, gid or None, mode): the engine files, the package marker, and the
     package's subdirectories (bytes None; the mode with search where it grants read). A subdirectory
     needs no marker: it is a namespace package found only inside this one."""
@@ -186,7 +197,7 @@ def wanted_files(texts, owner, group, mode):
         bits = int(mode, 8)
     except ValueError:
         raise ValueError("mode %r is not an octal number such as 0644" % mode) from None
-    files = {name: (text.encode("utf-8"), uid, gid, bits) for name, text in texts.items()}
+    files: dict[str, Wanted] = {name: (text.encode("utf-8"), uid, gid, bits) for name, text in texts.items()}
     files[PACKAGE_MARKER] = (b"", uid, gid, bits)
     for directory in {os.path.dirname(name) for name in texts}:
         while directory:
@@ -195,26 +206,27 @@ def wanted_files(texts, owner, group, mode):
     return files
 
 
-def _id(value, lookup, field, what):
+def _id(value: str, lookup: Callable[[str], object], field: str, what: str) -> int:
     if value.isdigit():
         return int(value)
     try:
-        return getattr(lookup(value), field)
+        number: int = getattr(lookup(value), field)
+        return number
     except KeyError:
         raise ValueError("no %s named %r on this host" % (what, value)) from None
 
 
-def plan_install(dest, wanted, must_exist=True):
+def plan_install(dest: str, wanted: dict[str, Wanted], must_exist: bool = True) -> InstallPlan:
     """What to write, with why, and the installed engine files the collection lacks."""
     if not os.path.isdir(dest):
         if must_exist:
             raise ValueError(
                 "the directory does not exist: create it first, with the owner and mode it must have"
             ) from None
-        present = set()
+        present: set[str] = set()
     else:
         present = set(_installed(dest))
-    write = []
+    write: list[tuple[str, list[str]]] = []
     for name in sorted(wanted):
         why = _differences(os.path.join(dest, name), wanted[name]) if name in present else ["new"]
         if why:
@@ -223,7 +235,7 @@ def plan_install(dest, wanted, must_exist=True):
     return {"write": write, "extra": extra}
 
 
-def _installed(dest):
+def _installed(dest: str) -> Iterator[str]:
     """Every path under DEST, relative to it (symlinks listed, not followed; caches left out)."""
     for root, dirs, files in os.walk(dest):
         dirs[:] = [d for d in dirs if d != CACHE_DIR]
@@ -231,7 +243,7 @@ def _installed(dest):
             yield os.path.relpath(os.path.join(root, name), dest)
 
 
-def _differences(path, want):
+def _differences(path: str, want: Wanted) -> list[str]:
     data, uid, gid, mode = want
     st = os.lstat(path)
     if data is None:
@@ -251,13 +263,13 @@ def _differences(path, want):
     return why
 
 
-def _read(path):
+def _read(path: str) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as f:
         return f.read()
 
 
-def write_files(dest, wanted, names):
+def write_files(dest: str, wanted: dict[str, Wanted], names: list[str]) -> None:
     """Write each named file atomically and durably, its directories first.
 
     A crash between a temporary file's creation and its rename leaves that file (hidden, never
@@ -270,10 +282,11 @@ def write_files(dest, wanted, names):
     changed = {dest}
     for name in names:  # in name order: a directory before what it holds
         path = os.path.join(dest, name)
-        if wanted[name][0] is None:
-            _directory(path, *wanted[name][1:])
+        data, uid, gid, mode = wanted[name]
+        if data is None:
+            _directory(path, uid, gid, mode)
         else:
-            _write_atomically(os.path.dirname(path), os.path.basename(path), *wanted[name])
+            _write_atomically(os.path.dirname(path), os.path.basename(path), data, uid, gid, mode)
         changed.add(os.path.dirname(path))
     for directory in sorted(changed, reverse=True):
         dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
@@ -283,7 +296,7 @@ def write_files(dest, wanted, names):
             os.close(dir_fd)
 
 
-def _directory(path, uid, gid, mode):
+def _directory(path: str, uid: int | None, gid: int | None, mode: int) -> None:
     """A directory of the package, made or set to its owner, group and mode (never through a symlink)."""
     if not os.path.lexists(path):
         os.mkdir(path, 0o700)
@@ -296,7 +309,7 @@ def _directory(path, uid, gid, mode):
         os.close(dir_fd)
 
 
-def _write_atomically(dest, name, data, uid, gid, mode):
+def _write_atomically(dest: str, name: str, data: bytes, uid: int | None, gid: int | None, mode: int) -> None:
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX + name + ".", dir=dest)
     try:
         with os.fdopen(fd, "wb") as f:

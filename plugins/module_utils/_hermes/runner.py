@@ -41,20 +41,25 @@ run (not a dry run) it writes Prometheus metrics to METRICS_DIR/hermes_ops_<user
 (``maintain.yml``'s run now, as the Hermes user), so every run shows in the job's log and metrics.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import argparse
 import json
 import os
 import sys
 import time
+from types import ModuleType
+from typing import IO, Any, Callable, Mapping, Sequence
 
 from .host.profiles import run_as_owner
 from .maintain.run import DEFAULTS, run_maintenance
 from .options import BY_NAME
 from .report.metrics import record_config_error, record_run
 from .sqlite.db import MaintenanceError, fsync_path, makedirs_durable
+from .sqlite.durable import replace_file
 
+fcntl: ModuleType | None
+syslog: ModuleType | None
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not on Linux
@@ -75,7 +80,7 @@ EXIT_CONFIG = 2
 EXIT_NO_PROFILES = 3
 
 # Keys the runner itself understands, with their defaults and types.
-RUNNER_KEYS = {
+RUNNER_KEYS: dict[str, tuple[object, type]] = {
     "allow_root": (False, bool),
     "log_file": (None, str),
     "log_keep": (12, int),
@@ -85,7 +90,15 @@ RUNNER_KEYS = {
 AFTER_RUN_OPTIONS = ("metrics_dir",)
 
 # The Python type a JSON value must have for each of the option table's types.
-_JSON_TYPES = {"bool": bool, "int": int, "float": float, "str": str, "path": str, "list": list, "dict": dict}
+_JSON_TYPES: dict[str, type] = {
+    "bool": bool,
+    "int": int,
+    "float": float,
+    "str": str,
+    "path": str,
+    "list": list,
+    "dict": dict,
+}
 
 # What run_maintenance raises for options it refuses (before touching any profile).
 OPTION_ERRORS = (ValueError, TypeError, MaintenanceError)
@@ -95,7 +108,7 @@ class ConfigError(Exception):
     """The configuration cannot be used; the message names file and key."""
 
 
-def _type_name(kind):
+def _type_name(kind: type) -> str:
     return {
         bool: "true/false",
         int: "an integer",
@@ -106,7 +119,7 @@ def _type_name(kind):
     }.get(kind, kind.__name__)
 
 
-def _check_type(source, key, value, kind):
+def _check_type(source: str, key: str, value: Any, kind: type) -> Any:
     """Return value converted to kind, or raise ConfigError naming source and key."""
     if value is None:
         return None
@@ -130,18 +143,19 @@ def _check_type(source, key, value, kind):
     return value
 
 
-def _expected_type(key):
+def _expected_type(key: str) -> type | None:
     option = BY_NAME.get(key)
     return _JSON_TYPES.get(option.type) if option else None
 
 
-def load_config(path):
+def load_config(path: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read the JSON config written by the role.
 
     Returns ``(engine_options, runner_settings)``; raises ConfigError.
     """
-    runner = dict((k, v[0]) for k, v in RUNNER_KEYS.items())
-    options = dict(DEFAULTS)
+    runner: dict[str, Any] = {k: v[0] for k, v in RUNNER_KEYS.items()}
+    options: dict[str, Any] = dict(DEFAULTS)
+    data: dict[str, Any]
     if path is None:
         source = "defaults"
         data = {}
@@ -186,7 +200,7 @@ def load_config(path):
     return options, runner
 
 
-def _owner_name(uid):
+def _owner_name(uid: int) -> str:
     try:
         import pwd
 
@@ -195,7 +209,7 @@ def _owner_name(uid):
         return f"uid {uid}"
 
 
-def check_root(homes, allow_root):
+def check_root(homes: Sequence[str], allow_root: bool) -> None:
     """Refuse (ConfigError) to work as root on a home that another user owns.
 
     A scheduled job belongs in that user's own crontab or timer. With the
@@ -218,11 +232,11 @@ def check_root(homes, allow_root):
             )
 
 
-def _stamp():
+def _stamp() -> str:
     return time.strftime("%H:%M:%S")
 
 
-def _profile_errors(result):
+def _profile_errors(result: Mapping[str, Any]) -> list[str]:
     """Lines "name (path): error" for every failed profile."""
     lines = []
     failed = set(result.get("failed") or [])
@@ -238,7 +252,7 @@ def _profile_errors(result):
     return lines
 
 
-def _log_syslog(lines, errors, dry_run):
+def _log_syslog(lines: Sequence[str], errors: Sequence[str], dry_run: bool) -> None:
     if syslog is None:
         return
     try:
@@ -253,7 +267,7 @@ def _log_syslog(lines, errors, dry_run):
         pass
 
 
-def _locked_log(path):
+def _locked_log(path: str) -> IO[str]:
     """The log file open and flock-ed, still the one at ``path`` (a run that held the lock
     before may have renamed a new file over it)."""
     while True:
@@ -269,7 +283,7 @@ def _locked_log(path):
         handle.close()
 
 
-def append_log(path, text, keep):
+def append_log(path: str, text: str, keep: int) -> None:
     """Append one run's text to path, keeping only the last ``keep`` runs.
 
     The new text goes to a temporary file, fsynced and renamed over the log, then the directory
@@ -280,31 +294,17 @@ def append_log(path, text, keep):
         makedirs_durable(directory, 0o700)
     with _locked_log(path) as handle:
         old = handle.read()
-        runs = []
+        runs: list[list[str]] = []
         for line in old.splitlines(True):
             if line.startswith("=== Session Maintenance Start") or not runs:
                 runs.append([])
             runs[-1].append(line)
         runs.append([text])
-        kept = "".join("".join(run) for run in runs[-keep:])
-        temp = "%s.%d.tmp" % (path, os.getpid())
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        try:
-            with os.fdopen(fd, "w") as out:
-                out.write(kept)
-                out.flush()
-                os.fsync(out.fileno())
-            os.rename(temp, path)
-        except BaseException:
-            try:
-                os.unlink(temp)
-            except OSError:
-                pass
-            raise
+        replace_file(path, "".join("".join(run) for run in runs[-keep:]), 0o600)
         fsync_path(directory or ".")
 
 
-def _owner_of_nearest_dir(path):
+def _owner_of_nearest_dir(path: str) -> int:
     """The uid owning the directory that holds path (or its nearest existing parent)."""
     directory = os.path.dirname(os.path.abspath(path))
     while not os.path.isdir(directory) and os.path.dirname(directory) != directory:
@@ -312,7 +312,7 @@ def _owner_of_nearest_dir(path):
     return os.stat(directory).st_uid
 
 
-def write_log(path, text, keep):
+def write_log(path: str, text: str, keep: int) -> None:
     """append_log, done as the owner of the log's directory when root runs this.
 
     The log lives where the Hermes user writes; as root, a symlink the user left there
@@ -325,13 +325,13 @@ def write_log(path, text, keep):
         run_as_owner(owner, append_log, path, text, keep)
 
 
-def sqlite_line(sqlite):
+def sqlite_line(sqlite: Mapping[str, Any]) -> str:
     """Which SQLite did the work, and through which interpreter: the log's first line of a run."""
     bug = "has the WAL-reset bug" if sqlite.get("wal_reset_affected") else "free of the WAL-reset bug"
     return "SQLite {} ({}), python {}".format(sqlite.get("version"), bug, sqlite.get("python"))
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hermes-session-maintenance",
         description="Maintain Hermes Agent state.db files: close zombie sessions, prune old "
@@ -352,7 +352,7 @@ def build_parser():
     return parser
 
 
-def _recorded(path):
+def _recorded(path: str) -> dict[str, Any]:
     """The result of a run made elsewhere (the module's, maintain.yml's), to log and measure here."""
     try:
         handle = sys.stdin if path == "-" else open(path)
@@ -365,7 +365,7 @@ def _recorded(path):
     return result
 
 
-def _raw_settings(path):
+def _raw_settings(path: str) -> dict[str, Any]:
     """log_file, log_keep, syslog and metrics_dir of a config load_config refused, where readable."""
     try:
         with open(path) as handle:
@@ -374,20 +374,20 @@ def _raw_settings(path):
         return {}
     if not isinstance(data, dict):
         return {}
-    settings = {k: data.get(k) for k in ("log_file", "metrics_dir") if isinstance(data.get(k), str)}
+    settings: dict[str, Any] = {k: data[k] for k in ("log_file", "metrics_dir") if isinstance(data.get(k), str)}
     settings["log_keep"] = data["log_keep"] if isinstance(data.get("log_keep"), int) and data["log_keep"] > 0 else 12
     settings["syslog"] = data.get("syslog") is not False
     return {k: os.path.expanduser(v) if k in ("log_file", "metrics_dir") else v for k, v in settings.items()}
 
 
-def _write_run_log(runner, text):
+def _write_run_log(runner: Mapping[str, Any], text: str) -> None:
     try:
         write_log(runner["log_file"], text, runner.get("log_keep") or 12)
     except (OSError, MaintenanceError) as exc:
         sys.stderr.write("hermes-session-maintenance: cannot write log file {}: {}\n".format(runner["log_file"], exc))
 
 
-def _config_error(runner, message, dry_run):
+def _config_error(runner: Mapping[str, Any], message: str, dry_run: bool) -> int:
     """A refused configuration goes to stderr, syslog, the log and the metrics: a cron job's
     stderr is mail nobody may read, and the run maintained nothing."""
     sys.stderr.write(f"hermes-session-maintenance: {message}\n")
@@ -401,7 +401,7 @@ def _config_error(runner, message, dry_run):
     return EXIT_CONFIG
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     runner = None
     try:
@@ -414,7 +414,9 @@ def main(argv=None):
 
     started = _stamp()
     try:
-        result = _recorded(args.record) if args.record else run_maintenance(options, check_mode=args.dry_run)
+        result: Mapping[str, Any] = (
+            _recorded(args.record) if args.record else run_maintenance(options, check_mode=args.dry_run)
+        )
     except ConfigError as exc:
         return _config_error(runner, str(exc), args.dry_run)
     except OPTION_ERRORS as exc:
@@ -429,7 +431,23 @@ def main(argv=None):
     summary = [str(line) for line in (result.get("summary") or [])]
     errors = _profile_errors(result)
 
-    if args.json:
+    _print_run(result, summary, errors, args.json)
+    if runner.get("syslog"):
+        _log_syslog(summary, errors, args.dry_run)
+    if runner.get("log_file"):
+        _write_run_log(runner, _run_log_text(result, summary, errors, started, args.dry_run))
+
+    if runner.get("metrics_dir") and not args.dry_run:
+        _write_metrics(runner, lambda: record_run(runner["metrics_dir"], options, result), args.dry_run)
+
+    if result.get("failed") or errors:
+        return EXIT_FAILED
+    return EXIT_NO_PROFILES if result.get("status") == "no_profiles" else EXIT_OK
+
+
+def _print_run(result: Mapping[str, Any], summary: Sequence[str], errors: Sequence[str], as_json: bool) -> None:
+    """The run on stdout (summary lines between START and DONE, or the result as JSON), its errors on stderr."""
+    if as_json:
         sys.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
     else:
         out = [START]
@@ -440,24 +458,19 @@ def main(argv=None):
         sys.stderr.write(f"{_stamp()} {line}\n")
     sys.stdout.flush()
 
-    if runner.get("syslog"):
-        _log_syslog(summary, errors, args.dry_run)
-    if runner.get("log_file"):
-        head = START + (" (dry run)" if args.dry_run else "") + " {} {}\n".format(time.strftime("%Y-%m-%d"), started)
-        body = f"{_stamp()} {sqlite_line(result.get('sqlite') or {})}\n"
-        body += "".join(f"{_stamp()} {line}\n" for line in summary)
-        body += "".join(f"{_stamp()} ERROR {line}\n" for line in errors)
-        _write_run_log(runner, head + body + DONE + "\n")
 
-    if runner.get("metrics_dir") and not args.dry_run:
-        _write_metrics(runner, lambda: record_run(runner["metrics_dir"], options, result), args.dry_run)
-
-    if result.get("failed") or errors:
-        return EXIT_FAILED
-    return EXIT_NO_PROFILES if result.get("status") == "no_profiles" else EXIT_OK
+def _run_log_text(
+    result: Mapping[str, Any], summary: Sequence[str], errors: Sequence[str], started: str, dry_run: bool
+) -> str:
+    """One run's entry in the log file: the date, which SQLite did the work, the summary, the errors."""
+    head = START + (" (dry run)" if dry_run else "") + " {} {}\n".format(time.strftime("%Y-%m-%d"), started)
+    body = f"{_stamp()} {sqlite_line(result.get('sqlite') or {})}\n"
+    body += "".join(f"{_stamp()} {line}\n" for line in summary)
+    body += "".join(f"{_stamp()} ERROR {line}\n" for line in errors)
+    return head + body + DONE + "\n"
 
 
-def _write_metrics(runner, write, dry_run):
+def _write_metrics(runner: Mapping[str, Any], write: Callable[[], object], dry_run: bool) -> None:
     """Metrics are a report of the run: failing to write them is said, never fatal."""
     try:
         write()

@@ -16,73 +16,72 @@ import pwd
 import re
 import stat
 import time
+from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 
 from ..sqlite.db import fsync_path
+from ..sqlite.durable import replace_file
 from .info import gather_info
 
 PREFIX = "hermes_ops_"
 FILE_MODE = 0o644  # node_exporter runs as its own user and must read it; no chat content in it
 
-# (metric, type, help); per profile, labels home and profile.
+# Every metric here is a gauge: a figure of the last run or of the files now.
+# (metric, help); per profile, labels home and profile.
 PROFILE_METRICS = (
-    ("db_size_bytes", "gauge", "Size of state.db."),
-    ("wal_size_bytes", "gauge", "Size of state.db-wal (0 when there is none)."),
-    ("sessions", "gauge", "Sessions in state.db."),
-    ("messages", "gauge", "Messages in state.db."),
-    ("open_sessions", "gauge", "Sessions without ended_at (live or zombie)."),
-    ("prunable_sessions", "gauge", "Ended sessions old enough to prune, after the run."),
-    ("prunable_messages", "gauge", "Messages of the prunable sessions, after the run."),
-    ("schema_version", "gauge", "Hermes schema_version of state.db (0 when unreadable)."),
-    ("backups", "gauge", "Backups this collection keeps of the profile."),
-    ("backup_newest_timestamp_seconds", "gauge", "Unix time of the newest backup (absent: none)."),
+    ("db_size_bytes", "Size of state.db."),
+    ("wal_size_bytes", "Size of state.db-wal (0 when there is none)."),
+    ("sessions", "Sessions in state.db."),
+    ("messages", "Messages in state.db."),
+    ("open_sessions", "Sessions without ended_at (live or zombie)."),
+    ("prunable_sessions", "Ended sessions old enough to prune, after the run."),
+    ("prunable_messages", "Messages of the prunable sessions, after the run."),
+    ("schema_version", "Hermes schema_version of state.db (0 when unreadable)."),
+    ("backups", "Backups this collection keeps of the profile."),
+    ("backup_newest_timestamp_seconds", "Unix time of the newest backup (absent: none)."),
     (
         "archives",
-        "gauge",
         "Archives of deleted rows this collection keeps of the profile (taken instead of a whole-file backup "
         "beside a gateway holding a rollback-journal state.db).",
     ),
-    ("archive_newest_timestamp_seconds", "gauge", "Unix time of the newest archive (absent: none)."),
-    ("last_run_zombies_closed", "gauge", "Zombie sessions the last run closed."),
-    ("last_run_sessions_pruned", "gauge", "Sessions the last run pruned."),
-    ("last_run_messages_pruned", "gauge", "Messages the last run pruned."),
-    ("last_run_freed_bytes", "gauge", "Bytes the last run gave back (state.db plus WAL)."),
-    ("last_run_duration_seconds", "gauge", "Seconds the last run spent on the profile."),
-    ("gateway_downtime_seconds", "gauge", "Seconds the last run's service window kept the gateway from serving."),
+    ("archive_newest_timestamp_seconds", "Unix time of the newest archive (absent: none)."),
+    ("last_run_zombies_closed", "Zombie sessions the last run closed."),
+    ("last_run_sessions_pruned", "Sessions the last run pruned."),
+    ("last_run_messages_pruned", "Messages the last run pruned."),
+    ("last_run_freed_bytes", "Bytes the last run gave back (state.db plus WAL)."),
+    ("last_run_duration_seconds", "Seconds the last run spent on the profile."),
+    ("gateway_downtime_seconds", "Seconds the last run's service window kept the gateway from serving."),
 )
 STATUS_METRIC = (
     "profile_status",
-    "gauge",
     "1 for the last run's status of the profile (ok, skipped, failed, no_profiles) and why.",
 )
-# (metric, type, help); per profile and kind of file in its home (plan.inventory.KINDS).
+# (metric, help); per profile and kind of file in its home (plan.inventory.KINDS).
 HOME_METRICS = (
-    ("home_bytes", "gauge", "Bytes of the profile's home by kind of file (other: no pattern names it)."),
-    ("home_files", "gauge", "Items of the profile's home by kind (a retired-WAL or snapshot directory is one)."),
+    ("home_bytes", "Bytes of the profile's home by kind of file (other: no pattern names it)."),
+    ("home_files", "Items of the profile's home by kind (a retired-WAL or snapshot directory is one)."),
 )
-# (metric, type, help, label); per profile and object / message role (gather_info's storage).
+# (metric, help, label); per profile and object / message role (gather_info's storage).
 STORAGE_METRICS = (
     (
         "db_object_bytes",
-        "gauge",
         "Bytes of state.db by table, index or FTS index (its shadow tables included), from SQLite's dbstat "
         "(absent where this SQLite lacks dbstat).",
         "object",
     ),
     (
         "payload_bytes",
-        "gauge",
         "Bytes of message payload (content, tool_calls, reasoning, ...) by message role.",
         "role",
     ),
 )
 # Roles Hermes writes; any other value in the file counts as "other" (a bounded label set).
 ROLES = ("user", "assistant", "tool", "system")
-# (metric, type, help); per runner user.
+# (metric, help); per runner user.
 RUN_METRICS = (
-    ("last_run_timestamp_seconds", "gauge", "Unix time the last maintenance run ended."),
-    ("last_success_timestamp_seconds", "gauge", "Unix time the last run without a failed profile ended."),
-    ("last_run_failed_profiles", "gauge", "Profiles that failed in the last run."),
-    ("last_run_config_error", "gauge", "1 when the last run refused its configuration and maintained nothing."),
+    ("last_run_timestamp_seconds", "Unix time the last maintenance run ended."),
+    ("last_success_timestamp_seconds", "Unix time the last run without a failed profile ended."),
+    ("last_run_failed_profiles", "Profiles that failed in the last run."),
+    ("last_run_config_error", "1 when the last run refused its configuration and maintained nothing."),
 )
 # A profile status that is not a success: the last-success time stays where it was.
 NOT_SUCCESS = ("failed", "no_profiles")
@@ -105,12 +104,18 @@ REASON_NONE = "none"
 REASON_OTHER = "error"
 ALL_REASONS = tuple(reason for reason, _needles in REASONS) + (REASON_NONE, REASON_OTHER)
 
+# A profile's key in gather_info's entries: (home, profile name).
+ProfileKey = Tuple[Optional[str], Optional[str]]
+# A sample's labels, (name, value) each, and a sample: its labels and its value.
+Labels = Tuple[Tuple[str, str], ...]
+Sample = Tuple[Labels, float]
+
 _LAST_SUCCESS = re.compile(
     r"^" + PREFIX + r"last_success_timestamp_seconds(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE
 )
 
 
-def reason_of(profile):
+def reason_of(profile: Mapping[str, Any]) -> str:
     """The bounded reason label of a profile result."""
     if profile.get("status") == "ok" and not profile.get("error"):
         return REASON_NONE
@@ -121,15 +126,15 @@ def reason_of(profile):
     return REASON_OTHER
 
 
-def _escape(value):
+def _escape(value: object) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def prometheus_labels(labels):
+def prometheus_labels(labels: Iterable[tuple[str, object]]) -> str:
     return "{" + ",".join('%s="%s"' % (k, _escape(v)) for k, v in labels) + "}"
 
 
-def prometheus_number(value):
+def prometheus_number(value: float) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     if isinstance(value, int):
@@ -137,18 +142,18 @@ def prometheus_number(value):
     return repr(float(value))
 
 
-def _file_size(path):
+def _file_size(path: str) -> int:
     try:
         return os.stat(path).st_size
     except OSError:
         return 0
 
 
-def profile_figures(profile, info, now):
+def profile_figures(profile: Mapping[str, Any], info: Mapping[str, Any] | None, now: float) -> dict[str, float]:
     """Metric name -> value for one profile, from its run result and its info."""
     info = info or {}
     path = profile.get("path") or info.get("path") or ""
-    figures = {
+    figures: dict[str, float] = {
         "db_size_bytes": info.get("db_bytes", _file_size(path)),
         "wal_size_bytes": info.get("wal_bytes", _file_size(path + "-wal")),
         "schema_version": info.get("schema_version") or profile.get("schema_version") or 0,
@@ -172,82 +177,91 @@ def profile_figures(profile, info, now):
     return figures
 
 
-def render(result, infos, user, finished, last_success, config_error=False):
+def render(
+    result: Mapping[str, Any],
+    infos: Mapping[ProfileKey, Mapping[str, Any]],
+    user: str,
+    finished: float,
+    last_success: float | None,
+    config_error: bool = False,
+) -> str:
     """The whole .prom text of one run.
 
     ``infos`` maps (home, profile) to gather_info's entry; ``last_success`` is the time of
     the last run without a failed profile (this one's end if it had none), or None.
     """
     profiles = result.get("profiles") or []
-    rows = []
+    rows: list[tuple[Labels, Mapping[str, Any], dict[str, float]]] = []
     for profile in profiles:
         key = (profile.get("home"), profile.get("name"))
-        labels = (("home", profile.get("home") or ""), ("profile", profile.get("name") or ""))
+        labels: Labels = (("home", profile.get("home") or ""), ("profile", profile.get("name") or ""))
         rows.append((labels, profile, profile_figures(profile, infos.get(key), finished)))
-    lines = []
-    for name, kind, help_text in PROFILE_METRICS:
-        samples = [(labels, figures[name]) for labels, _p, figures in rows if name in figures]
-        lines.extend(_family(name, kind, help_text, samples))
-    for name, kind, help_text in HOME_METRICS:
+    lines: list[str] = []
+    for name, help_text in PROFILE_METRICS:
+        samples: list[Sample] = [(labels, figures[name]) for labels, _p, figures in rows if name in figures]
+        lines.extend(gauge_family(PREFIX + name, help_text, samples))
+    for name, help_text in HOME_METRICS:
         field = "bytes" if name == "home_bytes" else "count"
         samples = [
             (labels + (("kind", k),), entry[field])
             for labels, p, _f in rows
             for k, entry in _home_kinds(infos.get((p.get("home"), p.get("name")))).items()
         ]
-        lines.extend(_family(name, kind, help_text, samples))
-    for name, kind, help_text, label in STORAGE_METRICS:
+        lines.extend(gauge_family(PREFIX + name, help_text, samples))
+    for name, help_text, label in STORAGE_METRICS:
         samples = [
             (labels + ((label, key),), value)
             for labels, p, _f in rows
             for key, value in _storage_figures(infos.get((p.get("home"), p.get("name"))), name).items()
         ]
-        lines.extend(_family(name, kind, help_text, samples))
-    name, kind, help_text = STATUS_METRIC
+        lines.extend(gauge_family(PREFIX + name, help_text, samples))
+    name, help_text = STATUS_METRIC
     samples = [
         (labels + (("status", p.get("status") or "failed"), ("reason", reason_of(p))), 1) for labels, p, _f in rows
     ]
-    lines.extend(_family(name, kind, help_text, samples))
+    lines.extend(gauge_family(PREFIX + name, help_text, samples))
     failed = sum(1 for p in profiles if p.get("status") == "failed")
-    run_values = {
+    run_values: dict[str, float | None] = {
         "last_run_timestamp_seconds": round(finished, 3),
         "last_success_timestamp_seconds": None if last_success is None else round(last_success, 3),
         "last_run_failed_profiles": failed,
         "last_run_config_error": 1 if config_error else 0,
     }
-    for name, kind, help_text in RUN_METRICS:
+    for name, help_text in RUN_METRICS:
         value = run_values[name]
-        lines.extend(_family(name, kind, help_text, [] if value is None else [((("user", user),), value)]))
+        lines.extend(gauge_family(PREFIX + name, help_text, [] if value is None else [((("user", user),), value)]))
     return "\n".join(lines) + "\n"
 
 
-def _home_kinds(info):
+def _home_kinds(info: Mapping[str, Any] | None) -> dict[str, dict[str, int]]:
     """kind -> {count, bytes, ...} of a profile's home (gather_info's home_files), {} if unknown."""
     return ((info or {}).get("home_files") or {}).get("kinds") or {}
 
 
-def _storage_figures(info, name):
+def _storage_figures(info: Mapping[str, Any] | None, name: str) -> dict[str, int]:
     """object -> bytes or role -> payload bytes of a profile (gather_info's storage), {} if unknown."""
     st = (info or {}).get("storage") or {}
     if name == "db_object_bytes":
         return {obj: entry["bytes"] for obj, entry in sorted((st.get("by_object") or {}).items())}
-    out = {}
+    out: dict[str, int] = {}
     for role, entry in sorted((st.get("by_role") or {}).items()):
         key = role if role in ROLES else "other"
         out[key] = out.get(key, 0) + entry["payload_bytes"]
     return out
 
 
-def _family(name, kind, help_text, samples):
+def gauge_family(full_name: str, help_text: str, samples: Sequence[Sample]) -> list[str]:
+    """A gauge in the text format: its HELP and TYPE lines and a line per sample; nothing without samples."""
     if not samples:
         return []
-    full = PREFIX + name
-    out = ["# HELP %s %s" % (full, help_text), "# TYPE %s %s" % (full, kind)]
-    out.extend("%s%s %s" % (full, prometheus_labels(labels), prometheus_number(value)) for labels, value in samples)
+    out = ["# HELP %s %s" % (full_name, help_text), "# TYPE %s gauge" % full_name]
+    out.extend(
+        "%s%s %s" % (full_name, prometheus_labels(labels), prometheus_number(value)) for labels, value in samples
+    )
     return out
 
 
-def previous_last_success(path):
+def previous_last_success(path: str) -> float | None:
     """The last-success time in an earlier file, so a run that was no success keeps it; None if none."""
     try:
         with open(path) as handle:
@@ -257,7 +271,7 @@ def previous_last_success(path):
     return float(match.group(1)) if match else None
 
 
-def write_atomically(directory, filename, text):
+def write_atomically(directory: str, filename: str, text: str) -> str:
     """Write text to directory/filename so that node_exporter never takes a half-written file
     for a whole one; returns the path written.
 
@@ -271,31 +285,17 @@ def write_atomically(directory, filename, text):
     Never a mix of old and new lines.
     """
     final = os.path.join(directory, filename)
-    temp = os.path.join(directory, ".%s.%d.tmp" % (filename, os.getpid()))
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
+        replace_file(final, text, FILE_MODE)
     except PermissionError:
         if not os.path.lexists(final):
             raise
         return _rewrite_in_place(final, text)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, FILE_MODE)  # the umask may have taken bits away
-        os.rename(temp, final)
-        fsync_path(directory)  # the rename: else a power loss may bring the previous figures back
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise
+    fsync_path(directory)  # the rename: else a power loss may bring the previous figures back
     return final
 
 
-def _rewrite_in_place(path, text):
+def _rewrite_in_place(path: str, text: str) -> str:
     """Replace the content of the existing regular file path (never through a symlink)."""
     data = text.encode("utf-8")
     fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
@@ -312,18 +312,18 @@ def _rewrite_in_place(path, text):
     return path
 
 
-def _user_name():
+def _user_name() -> str:
     try:
         return pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
         return "uid%d" % os.geteuid()
 
 
-def metrics_filename(user):
+def metrics_filename(user: str) -> str:
     return "hermes_ops_%s.prom" % re.sub(r"[^A-Za-z0-9_.-]", "_", user)
 
 
-def _check_directory(directory):
+def _check_directory(directory: str) -> None:
     if not os.path.isdir(directory):
         raise FileNotFoundError(
             errno.ENOENT,
@@ -331,7 +331,13 @@ def _check_directory(directory):
         )
 
 
-def record_run(directory, options, result, finished=None, user=None):
+def record_run(
+    directory: str,
+    options: Mapping[str, Any],
+    result: Mapping[str, Any],
+    finished: float | None = None,
+    user: str | None = None,
+) -> str:
     """Write the run's metrics to directory; returns the path written.
 
     Raises OSError when the directory cannot be written (the caller reports it).
@@ -347,7 +353,7 @@ def record_run(directory, options, result, finished=None, user=None):
     return write_atomically(directory, filename, render(result, infos, user, finished, last_success))
 
 
-def record_config_error(directory, finished=None, user=None):
+def record_config_error(directory: str, finished: float | None = None, user: str | None = None) -> str:
     """Metrics of a run that refused its configuration: no profile figures, the last success kept."""
     _check_directory(directory)
     finished = time.time() if finished is None else finished
