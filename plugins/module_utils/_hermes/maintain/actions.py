@@ -13,11 +13,21 @@ not decisions: check mode gives the bytes an estimate (``freed=~...``), the run 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
+from ..apply.elision import PAYLOAD_PREFIX
+from ..apply.files import describe
 from ..apply.reclaim import plan_reclaim, window_declined
 from ..apply.storage_upgrade import storage_upgrade_pending
 from ..apply.window import configured as window_configured
 from ..apply.window import plan_window
+from .deleter import planned_counts, record_pruned
+
+if TYPE_CHECKING:
+    from ..apply.prune import PruneResult
+    from ..plan.selection import Plan
+    from ..results import ProfileResult
+    from .profile import Decision, Profile
 
 FILE = "file"  # a whole-file backup
 ARCHIVE = "archive"  # the rows the prune deletes and the closes, archived (rollback-journal mode, live gateway)
@@ -119,20 +129,33 @@ def backup_path(backup_dir, name, kind, compress):
     return os.path.join(backup_dir, "hermes-ops_%s_<timestamp>.db%s" % (name, ".gz" if compress else ""))
 
 
-def report_plan(result, plan, actions, backup_dir, name, compress=False):
-    """Check mode's result: the plan's counts, decisions and the ``after`` they lead to."""
+def report_check(profile: Profile, decision: Decision) -> None:
+    """Check mode's result: the decision's counts (the deleter's prediction), actions and the ``after``
+    they lead to. A prediction that fails (the installed Hermes could not run) leaves the plan's counts."""
+    result, plan, actions, opts = profile.result, decision.plan, decision.actions, profile.opts
+    if plan.payloads is not None:
+        archive = payload_archive_path(decision.backup_dir, profile.name) if plan.payloads.items else None
+        result["tool_payloads"] = plan.payloads.report(archive)
+    predicted = planned_counts(plan)
+    try:
+        predicted = decision.deleter.predict(profile, decision)
+    finally:
+        record_pruned(result, len(plan.zombies), predicted, decision.deleter)
+        report_plan(result, plan, actions, predicted, decision.backup_dir, profile.name, opts["backup_compress"])
+    if opts["file_retention"]:
+        result["file_retention"] = describe(actions.files)
+    result["stores"] = actions.stores
+
+
+def report_plan(
+    result: ProfileResult, plan: Plan, actions: Actions, pruned: PruneResult, backup_dir: str, name: str,
+    compress: bool = False,
+) -> None:  # fmt: skip
+    """The plan's decisions in check mode's result and the ``after`` they lead to (``pruned``: the counts)."""
     before = result["before"]
-    result.update(
-        zombies_closed=len(plan.zombies),
-        sessions_pruned=len(plan.delete_order),
-        messages_pruned=plan.messages_pruned,
-        sessions_orphaned=plan.orphaned,
-        transcripts_removed=plan.transcripts_count,
-        prompts_collected=plan.prompts,
-        changed=plan.has_changes or actions.backup is not None or bool(actions.reclaim["action"]),
-        backup_deferred=actions.backup_deferred,
-        window=actions.window,
-    )
+    result["changed"] = plan.has_changes or actions.backup is not None or bool(actions.reclaim["action"])
+    result["backup_deferred"] = actions.backup_deferred
+    result["window"] = actions.window
     if actions.backup:
         result["backup"] = {
             "kind": actions.backup,
@@ -142,8 +165,8 @@ def report_plan(result, plan, actions, backup_dir, name, compress=False):
         }
     result["reclaim"] = dict(actions.reclaim, bytes_freed=estimated_bytes_freed(before, actions.reclaim))
     after = dict(before)
-    after["sessions"] = before["sessions"] - len(plan.delete_order)
-    after["messages"] = before["messages"] - plan.messages_pruned
+    after["sessions"] = before["sessions"] - pruned.sessions
+    after["messages"] = before["messages"] - pruned.messages
     after["open_sessions"] = before["open_sessions"] - len({sid for sid, _last in plan.zombies})
     if actions.reclaim["action"]:  # estimates: see estimated_bytes_freed
         after["free_pages"] = 0
@@ -154,6 +177,11 @@ def report_plan(result, plan, actions, backup_dir, name, compress=False):
     else:
         after["free_pages"] = actions.reclaim["free_pages_predicted"]
     result["after"] = after
+
+
+def payload_archive_path(backup_dir: str, name: str) -> str:
+    """Where check mode says the payload archive goes (the run's name carries its time)."""
+    return os.path.join(backup_dir, PAYLOAD_PREFIX + "%s_<timestamp>.db" % name)
 
 
 def estimated_bytes_freed(before, reclaim):
