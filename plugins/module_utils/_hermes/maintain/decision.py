@@ -37,13 +37,13 @@ SETTLED = (
 )
 
 
-def decide(profile: Profile) -> Decision:
+def decide(profile: Profile, opts: Options) -> Decision:
     """The rows to close, prune and elide, who deletes, and every other action: reads only (but for
     putting back what an earlier run left half deleted, which the run does first)."""
-    plan = plan_rows(profile)
+    plan = plan_rows(profile, opts)
     broken_fts = unusable_fts(profile.schema)
-    choice = refuse_unsafe_deletes(profile, plan, broken_fts)
-    opts, result, conn = profile.opts, profile.result, profile.conn
+    choice = refuse_unsafe_deletes(profile, opts, plan, broken_fts)
+    result, conn = profile.result, profile.conn
     retention(result, plan, opts)
     if opts["tool_payload_days"] is not None:
         unknown = profile.schema["catalogue"]["unknown"]
@@ -65,12 +65,12 @@ def decide(profile: Profile) -> Decision:
     return Decision(plan, actions, deleter_for(choice, plan), backup_dir)
 
 
-def plan_rows(profile: Profile) -> Plan:
+def plan_rows(profile: Profile, opts: Options) -> Plan:
     """The sessions to close and to prune (a session an earlier run left half deleted between two
     slices goes back whole first, then is planned)."""
-    opts, result, conn = profile.opts, profile.result, profile.conn
+    result, conn = profile.result, profile.conn
     settled = [] if profile.check_mode else settle_sliced(conn, profile.db_path, float(opts["batch_pause"]))
-    plan = build_plan(
+    plan: Plan = build_plan(
         conn, profile.schema, opts, profile.now, sessions_dir(profile.db_path), profile.short_reads, profile.allowed
     )
     result["bad_time_rows"] = plan.bad_time_rows
@@ -80,11 +80,11 @@ def plan_rows(profile: Profile) -> Plan:
     return plan
 
 
-def refuse_unsafe_deletes(profile: Profile, plan: Plan, broken_fts: list[str]) -> str:
+def refuse_unsafe_deletes(profile: Profile, opts: Options, plan: Plan, broken_fts: list[str]) -> str:
     """Who deletes (``delete_with``), and what the plan loses where deleting is not safe: objects the
     engine does not know in the catalogue (unless the installed Hermes deletes), an FTS index this
     SQLite cannot update. Returns the deleter chosen (apply.hermes_deletes.ENGINE or HERMES)."""
-    opts, result, catalogue = profile.opts, profile.result, profile.schema["catalogue"]
+    result, catalogue = profile.result, profile.schema["catalogue"]
     unknown = catalogue["unknown"]
     deleter, why = choose_deleter(opts["delete_with"], catalogue, opts["hermes_python"], fully_known)
     if unknown and deleter != HERMES:  # the installed Hermes is the authority on its own store: its delete decides

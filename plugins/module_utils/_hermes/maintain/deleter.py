@@ -11,20 +11,18 @@ delete code (apply.hermes_deletes) predicts by running the run's loop on a priva
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..apply.hermes_deletes import ENGINE, HERMES, ReleaseDeleter, release_prune, release_prune_on_copy
-from ..apply.prune import PruneResult, prune
+from ..apply.prune import KeepCopy, PruneResult, Stop, prune
 from ..backup.archive import take_archive
 from ..backup.whole_file import check_backup_dir
 
 if TYPE_CHECKING:
+    from ..options import Options
     from ..plan.selection import Plan
     from ..results import ProfileResult
     from .profile import Decision, Profile
-
-Stop = Callable[[], Optional[str]]  # asked before each transaction: a reason ends the work there
-KeepCopy = Callable[[List[str], Dict[str, int]], Tuple[str, bool]]
 
 
 class Deleter(Protocol):
@@ -32,10 +30,12 @@ class Deleter(Protocol):
 
     name: str  # the result's ``deleted_by``: ENGINE or HERMES
 
-    def predict(self, profile: Profile, decision: Decision) -> PruneResult:
+    def predict(self, profile: Profile, decision: Decision, opts: Options) -> PruneResult:
         """Check mode: what ``execute`` would delete (nothing of the file is written)."""
 
-    def execute(self, profile: Profile, decision: Decision, pruned: PruneResult, stop: Stop | None) -> None:
+    def execute(
+        self, profile: Profile, decision: Decision, opts: Options, pruned: PruneResult, stop: Stop | None
+    ) -> None:
         """The run: delete ``decision.plan.delete_order``, adding to ``pruned`` as each transaction commits."""
 
 
@@ -55,11 +55,12 @@ class EnginePrune:
 
     name = ENGINE
 
-    def predict(self, profile: Profile, decision: Decision) -> PruneResult:
+    def predict(self, profile: Profile, decision: Decision, opts: Options) -> PruneResult:
         return planned_counts(decision.plan)
 
-    def execute(self, profile: Profile, decision: Decision, pruned: PruneResult, stop: Stop | None) -> None:
-        opts = profile.opts
+    def execute(
+        self, profile: Profile, decision: Decision, opts: Options, pruned: PruneResult, stop: Stop | None
+    ) -> None:
         prune(
             profile.conn, decision.plan, profile.schema,
             batch_size=int(opts["batch_size"]), pause=float(opts["batch_pause"]), result=pruned,
@@ -74,17 +75,17 @@ class HermesDeletes:
 
     name = HERMES
 
-    def predict(self, profile: Profile, decision: Decision) -> PruneResult:
+    def predict(self, profile: Profile, decision: Decision, opts: Options) -> PruneResult:
         """Exactly what the release deletes, from a private copy (the run's zombie closes first)."""
-        opts = profile.opts
         predicted, profile.result["release_delete"] = release_prune_on_copy(
             profile.conn, decision.plan, profile.schema, opts["hermes_python"],
             batch_size=int(opts["batch_size"]), batch_time=float(opts["batch_time"]), end_reason=opts["end_reason"],
         )  # fmt: skip
         return predicted
 
-    def execute(self, profile: Profile, decision: Decision, pruned: PruneResult, stop: Stop | None) -> None:
-        opts = profile.opts
+    def execute(
+        self, profile: Profile, decision: Decision, opts: Options, pruned: PruneResult, stop: Stop | None
+    ) -> None:
         deleter = ReleaseDeleter(opts["hermes_python"], profile.db_path, profile.root)
         profile.result["release_delete"] = deleter.info()
         try:

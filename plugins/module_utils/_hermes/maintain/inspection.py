@@ -53,13 +53,13 @@ def open_profile(
     refuse_during_hermes_operation(db_path)
     held.db = ReadOnlyDB(db_path, opts["busy_timeout"]) if check_mode else None
     held.conn = conn = held.db.conn if held.db else open_rw(db_path, float(opts["busy_timeout"]))
-    return Profile(home, name, db_path, opts, check_mode, now, result, conn, st)
+    return Profile(home, name, db_path, check_mode, now, result, conn, st)
 
 
-def inspect_profile(profile: Profile) -> None:
+def inspect_profile(profile: Profile, opts: Options) -> None:
     """What the file is: the preflight check, its schema and catalogue, the counts before the run and,
     where the schema is unknown to the engine, the sessions the installed Hermes's own prune deletes."""
-    conn, result, opts = profile.conn, profile.result, profile.opts
+    conn, result = profile.conn, profile.result
     result["preflight"] = preflight_check(conn, profile.db_path)
     schema = profile.schema = inspect_schema(conn, profile.home)
     release_rules = check_version(schema, opts["allow_unknown_schema"], opts["unknown_schema"])

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..options import Options
     from ..plan.selection import Plan
     from ..results import ProfileResult
     from ..sqlite.db import ReadOnlyDB
@@ -41,12 +40,12 @@ class Handles:
 
 @dataclass
 class Profile:
-    """One profile's state.db, opened: who it is, the run's options for it, and its result so far."""
+    """One profile's state.db, opened: whose it is, what it holds, and its result so far (the run's
+    options for it travel beside it, as each step's ``opts``)."""
 
     home: str
     name: str
     db_path: str
-    opts: Options
     check_mode: bool
     now: float
     result: ProfileResult

@@ -16,7 +16,7 @@ import pwd
 import sqlite3
 import time
 import traceback
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..apply.window import GatewayControl, run_window
 from ..apply.window import configured as window_configured
@@ -34,7 +34,7 @@ from .summary import format_summary_line
 
 if TYPE_CHECKING:
     from ..options import Options
-    from ..results import ProfileResult
+    from ..results import ProfileResult, RunResult
 
 DEFAULTS = defaults()  # the option table's defaults (options.OPTIONS)
 
@@ -48,12 +48,12 @@ def maintain_profile(home: str, name: str, db_path: str, opts: Options, check_mo
     held = Handles()
     try:
         profile = open_profile(home, name, db_path, opts, check_mode, now, result, held)
-        inspect_profile(profile)
-        decision = decide(profile)
+        inspect_profile(profile, opts)
+        decision = decide(profile, opts)
         if check_mode:
-            report_check(profile, decision)
+            report_check(profile, decision, opts)
         else:
-            execute(profile, decision)
+            execute(profile, decision, opts)
         note_other_changes(result)
     except Exception as exc:  # one profile must never stop the others
         record_failure(result, exc, db_path, opts)
@@ -93,7 +93,7 @@ def record_failure(result: ProfileResult, exc: Exception, db_path: str, opts: Op
         result["traceback"] = traceback.format_exc()
 
 
-def service_window(opts, profiles):
+def service_window(opts: Options, profiles: list[ProfileResult]) -> None:
     """One window for every profile whose plan opened one, after all their live work: the gateway
     drained and stopped (as the caller: root's stop and start), the steps as each file's owner, the
     gateway always started again; each profile's ``window``, ``reclaim`` and ``after`` then say
@@ -107,8 +107,8 @@ def service_window(opts, profiles):
             p["window"].update(opened=False, reason="the profiles' state.db files have different owners")
         return
 
-    def as_owner(fn, *args):
-        if os.geteuid() == 0 and owner.pw_uid != 0:
+    def as_owner(fn: Callable[..., Any], *args: Any) -> Any:
+        if owner is not None and os.geteuid() == 0 and owner.pw_uid != 0:  # root has one owner here (above)
             return run_as_owner(owner.pw_uid, fn, *args)
         return fn(*args)
 
@@ -122,13 +122,13 @@ def service_window(opts, profiles):
         _window_result(p, report)
 
 
-def _common_owner(profiles):
+def _common_owner(profiles: list[ProfileResult]) -> pwd.struct_passwd | None:
     """The pwd entry of the one owner of the profiles' state.db files, else None."""
     owners = {owner_of(p["path"]) for p in profiles}
     return pwd.getpwuid(owners.pop()) if len(owners) == 1 and None not in owners else None
 
 
-def check_gateway(opts, profiles):
+def check_gateway(opts: Options, profiles: list[ProfileResult]) -> None:
     """A ``gateway_service`` this host has neither as a system unit nor as the files' owner's user
     unit (or a stop/start command root may not run) is the operator's mistake: each profile fails
     naming the option, in check mode too and whether or not a window was due this time (the live
@@ -146,7 +146,7 @@ def check_gateway(opts, profiles):
             p["window"].update(opened=False, reason=refused)
 
 
-def _window_result(p, report):
+def _window_result(p: ProfileResult, report: dict[str, Any]) -> None:
     done = report["profiles"].get(p["path"]) or {"done": [], "reason": None}
     p["window"].update(
         opened=report["opened"], downtime_s=report["downtime_s"], gateway_back=report["gateway_back"],
@@ -175,7 +175,7 @@ def _window_result(p, report):
         p["error"] = report["reason"]
 
 
-def run_maintenance(options, check_mode=False):
+def run_maintenance(options: dict[str, Any], check_mode: bool = False) -> RunResult:
     """Maintain every profile of every home; see docs/architecture.md for the result."""
     opts = normalize_options(options)
     old_umask = os.umask(0o077)  # backups, lock files: private chat history
@@ -197,7 +197,7 @@ def run_maintenance(options, check_mode=False):
     }
 
 
-def run_status(profiles):
+def run_status(profiles: list[ProfileResult]) -> str:
     """``failed`` when a profile failed, ``no_profiles`` when a home held none to maintain, else ``ok``."""
     statuses = {p["status"] for p in profiles}
     return "failed" if "failed" in statuses else NO_PROFILES if NO_PROFILES in statuses else "ok"

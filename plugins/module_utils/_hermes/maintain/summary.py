@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..apply.window import window_words
 from ..host.profiles import NO_PROFILES
@@ -14,21 +14,25 @@ from .checked_options import for_profile
 from .profile import total_bytes
 
 if TYPE_CHECKING:
+    from ..options import Options
+    from ..results import ProfileResult
+
+if TYPE_CHECKING:
     pass
 
 
-def _days(value):
+def _days(value: float) -> str:
     return "%gd" % float(value)
 
 
-def _relative(path, home):
+def _relative(path: str, home: str | None) -> str:
     """A backup path as the operator finds it: relative to its home when it lies under it."""
     if home and path.startswith(home.rstrip(os.sep) + os.sep):
         return path[len(home.rstrip(os.sep)) + 1 :]
     return path
 
 
-def retention_words(retention, opts, name=None):
+def retention_words(retention: dict[str, Any] | None, opts: Options, name: str | None = None) -> str:
     """``retention 7d`` or, by source, ``retention 7d (2 sessions), cron 3d (5), telegram 365d (0)``;
     ``(profile NAME)`` after it when that profile's prune_days_by_profile entry applied."""
     if name is not None:
@@ -44,7 +48,7 @@ def retention_words(retention, opts, name=None):
     return ", ".join(words) + own
 
 
-def backup_words(p, opts):
+def backup_words(p: ProfileResult, opts: Options) -> str:
     """The backup taken, in a few words: why a whole-file copy was not (``backup_deferred``) is in the
     result, not in the line."""
     backup = p["backup"]
@@ -55,7 +59,7 @@ def backup_words(p, opts):
     return "no backup (nothing changed)" if opts["backup"] else "no backup (backup is off)"
 
 
-def vacuum_words(reclaim_, backup):
+def vacuum_words(reclaim_: dict[str, Any], backup: dict[str, Any] | None) -> list[str]:
     """``vacuum full``, or why it was skipped (its first clause; what to do about it is in the result).
     Beside a gateway holding a rollback-journal file, ``backup=archive`` already says the file is
     held: the same holder keeping the vacuum out is said once, in the result."""
@@ -67,7 +71,7 @@ def vacuum_words(reclaim_, backup):
     return ["vacuum skipped: %s" % reason.split("; ")[0]]
 
 
-def summary_details(p, opts):
+def summary_details(p: ProfileResult, opts: Options) -> str:
     """What was done and why, after the seed's words: retention, backup, reclaim, stopped early."""
     words = [retention_words(p.get("retention"), opts, p["name"])]
     words.append(backup_words(p, opts))
@@ -95,7 +99,7 @@ def summary_details(p, opts):
     return "; ".join(words)
 
 
-def format_summary_line(p, check_mode=False, opts=None):
+def format_summary_line(p: ProfileResult, check_mode: bool = False, opts: Options | None = None) -> str:
     """The seed script's line: ``default: zombies=3 pruned=12 freed=45MB remaining=...``, its
     words first (scripts read them), then what was done and why (with ``opts``, the run's options).
 
