@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..host.profiles import ProfileLock
     from ..plan.selection import Plan
     from ..results import ProfileResult
     from ..sqlite.db import ReadOnlyDB
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 class Handles:
     """What ``maintain_profile`` closes whatever happened: the profile lock and the connection."""
 
-    lock: Any = None  # host.profiles.ProfileLock
+    lock: ProfileLock | None = None
     db: ReadOnlyDB | None = None  # check mode's read-only connection
     conn: sqlite3.Connection | None = None
 

@@ -54,7 +54,7 @@ def maintain_profile(home: str, name: str, db_path: str, opts: Options, check_mo
             report_check(profile, decision, opts)
         else:
             execute(profile, decision, opts)
-        note_other_changes(result)
+        conclude(result)
     except Exception as exc:  # one profile must never stop the others
         record_failure(result, exc, db_path, opts)
     finally:
@@ -63,7 +63,7 @@ def maintain_profile(home: str, name: str, db_path: str, opts: Options, check_mo
     return result
 
 
-def note_other_changes(result: ProfileResult) -> None:
+def conclude(result: ProfileResult) -> None:
     """Files removed or stores vacuumed are changes too; an error refusing part of the work fails the profile."""
     if result["file_retention"] and result["file_retention"]["removed"]:
         result["changed"] = True
