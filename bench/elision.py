@@ -264,7 +264,19 @@ def child(code, home, live, out, limit=None, restore=False, trace=None, control_
 
         return run
 
-    engine.elide = timed("elide", engine.elide)
+    # the engine's steps: maintain.run, or the modules of its steps where it has them
+    steps = [engine] + [
+        sys.modules[m]
+        for m in (engine.__name__.rsplit(".", 1)[0] + "." + s for s in ("inspection", "decision", "execution"))
+        if m in sys.modules
+    ]
+
+    def patch(name, wrapper):
+        for module in steps:
+            if hasattr(module, name):
+                setattr(module, name, wrapper(getattr(module, name)))
+
+    patch("elide", lambda func: timed("elide", func))
     holds = []  # how long each elision transaction held the write lock (engines that have _elide_group)
     interrupted = []  # the size of each group interrupted at the hard bound
     traced = []  # with --trace: each transaction, its FTS5 structure before and after
@@ -296,21 +308,22 @@ def child(code, home, live, out, limit=None, restore=False, trace=None, control_
         payloads._elide_group = group
     if limit:
         # the engine's own stop callback, ended after ``limit`` seconds of elision: what it did till then counts
-        real_elide = engine.elide
+        def limited_by(real_elide):
+            def limited(*args, **kwargs):
+                given, deadline = kwargs.get("stop"), time.time() + limit
 
-        def limited(*args, **kwargs):
-            given, deadline = kwargs.get("stop"), time.time() + limit
+                def stop():
+                    return "bench time limit" if time.time() > deadline else (given() if given else None)
 
-            def stop():
-                return "bench time limit" if time.time() > deadline else (given() if given else None)
+                kwargs["stop"] = stop
+                return real_elide(*args, **kwargs)
 
-            kwargs["stop"] = stop
-            return real_elide(*args, **kwargs)
+            return limited
 
-        engine.elide = limited
-    engine.take_payload_archive = timed("archive", engine.take_payload_archive)
+        patch("elide", limited_by)
+    patch("take_payload_archive", lambda func: timed("archive", func))
     for name in ("stats", "build_plan", "plan_payloads", "reclaim"):  # the other phases that read or write state.db
-        setattr(engine, name, timed(name, getattr(engine, name)))
+        patch(name, lambda func, name=name: timed(name, func))
     home = Path(home)
     opts = {"hermes_home": [str(home)], "prune_days": 3650, "tool_payload_days": 30}
     opts["vacuum_mode"] = "auto" if live else "full"

@@ -68,9 +68,15 @@ def wrap(name, module=E, label=None):
             key = label or name
             phases[key if key not in phases else key + "-2"] = [t0, time.time()]
     setattr(module, name, timed)
+# Each name where the engine calls it: maintain.run, or the module of the step that calls it (a name two
+# steps call, in both: stats before and after, the run's archive and a sliced session's).
+STEPS = [E] + [sys.modules[m] for m in (E.__package__ + "." + s for s in ("inspection", "decision", "execution",
+                                                                          "deleter")) if m in sys.modules]
 for name in ("preflight_check", "quick_check", "stats", "build_plan", "take_backup", "take_archive",
              "close_zombies", "prune", "reclaim"):
-    wrap(name)
+    for module in STEPS:
+        if hasattr(module, name):
+            wrap(name, module)
 import ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup.whole_file as B
 for name, label in (("_copy_files", "backup.copy"), ("_copy_snapshot", "backup.copy_api"), ("verify", "backup.verify")):
     wrap(name, B, label)

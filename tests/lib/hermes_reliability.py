@@ -76,11 +76,12 @@ CHILD = (
     + r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import deleter, execution
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as engine
 
-for name, attr in (("backup", "take_backup"), ("zombies", "close_zombies"), ("prune", "prune"),
-                   ("reclaim", "reclaim")):
-    setattr(engine, attr, around(name, getattr(engine, attr)))
+for name, steps, attr in (("backup", execution, "take_backup"), ("zombies", execution, "close_zombies"),
+                          ("prune", deleter, "prune"), ("reclaim", execution, "reclaim")):
+    setattr(steps, attr, around(name, getattr(steps, attr)))
 mark("run start")
 result = engine.run_maintenance(json.loads(sys.argv[2]))
 mark("run end")

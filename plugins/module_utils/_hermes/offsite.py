@@ -38,7 +38,8 @@ import stat
 import subprocess
 import sys
 import time
-from typing import Any, Sequence, TypedDict
+from collections.abc import Sequence
+from typing import Any, TypedDict
 
 from .backup.whole_file import BACKUP_NAME, stamp_time
 from .report.metrics import Labels, gauge_family, metrics_filename, write_atomically

@@ -250,6 +250,7 @@ PROFILE_FIELDS = (
 # where the initial value is None), except these.
 TYPES_IN_RUN_RESULT = {"profiles": "list[ProfileResult]"}
 TYPES_IN_PROFILE_RESULT = {name: "str" for name in ("name", "home", "path")}  # given to new_profile_result
+TYPES_IN_PROFILE_RESULT["schema_version"] = "int | None"  # a file without a schema_version table has none
 
 
 def _field_of(fields: tuple[Field, ...], name: str) -> Field:
@@ -397,7 +398,7 @@ class ProfileResult(TypedDict, total=False):
     deleted_by: str | None
     release_delete: Any
     release_rules: Any
-    schema_version: int
+    schema_version: int | None
     fts_layout: str
     backup: Any
     backup_deferred: str | None

@@ -48,8 +48,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from types import ModuleType
-from typing import IO, Any, Callable, Mapping, Sequence
+from typing import IO, Any, Callable
 
 from .host.profiles import run_as_owner
 from .maintain.run import DEFAULTS, run_maintenance

@@ -22,11 +22,19 @@ import sqlite3
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any, Callable, cast
 
 from ..plan.selection import live_leases, routed_sessions
 from ..sqlite.db import MaintenanceError, commits_durable, write_transaction, writer_probe
 from ..store.fence import routes_naming
-from .prune import PruneResult, WriterTurn, close_zombies, poll_gap, removals_durable, remove_files
+from . import prune as engine_prune  # the engine's own re-check, looked up at each call
+from .prune import PruneResult, Stop, WriterTurn, close_zombies, poll_gap, removals_durable, remove_files
+
+if TYPE_CHECKING:
+    from ..plan.selection import Plan
+    from ..store.catalogue import Catalogue
+    from ..store.schema import Schema
 
 ENGINE, HERMES = "engine", "hermes"
 ANSWER_TIMEOUT = 300
@@ -108,7 +116,7 @@ db.close()
 )
 
 
-def check_python(python, what):
+def check_python(python: str | None, what: str) -> None:
     if os.geteuid() == 0:
         raise MaintenanceError(
             "%s runs the Hermes user's interpreter %s, and this run is root on a root-owned state.db: refused "
@@ -123,7 +131,7 @@ def check_python(python, what):
 class ReleaseDeleter:
     """The installed Hermes's interpreter, serving deletes on ``db_path`` one batch per request."""
 
-    def __init__(self, python, db_path, hermes_home, what="delete_with=hermes"):
+    def __init__(self, python: str, db_path: str, hermes_home: str, what: str = "delete_with=hermes") -> None:
         check_python(python, what)
         self.python, self.what = python, what
         env = {
@@ -145,15 +153,17 @@ class ReleaseDeleter:
         except OSError as exc:
             self.log.close()
             raise MaintenanceError("%s: %s could not start: %s" % (what, python, exc)) from None
+        # both pipes exist: stdin and stdout are PIPE above
+        self.requests, self.answers = cast("IO[str]", self.proc.stdin), cast("IO[str]", self.proc.stdout)
         hello = self._answer()
         self.release = hello.get("release") or "unknown Hermes"
         self.version = hello.get("version")
         self.bulk = bool(hello.get("bulk"))
 
-    def _answer(self):
+    def _answer(self) -> dict[str, Any]:
         # One line per request, so nothing waits in the reader's buffer while select() looks.
-        ready = select.select([self.proc.stdout], [], [], ANSWER_TIMEOUT)[0]
-        line = self.proc.stdout.readline() if ready else ""
+        ready = select.select([self.answers], [], [], ANSWER_TIMEOUT)[0]
+        line = self.answers.readline() if ready else ""
         if not line:
             self.proc.kill()
             self.proc.wait()
@@ -161,28 +171,29 @@ class ReleaseDeleter:
             tail = (self.log.read() or "").strip().splitlines()[-1:] or ["no output"]
             raise MaintenanceError("%s: the Hermes at %s stopped: %s" % (self.what, self.python, tail[0]))
         try:
-            return json.loads(line)
+            answer: dict[str, Any] = json.loads(line)
+            return answer
         except ValueError:
             raise MaintenanceError("%s: %s answered %r" % (self.what, self.python, line[:200])) from None
 
-    def delete(self, ids):
+    def delete(self, ids: list[str]) -> dict[str, Any]:
         """Delete ``ids`` in one transaction of the release (or one delete_session): its answer."""
-        self.proc.stdin.write(json.dumps(list(ids)) + "\n")
-        self.proc.stdin.flush()
+        self.requests.write(json.dumps(list(ids)) + "\n")
+        self.requests.flush()
         return self._answer()
 
-    def close(self):
+    def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                self.proc.stdin.close()
+                self.requests.close()
                 self.proc.wait(timeout=ANSWER_TIMEOUT)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
-        self.proc.stdout.close()
+        self.answers.close()
         self.log.close()
 
-    def info(self):
+    def info(self) -> dict[str, Any]:
         return {"release": self.release, "version": self.version, "python": self.python, "bulk": self.bulk}
 
 
@@ -192,12 +203,13 @@ class TransactionCost:
     from the last two transactions of different sizes. Until there are two, a batch takes one
     session more than the last."""
 
-    def __init__(self):
-        self.points = []  # (messages, seconds) of the last transactions, newest last
+    def __init__(self) -> None:
+        self.points: list[tuple[float, float]] = []  # (messages, seconds) of the last transactions, newest last
         self.sessions = 0  # sessions in the last transaction
-        self.fixed = self.per_row = None
+        self.fixed: float | None = None
+        self.per_row: float | None = None
 
-    def measured(self, rows, seconds, sessions):
+    def measured(self, rows: float, seconds: float, sessions: int) -> None:
         self.sessions = sessions
         self.points = [p for p in self.points if p[0] != rows][-1:] + [(rows, seconds)]
         if len(self.points) == 2:
@@ -208,20 +220,23 @@ class TransactionCost:
             else:
                 self.per_row, self.fixed = slope, max(s2 - slope * r2, 0.0)
 
-    def allows(self, sessions):
+    def allows(self, sessions: int) -> bool:
         """Whether a batch of ``sessions`` may be tried: at most twice the last transaction's (one more
         until the cost is fitted), so that a fit from small batches is checked before it is trusted far."""
         if self.per_row is None:
             return sessions <= self.sessions + 1
         return sessions <= max(2 * self.sessions, self.sessions + 1)
 
-    def fits(self, rows, bound):
-        if self.per_row is None:
+    def fits(self, rows: float, bound: float) -> bool:
+        if self.per_row is None or self.fixed is None:  # both are fitted together
             return True
         return not bound or self.fixed + self.per_row * rows <= bound
 
 
-def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause, result, remove=True, stop=None):
+def release_prune(
+    conn: sqlite3.Connection, plan: Plan, schema: Schema, deleter: ReleaseDeleter, *, batch_size: int,
+    batch_time: float, pause: float, result: PruneResult, remove: bool = True, stop: Stop | None = None,
+) -> PruneResult:  # fmt: skip
     """Delete ``plan.delete_order`` through ``deleter``, paced like the engine's own prune.
 
     A request is one transaction of the release: its bulk delete takes whole sessions up to
@@ -232,39 +247,18 @@ def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause,
     whole is retried a session at a time, so that only the refused one stays (``result.refused``).
     ``remove`` false (check mode, on a copy): transcripts are counted, not removed.
     """
-    from .prune import is_fenced, skip_with_ancestors, still_prunable  # the engine's own re-check
-
-    skipped = result.left_alone
     db_path = conn.execute("PRAGMA database_list").fetchone()[2]
     wal = conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"
     writing = writer_probe(db_path, wal=wal) if remove else None
     turn = WriterTurn(writing, pause) if writing else None
     queue = collections.deque((sid, False) for sid in plan.delete_order)  # (session, to be deleted alone)
     cost = TransactionCost()
-    fenced = is_fenced(schema)
+    run = _ReleaseRun(conn, plan, schema, deleter, result, engine_prune.is_fenced(schema), remove, db_path)
     while queue:
         result.stopped = stop() if stop else None
         if result.stopped:
             break
-        first, alone = queue.popleft()
-        batch = [first]
-        if deleter.bulk and not alone:  # grow it to what fits
-            rows = plan.messages.get(first, 0)
-            while queue and not queue[0][1] and cost.allows(len(batch) + 1):
-                more = plan.messages.get(queue[0][0], 0)
-                if rows + more > batch_size or not cost.fits(rows + more, batch_time):
-                    break
-                batch.append(queue.popleft()[0])
-                rows += more
-        leased = live_leases(conn, schema, time.time())
-        # on a fenced store a route goes with its session, as with the engine (drop_routes below)
-        routed = set() if fenced else routed_sessions(conn, schema)
-        ids = []
-        for sid in batch:
-            if sid in skipped or sid in routed or not still_prunable(conn, sid, plan, schema, leased):
-                skip_with_ancestors(sid, plan, skipped)
-                continue
-            ids.append(sid)
+        ids = _still_to_delete(run, _next_request(queue, plan, deleter.bulk, cost, batch_size, batch_time))
         if not ids:
             continue
         began = time.monotonic()
@@ -272,25 +266,7 @@ def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause,
         if answer["error"] and len(ids) > 1 and not answer["deleted"]:
             queue.extendleft((sid, True) for sid in reversed(ids))  # one at a time: only the refused one stays
             continue
-        gone = set(answer["deleted"])
-        if answer["error"]:
-            for sid in ids:
-                if sid not in gone:
-                    result.refused.append({"session": sid, "by": deleter.release, "message": answer["error"]})
-                    skip_with_ancestors(sid, plan, skipped)
-        if fenced and gone:
-            drop_routes(conn, schema["tables"], sorted(gone))  # a release whose delete left them
-        result.sessions += len(gone)
-        result.messages += answer["messages"]
-        result.orphaned += answer["orphaned"]
-        result.prompts += answer["prompts"]
-        files = [path for sid in gone for path in plan.transcripts.get(sid, ())]
-        if remove and files:  # the release's commit may be only in the page cache: durable first
-            commits_durable(db_path)
-            result.transcripts += remove_files(files)
-            removals_durable(files)
-        elif not remove:
-            result.transcripts += len(files)
+        _count_answer(run, ids, answer)
         cost.measured(answer["messages"], answer["seconds"], len(ids))
         held = time.monotonic() - began
         if turn:
@@ -300,7 +276,80 @@ def release_prune(conn, plan, schema, deleter, *, batch_size, batch_time, pause,
     return result
 
 
-def drop_routes(conn, tables, sids):
+@dataclass
+class _ReleaseRun:
+    """What ``release_prune``'s steps share."""
+
+    conn: sqlite3.Connection
+    plan: Plan
+    schema: Schema
+    deleter: ReleaseDeleter
+    result: PruneResult
+    fenced: bool  # the store has upstream's deletion fence (the runtime ledger)
+    remove: bool  # transcripts removed (the run), else counted (check mode, on a copy)
+    db_path: str
+
+
+def _next_request(
+    queue: collections.deque[tuple[str, bool]], plan: Plan, bulk: bool, cost: TransactionCost, batch_size: int,
+    batch_time: float,
+) -> list[str]:  # fmt: skip
+    """The sessions of the next request: one, or with a bulk delete as many as fit (``cost``)."""
+    first, alone = queue.popleft()
+    batch = [first]
+    if bulk and not alone:  # grow it to what fits
+        rows = plan.messages.get(first, 0)
+        while queue and not queue[0][1] and cost.allows(len(batch) + 1):
+            more = plan.messages.get(queue[0][0], 0)
+            if rows + more > batch_size or not cost.fits(rows + more, batch_time):
+                break
+            batch.append(queue.popleft()[0])
+            rows += more
+    return batch
+
+
+def _still_to_delete(run: _ReleaseRun, batch: list[str]) -> list[str]:
+    """The sessions of ``batch`` that still qualify (the engine's own re-check); the others, and what
+    depends on them, are left alone."""
+    conn, plan, schema, skipped = run.conn, run.plan, run.schema, run.result.left_alone
+    leased = live_leases(conn, schema, time.time())
+    # on a fenced store a route goes with its session, as with the engine (drop_routes below)
+    routed = set() if run.fenced else routed_sessions(conn, schema)
+    ids = []
+    for sid in batch:
+        if sid in skipped or sid in routed or not engine_prune.still_prunable(conn, sid, plan, schema, leased):
+            engine_prune.skip_with_ancestors(sid, plan, skipped)
+            continue
+        ids.append(sid)
+    return ids
+
+
+def _count_answer(run: _ReleaseRun, ids: list[str], answer: dict[str, Any]) -> None:
+    """What the release deleted of ``ids``: the refused ones left alone, its routes dropped, the
+    counts, the transcripts of the sessions gone (removed once their deletion is durable)."""
+    result, plan = run.result, run.plan
+    gone = set(answer["deleted"])
+    if answer["error"]:
+        for sid in ids:
+            if sid not in gone:
+                result.refused.append({"session": sid, "by": run.deleter.release, "message": answer["error"]})
+                engine_prune.skip_with_ancestors(sid, plan, result.left_alone)
+    if run.fenced and gone:
+        drop_routes(run.conn, run.schema["tables"], sorted(gone))  # a release whose delete left them
+    result.sessions += len(gone)
+    result.messages += answer["messages"]
+    result.orphaned += answer["orphaned"]
+    result.prompts += answer["prompts"]
+    files = [path for sid in gone for path in plan.transcripts.get(sid, ())]
+    if run.remove and files:  # the release's commit may be only in the page cache: durable first
+        commits_durable(run.db_path)
+        result.transcripts += remove_files(files)
+        removals_durable(files)
+    elif not run.remove:
+        result.transcripts += len(files)
+
+
+def drop_routes(conn: sqlite3.Connection, tables: Any, sids: list[str]) -> None:
     """The ``gateway_routing`` entries still naming sessions the release deleted, removed in a short
     transaction of the engine's, as upstream's retire_routes does in its own delete."""
     with write_transaction(conn):
@@ -308,7 +357,16 @@ def drop_routes(conn, tables, sids):
             conn.execute("DELETE FROM gateway_routing WHERE scope = ? AND session_key = ?", (scope, key))
 
 
-def release_prune_on_copy(conn, plan, schema, python, *, batch_size, batch_time, end_reason):
+def release_prune_on_copy(
+    conn: sqlite3.Connection,
+    plan: Plan,
+    schema: Schema,
+    python: str,
+    *,
+    batch_size: int,
+    batch_time: float,
+    end_reason: str,
+) -> tuple[PruneResult, dict[str, Any]]:
     """Check mode: the run's zombie closes, then the same loop, on a private copy (SQLite's backup
     API) in a fresh 0700 directory, removed afterwards. Returns (PruneResult, the deleter's info)."""
     check_python(python, "delete_with=hermes")
@@ -387,7 +445,7 @@ print(json.dumps({"release": release, "version": version, "why": why}))
 )
 
 
-def installed_capability(python):
+def installed_capability(python: str) -> dict[str, Any]:
     """{"release", "version", "why"} of the Hermes at ``python``: ``why`` None when its own delete
     publishes upstream's deletion fence, else what it lacks."""
     check_python(python, "delete_with auto")
@@ -407,7 +465,9 @@ def installed_capability(python):
     return answer
 
 
-def choose_deleter(mode, catalogue, python, fully_known):
+def choose_deleter(
+    mode: str, catalogue: Catalogue, python: str | None, fully_known: Callable[[Catalogue], bool]
+) -> tuple[str, str | None]:
     """(ENGINE or HERMES, why): who deletes on this file. ``auto`` on a file with objects the engine
     does not know: the installed Hermes when its own delete publishes upstream's deletion fence
     (``installed_capability``: by what it ships, not by its version, which a git install may not

@@ -15,6 +15,9 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..plan.selection import ORPHAN_REAP, leased_conversation, live_leases, routed_sessions, scheduled_sessions
 from ..sqlite.db import commits_durable, fsync_path, fsync_tree, write_transaction, writer_probe
@@ -22,7 +25,15 @@ from ..store.catalogue import LEDGER_GUARD, retire_ledger
 from ..store.fence import FenceRefused, local_conversations
 from ..store.fence import check as fence_check
 from ..store.fence import retire as fence_retire
-from .undo import SessionUndo, list_sliced, unlist_sliced
+from .undo import SessionUndo, SlicedEntry, list_sliced, unlist_sliced
+
+if TYPE_CHECKING:
+    from ..plan.selection import Plan
+    from ..store.schema import Schema
+
+Batch = list[tuple[str, int]]  # (session id, chunk): chunk > 0 deletes only that many of its oldest messages
+Stop = Callable[[], Optional[str]]  # asked before each transaction: a reason ends the work there
+KeepCopy = Callable[[list[str], dict[str, int]], tuple[str, bool]]  # prune's ``keep_copy``
 
 ZOMBIE_CHUNK = 200
 # What a transaction's time bound allows on top of batch_time for its COMMIT in rollback-journal
@@ -54,7 +65,9 @@ IN_LIST = 400
 FIRST_GROUP_SHARE = 0.8
 
 
-def close_zombies(conn, plan, schema, end_reason, pause, closed):
+def close_zombies(
+    conn: sqlite3.Connection, plan: Plan, schema: Schema, end_reason: str, pause: float, closed: list[str]
+) -> None:
     """Set ended_at to each zombie's last activity, unless it woke up since the plan.
 
     ``closed`` collects the ids as each transaction commits, so a run that fails halfway
@@ -85,25 +98,29 @@ def close_zombies(conn, plan, schema, end_reason, pause, closed):
 
 
 class PruneResult:
-    def __init__(self):
+    def __init__(self) -> None:
         self.sessions = 0
         self.messages = 0
         self.orphaned = 0
         self.transcripts = 0
         self.prompts = 0
-        self.left_alone = set()  # sessions that stopped qualifying while we worked
-        self.stopped = None  # why the prune stopped before the end of its plan (the next run goes on)
-        self.refused = []  # {"session", "by", "message"}: deletes Hermes's own store refused (trigger, RESTRICT)
-        self.kept = []  # {"session", "reason"}: sessions put back whole when they stopped qualifying mid-delete
+        self.left_alone: set[str] = set()  # sessions that stopped qualifying while we worked
+        self.stopped: str | None = None  # why the prune stopped before the end of its plan (the next run goes on)
+        self.refused: list[
+            dict[str, str]
+        ] = []  # {"session", "by", "message"}: deletes Hermes's own store refused (trigger, RESTRICT)
+        self.kept: list[
+            dict[str, str]
+        ] = []  # {"session", "reason"}: sessions put back whole when they stopped qualifying mid-delete
 
-    def add(self, other):
+    def add(self, other: PruneResult) -> None:
         for name in ("sessions", "messages", "orphaned", "transcripts", "prompts"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.refused += other.refused
         self.kept += other.kept
 
 
-def poll_gap(waited):
+def poll_gap(waited: float) -> float:
     """The sleep before a waiting writer's next poll once it has waited ``waited`` seconds."""
     elapsed = 0.0
     for ms in BUSY_POLL_MS:
@@ -124,26 +141,28 @@ class LockBudget:
     smaller.
     """
 
-    def __init__(self, seconds, hard=None):
+    def __init__(self, seconds: float, hard: float | None = None) -> None:
         self.seconds = seconds
         self.hard = hard  # seconds after BEGIN past which a running statement is interrupted (None: never)
         self.commit = 0.0  # how long the last COMMIT took
-        self.per_row = None  # seconds per message deleted in the last transaction (None: not known)
+        self.per_row: float | None = None  # seconds per message deleted in the last transaction (None: not known)
         self.armed = self.tripped = False
+        self.started = 0.0  # when this transaction began (begin)
+        self.unit = 0  # the entry of the batch an interrupt retries from (_prune_batch)
 
-    def begin(self):
+    def begin(self) -> None:
         self.started = time.monotonic()
         self.armed = self.tripped = False
 
-    def interrupt(self):
+    def interrupt(self) -> bool:
         """SQLite's progress handler: True stops the running statement, once per transaction
         and only while ``armed`` (so never the first session, the COMMIT or the ROLLBACK)."""
-        if self.armed and time.monotonic() - self.started > self.hard:
+        if self.armed and self.hard is not None and time.monotonic() - self.started > self.hard:
             self.tripped, self.armed = True, False
             return True
         return False
 
-    def fits(self, rows_done, next_rows):
+    def fits(self, rows_done: int, next_rows: int) -> bool:
         """Whether ``next_rows`` more messages still fit, at the rate measured so far in this transaction
         (before any: the previous transaction's, taken FIRST_GROUP_SHARE slower; none known: always)."""
         if not self.seconds:
@@ -155,7 +174,7 @@ class LockBudget:
             per_row = self.per_row / FIRST_GROUP_SHARE if self.per_row else 0.0
         return elapsed + per_row * next_rows + self.commit <= self.seconds
 
-    def room(self, batch, index, rows_done, plan):
+    def room(self, batch: Batch, index: int, rows_done: int, plan: Plan) -> int:
         """How many entries of ``batch[index:]`` the next group of this transaction takes (``fits``);
         the first group takes at least one, and with no rate known yet only one, whose time gives the
         rate. 0: the transaction ends here."""
@@ -171,7 +190,7 @@ class LockBudget:
             take += 1
         return take
 
-    def measured(self, rows):
+    def measured(self, rows: int) -> None:
         """The rate of this transaction's deletes (seconds per message), for the next one's first group."""
         if rows:
             self.per_row = (time.monotonic() - self.started) / rows
@@ -196,19 +215,20 @@ class WriterTurn:
     STEP = 0.001
     IDLE = 1.0  # no writer seen for this long: an idle gateway, waiting only as long as our transaction
 
-    def __init__(self, writing, pause, cover_poll=True):
+    def __init__(self, writing: Callable[[], bool], pause: float, cover_poll: bool = True) -> None:
         self.writing = writing
         self.pause = pause
         self.cover_poll = cover_poll
-        self.last_commit = None  # when we last saw a writer of the gateway finish
+        self.last_commit: float | None = None  # when we last saw a writer of the gateway finish
 
-    def wait(self, held):
+    def wait(self, held: float) -> None:
         start = time.monotonic()
         waited = held
         if self.last_commit is not None and start - self.last_commit < self.IDLE:
             waited = max(held, start - self.last_commit)
         limit = max(self.pause, poll_gap(waited) + 0.005) if self.cover_poll else self.pause
-        seen, free_since = False, start
+        seen = False
+        free_since: float | None = start
         while True:
             now = time.monotonic()
             if self.writing():
@@ -223,7 +243,7 @@ class WriterTurn:
             time.sleep(self.STEP)
 
 
-def turn_after_commit(conn, pause):
+def turn_after_commit(conn: sqlite3.Connection, pause: float) -> Callable[..., None]:
     """``wait(held)`` for the steps after the prune (the FTS merge, incremental_vacuum): after each
     commit, the gateway's turn as the prune waits for it (WriterTurn through SQLite's own descriptor)
     or, with nothing to ask with, ``pause`` stretched to just past a waiting writer's next poll.
@@ -236,7 +256,7 @@ def turn_after_commit(conn, pause):
     writing = writer_probe(db_path, wal=wal) if db_path else None
     turn = WriterTurn(writing, pause) if writing else None
 
-    def wait(held, paused=None):
+    def wait(held: float, paused: float | None = None) -> None:
         """``paused``: this turn's pause instead of ``pause`` (IdlePacing shortens it while the gateway is idle)."""
         paused = pause if paused is None else paused
         if turn:
@@ -249,7 +269,7 @@ def turn_after_commit(conn, pause):
 
 
 @contextlib.contextmanager
-def persistent_journal(conn):
+def persistent_journal(conn: sqlite3.Connection) -> Iterator[None]:
     """A rollback-journal file's many short commits keep one journal file (its header zeroed at each
     commit: no other connection takes it for a hot one) instead of creating and deleting one each
     time: 13% less time per COMMIT here. Back to DELETE at the end, which removes the file."""
@@ -275,44 +295,49 @@ class IdlePacing:
     seen resets both to the configured values: beside a gateway that writes, nothing changes.
     """
 
-    def __init__(self, conn, bound, pause):
+    def __init__(self, conn: sqlite3.Connection, bound: float, pause: float) -> None:
         self.conn = conn
-        self.base_bound, self.base_pause = bound, pause
+        self.base_bound: float = bound
+        self.base_pause: float = pause
         self.version = self._version()
         self.streak = 0  # our transactions since the last commit of another connection we saw
 
-    def _version(self):
-        return self.conn.execute("PRAGMA data_version").fetchone()[0]
+    def _version(self) -> int:
+        version: int = self.conn.execute("PRAGMA data_version").fetchone()[0]
+        return version
 
-    def observe(self):
+    def observe(self) -> None:
         version = self._version()
         self.streak = self.streak + 1 if version == self.version else 0
         self.version = version
 
-    def _doublings(self):
+    def _doublings(self) -> int:
         return max(0, self.streak - IDLE_STREAK + 1)
 
-    def bound(self):
+    def bound(self) -> float:
         if not self.base_bound or not self._doublings():
             return self.base_bound
-        grown = self.base_bound * 2 ** min(self._doublings(), 8)
+        grown: float = self.base_bound * 2 ** min(self._doublings(), 8)
         return max(self.base_bound, min(grown, IDLE_HOLD_CAP))
 
-    def pause(self, held):
+    def pause(self, held: float) -> float:
         if not self._doublings():
             return self.base_pause
         floor = min(self.base_pause, poll_gap(held) + 0.005)
-        return max(floor, self.base_pause / 2 ** min(self._doublings(), 8))
+        shrunk: float = self.base_pause / 2 ** min(self._doublings(), 8)
+        return max(floor, shrunk)
 
 
-def hard_bound(bound):
+def hard_bound(bound: float) -> float:
     """Seconds after BEGIN past which a running statement of the prune is interrupted."""
     return max(bound * HARD_BOUND_FACTOR, HARD_BOUND_FLOOR)
 
 
 def prune(
-    conn, plan, schema, batch_size, pause, result, batch_time=None, pause_after_commit=False, stop=None, keep_copy=None
-):
+    conn: sqlite3.Connection, plan: Plan, schema: Schema, batch_size: int, pause: float, result: PruneResult,
+    batch_time: float | None = None, pause_after_commit: bool = False, stop: Stop | None = None,
+    keep_copy: KeepCopy | None = None,
+) -> PruneResult:  # fmt: skip
     """Delete plan.delete_order in transactions of at most batch_size messages.
 
     A transaction also holds the write lock for at most ``batch_time`` seconds, its commit
@@ -339,7 +364,49 @@ def prune(
     ``owned``, removed with the list): a session deleted in slices is then listed durably with it
     before its first slice (apply.undo), so that a run cut short between two slices loses none of it.
     """
-    skipped = result.left_alone
+    run = _start_prune(conn, plan, schema, batch_size, pause, result, batch_time, pause_after_commit, keep_copy)
+    with persistent_journal(conn):
+        try:
+            while run.queue:
+                result.stopped = stop() if stop else None
+                if result.stopped:
+                    _abandon(conn, schema, result, "the run stopped before its last slice: %s" % result.stopped)
+                    break
+                _prune_transaction(run)
+        except BaseException:
+            _abandon(conn, schema, result, "the run failed before its last slice")
+            raise
+        finally:
+            _end_prune(run)
+    return result
+
+
+@dataclass
+class _PruneRun:
+    """One prune's state from one transaction to the next."""
+
+    conn: sqlite3.Connection
+    plan: Plan
+    schema: Schema
+    result: PruneResult
+    queue: collections.deque[Batch]  # the batches still to delete, in order
+    db_path: str
+    pending: str  # the transcript list beside state.db (PENDING_SUFFIX)
+    has_prompts: bool  # the store has system_prompts to collect
+    keep_copy: KeepCopy | None
+    turn: WriterTurn | None  # the gateway's turn after each commit, when there is a descriptor to ask with
+    budget: LockBudget
+    pacing: IdlePacing
+    pause_after_commit: bool
+    sliced_list: dict[str, SlicedEntry] = field(default_factory=dict)  # listed durably before their first slice
+
+
+def _start_prune(
+    conn: sqlite3.Connection, plan: Plan, schema: Schema, batch_size: int, pause: float, result: PruneResult,
+    batch_time: float | None, pause_after_commit: bool, keep_copy: KeepCopy | None,
+) -> _PruneRun:  # fmt: skip
+    """The prune's pacing, its batches and its undo records; the transcripts an interrupted run
+    listed removed first."""
     has_prompts = "system_prompts" in schema["tables"] and "system_prompt_hash" in schema["session_columns"]
     db_path = conn.execute("PRAGMA database_list").fetchone()[2]
     pending = db_path + PENDING_SUFFIX
@@ -355,76 +422,90 @@ def prune(
     # A session deleted in slices is recorded until its row goes, to be put back whole if refused.
     sliced = any(plan.messages.get(sid, 0) > batch_size for sid in plan.delete_order)
     schema["_undo"] = SessionUndo(conn, schema["tables"]) if sliced else None
-    sliced_list = {}  # the sessions listed durably before their first slice
     bound = (batch_time or 0.0) + (ROLLBACK_COMMIT_TIME if pause_after_commit and batch_time else 0.0)
     budget = LockBudget(bound, hard=hard_bound(bound) if bound else None)
     pacing = IdlePacing(conn, bound, pause)
     if budget.hard:
         conn.set_progress_handler(budget.interrupt, PROGRESS_STEPS)
-    with persistent_journal(conn):
-        try:
-            while queue:
-                result.stopped = stop() if stop else None
-                if result.stopped:
-                    _abandon(conn, schema, result, "the run stopped before its last slice: %s" % result.stopped)
-                    break
-                budget.seconds = pacing.bound()
-                if budget.hard:  # while the gateway is idle the bound grows, and the hard bound with it
-                    budget.hard = hard_bound(budget.seconds)
-                batch = queue.popleft()
-                # Listed before BEGIN, durably (file and directory), out of the write lock's hold: a
-                # COMMIT that reaches the disk finds the list there, or its transcripts stay for good.
-                # The whole batch: the next run removes only the files of the sessions that are gone.
-                listed = {sid: list(plan.transcripts[sid]) for sid, _chunk in batch if plan.transcripts.get(sid)}
-                if listed:
-                    _write_pending(pending, listed)
-                    pending_durable(pending)
-                if keep_copy is not None:
-                    _list_first_slice(conn, schema, plan, batch, keep_copy, sliced_list)
-                began = time.monotonic()
-                try:
-                    done, counts = _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts)
-                except sqlite3.OperationalError:
-                    if not budget.tripped:
-                        raise
-                    # Held past the hard bound: SQLite rolled the transaction back, nothing of it
-                    # happened. The sessions done before that one are retried on their own.
-                    queue.extendleft([batch[budget.unit :], batch[: budget.unit]])
-                    done, counts = [], PruneResult()
-                    budget.per_row = None  # slower than measured: the next transaction measures again
-                counts.sessions = len(done)
-                result.add(counts)
-                files = [path for sid in done for path in listed.get(sid, ())]
-                if files:  # a transcript goes only once its session's deletion is durable
-                    commits_durable(db_path)
-                result.transcripts += remove_files(files)
-                if files:
-                    removals_durable(files)  # before the list goes: else they may come back, unlisted
-                if listed:
-                    remove_files([pending])
-                held = time.monotonic() - began
-                paused = pacing.pause(held)
-                if turn:
-                    turn.pause = paused
-                    turn.wait(held)
-                else:
-                    time.sleep(max(paused, poll_gap(held) + 0.005) if pause_after_commit else paused)
-                pacing.observe()  # did the gateway commit during that transaction's turn?
-        except BaseException:
-            _abandon(conn, schema, result, "the run failed before its last slice")
+    return _PruneRun(
+        conn, plan, schema, result, queue, db_path, pending, has_prompts, keep_copy, turn, budget, pacing,
+        pause_after_commit,
+    )  # fmt: skip
+
+
+def _prune_transaction(run: _PruneRun) -> None:
+    """The next batch: its transcripts listed, its transaction, its transcripts removed, the gateway's turn."""
+    budget = run.budget
+    budget.seconds = run.pacing.bound()
+    if budget.hard:  # while the gateway is idle the bound grows, and the hard bound with it
+        budget.hard = hard_bound(budget.seconds)
+    batch = run.queue.popleft()
+    # Listed before BEGIN, durably (file and directory), out of the write lock's hold: a
+    # COMMIT that reaches the disk finds the list there, or its transcripts stay for good.
+    # The whole batch: the next run removes only the files of the sessions that are gone.
+    listed = {sid: list(run.plan.transcripts[sid]) for sid, _chunk in batch if run.plan.transcripts.get(sid)}
+    if listed:
+        _write_pending(run.pending, listed)
+        pending_durable(run.pending)
+    if run.keep_copy is not None:
+        _list_first_slice(run.conn, run.schema, run.plan, batch, run.keep_copy, run.sliced_list)
+    began = time.monotonic()
+    done, counts = _batch_or_retry(run, batch)
+    counts.sessions = len(done)
+    run.result.add(counts)
+    files = [path for sid in done for path in listed.get(sid, ())]
+    if files:  # a transcript goes only once its session's deletion is durable
+        commits_durable(run.db_path)
+    run.result.transcripts += remove_files(files)
+    if files:
+        removals_durable(files)  # before the list goes: else they may come back, unlisted
+    if listed:
+        remove_files([run.pending])
+    _gateway_turn(run, time.monotonic() - began)
+
+
+def _batch_or_retry(run: _PruneRun, batch: Batch) -> tuple[list[str], PruneResult]:
+    """``_prune_batch``; a transaction held past the hard bound is rolled back by SQLite and nothing
+    of it happened: the sessions done before the interrupted one are retried on their own."""
+    budget = run.budget
+    try:
+        return _prune_batch(run.conn, run.plan, run.schema, batch, budget, run.queue, run.result.left_alone,
+                            run.has_prompts)  # fmt: skip
+    except sqlite3.OperationalError:
+        if not budget.tripped:
             raise
-        finally:
-            if budget.hard:
-                conn.set_progress_handler(None, 0)
-            undo = schema.get("_undo")
-            if sliced_list and not conn.in_transaction and undo.recording() is None:
-                unlist_sliced(db_path, sliced_list)  # none of them half deleted: each gone or whole
-            if undo is not None and not conn.in_transaction:
-                schema.pop("_undo").close()
-    return result
+        run.queue.extendleft([batch[budget.unit :], batch[: budget.unit]])
+        budget.per_row = None  # slower than measured: the next transaction measures again
+        return [], PruneResult()
 
 
-def _list_first_slice(conn, schema, plan, batch, keep_copy, sliced_list):
+def _gateway_turn(run: _PruneRun, held: float) -> None:
+    """After a transaction that held the lock ``held`` seconds: the gateway's turn, then whether it committed."""
+    paused = run.pacing.pause(held)
+    if run.turn:
+        run.turn.pause = paused
+        run.turn.wait(held)
+    else:
+        time.sleep(max(paused, poll_gap(held) + 0.005) if run.pause_after_commit else paused)
+    run.pacing.observe()  # did the gateway commit during that transaction's turn?
+
+
+def _end_prune(run: _PruneRun) -> None:
+    """The progress handler off; the slice list and the undo records gone once no session is half deleted."""
+    conn, schema = run.conn, run.schema
+    if run.budget.hard:
+        conn.set_progress_handler(None, 0)
+    undo = schema.get("_undo")
+    if run.sliced_list and undo is not None and not conn.in_transaction and undo.recording() is None:
+        unlist_sliced(run.db_path, run.sliced_list)  # none of them half deleted: each gone or whole
+    if undo is not None and not conn.in_transaction:
+        schema.pop("_undo").close()
+
+
+def _list_first_slice(
+    conn: sqlite3.Connection, schema: Schema, plan: Plan, batch: Batch, keep_copy: KeepCopy,
+    sliced_list: dict[str, SlicedEntry],
+) -> None:  # fmt: skip
     """Before the transaction of a session's first slice: its rows archived (``keep_copy``) and,
     with what its fence will change, listed durably (apply.undo.SLICED_SUFFIX)."""
     undo = schema["_undo"]
@@ -440,7 +521,7 @@ def _list_first_slice(conn, schema, plan, batch, keep_copy, sliced_list):
     list_sliced(db_path, sliced_list)
 
 
-def _fence_preview(conn, schema, sid):
+def _fence_preview(conn: sqlite3.Connection, schema: Schema, sid: str) -> Any:
     """What the fence of ``sid`` changes, from a transaction that runs it recorded and rolls back."""
     undo = schema["_undo"]
     conn.execute("BEGIN IMMEDIATE")
@@ -453,7 +534,7 @@ def _fence_preview(conn, schema, sid):
         conn.execute("ROLLBACK")
 
 
-def _abandon(conn, schema, result, why):
+def _abandon(conn: sqlite3.Connection, schema: Schema, result: PruneResult, why: str) -> None:
     """The prune ends with a session half deleted: put it back whole, in a transaction of its own."""
     undo = schema.get("_undo")
     if undo is None or conn.in_transaction or undo.recording() is None:
@@ -464,7 +545,7 @@ def _abandon(conn, schema, result, why):
     result.add(counts)
 
 
-def _put_back(conn, schema, sid, counts, why):
+def _put_back(conn: sqlite3.Connection, schema: Schema, sid: str, counts: PruneResult, why: str) -> str:
     """When ``sid``'s delete spans transactions and an earlier one committed: undo all of it in this
     transaction and name the session in ``counts.kept``. Returns the note for a refusal's message."""
     undo = schema.get("_undo")
@@ -477,7 +558,10 @@ def _put_back(conn, schema, sid, counts, why):
     return "; " + note
 
 
-def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts):
+def _prune_batch(
+    conn: sqlite3.Connection, plan: Plan, schema: Schema, batch: Batch, budget: LockBudget,
+    queue: collections.deque[Batch], skipped: set[str], has_prompts: bool,
+) -> tuple[list[str], PruneResult]:  # fmt: skip
     """One transaction of the prune: returns (sessions deleted, counts).
 
     The sessions that still qualify are deleted a group at a time, each group in one set of
@@ -531,7 +615,10 @@ def _prune_batch(conn, plan, schema, batch, budget, queue, skipped, has_prompts)
     return done, counts
 
 
-def _delete_group(conn, schema, group, has_prompts, counts, plan, skipped):
+def _delete_group(
+    conn: sqlite3.Connection, schema: Schema, group: Batch, has_prompts: bool, counts: PruneResult, plan: Plan,
+    skipped: set[str],
+) -> list[str]:  # fmt: skip
     """Delete ``group`` [(session id, chunk)]: whole sessions together, a slice of a large session on
     its own. A delete Hermes's store refuses (a trigger's RAISE, a RESTRICT foreign key) undoes the
     group's statements, and its sessions are then deleted one at a time, so that only the refused
@@ -567,7 +654,10 @@ def _delete_group(conn, schema, group, has_prompts, counts, plan, skipped):
     return whole
 
 
-def _delete_one(conn, schema, sid, chunk, has_prompts, counts, plan, skipped):
+def _delete_one(
+    conn: sqlite3.Connection, schema: Schema, sid: str, chunk: int, has_prompts: bool, counts: PruneResult, plan: Plan,
+    skipped: set[str],
+) -> bool:  # fmt: skip
     """One session (or a slice of it) in a savepoint of its own: True when it was deleted whole, False
     when Hermes's store refused it (``counts.refused``; it and what depends on it join ``skipped``)
     or only a slice went."""
@@ -590,40 +680,48 @@ def _delete_one(conn, schema, sid, chunk, has_prompts, counts, plan, skipped):
     return not chunk
 
 
-def _delete_session(conn, schema, sid, chunk, has_prompts, counts):
+def _delete_session(
+    conn: sqlite3.Connection, schema: Schema, sid: str, chunk: int, has_prompts: bool, counts: PruneResult
+) -> None:
     """One session's statements: ``chunk`` > 0 deletes only that many of its oldest messages.
 
     A session deleted in slices gets its fence in the first (upstream's gateway admits nothing to a
     retired session), is checked for new ledger work before each further one, and is recorded
     (apply.undo) until its row goes in the last."""
-    undo = schema.get("_undo")
     if chunk:  # a slice of a session larger than batch_size, oldest messages first
-        first = undo.recording() != sid
-        if is_fenced(schema):
-            _refuse_live_work(conn, schema, sid, first)
-        if first:
-            undo.start(sid)
-        undo.active(True)
-        if first and is_fenced(schema):
-            fence_retire(conn, schema["tables"], [sid])
-            if undo.expected is not None and undo.fence_records() != undo.expected:
-                raise FenceRefused("its fence changed between its listing and its first slice (retried next run)")
-        counts.messages += conn.execute(
-            "DELETE FROM messages WHERE id IN "
-            "(SELECT id FROM messages WHERE session_id = ? ORDER BY timestamp, id LIMIT ?)",
-            (sid, chunk),
-        ).rowcount
-        undo.active(False)
+        _delete_slice(conn, schema, sid, chunk, counts)
         return
-    recorded = undo is not None and undo.recording() == sid
-    if recorded:
-        undo.active(True)
+    undo = schema.get("_undo")
+    recorded = undo if undo is not None and undo.recording() == sid else None
+    if recorded is not None:
+        recorded.active(True)
     _delete_sessions(conn, schema, [sid], has_prompts, counts)
-    if recorded:
-        undo.finish()
+    if recorded is not None:
+        recorded.finish()
 
 
-def _refuse_live_work(conn, schema, sid, first):
+def _delete_slice(conn: sqlite3.Connection, schema: Schema, sid: str, chunk: int, counts: PruneResult) -> None:
+    """The ``chunk`` oldest messages of ``sid``, its delete recorded (a prune with slices has its undo)."""
+    undo: SessionUndo = schema["_undo"]
+    first = undo.recording() != sid
+    if is_fenced(schema):
+        _refuse_live_work(conn, schema, sid, first)
+    if first:
+        undo.start(sid)
+    undo.active(True)
+    if first and is_fenced(schema):
+        fence_retire(conn, schema["tables"], [sid])
+        if undo.expected is not None and undo.fence_records() != undo.expected:
+            raise FenceRefused("its fence changed between its listing and its first slice (retried next run)")
+    counts.messages += conn.execute(
+        "DELETE FROM messages WHERE id IN "
+        "(SELECT id FROM messages WHERE session_id = ? ORDER BY timestamp, id LIMIT ?)",
+        (sid, chunk),
+    ).rowcount
+    undo.active(False)
+
+
+def _refuse_live_work(conn: sqlite3.Connection, schema: Schema, sid: str, first: bool) -> None:
     """Before a slice: the ledger work the gateway admitted for ``sid`` since the plan refuses it
     (FenceRefused), as what the fence leaves to Hermes does."""
     guarded = LEDGER_GUARD in schema["catalogue"]["raises"].values()
@@ -632,7 +730,9 @@ def _refuse_live_work(conn, schema, sid, first):
         raise FenceRefused("the gateway admitted work for it %s (session_busy)" % when)
 
 
-def _delete_sessions(conn, schema, sids, has_prompts, counts):
+def _delete_sessions(
+    conn: sqlite3.Connection, schema: Schema, sids: list[str], has_prompts: bool, counts: PruneResult
+) -> None:
     """Whole sessions, a statement per table for all of them (``IN`` lists of at most IN_LIST ids).
 
     Children come before parents in the plan's order, so a parent's children are either in
@@ -677,37 +777,37 @@ def _delete_sessions(conn, schema, sids, has_prompts, counts):
             ).rowcount
 
 
-def is_fenced(schema):
+def is_fenced(schema: Schema) -> bool:
     """A store with the gateway runtime ledger gets upstream's whole deletion fence."""
     return bool(schema.get("catalogue", {}).get("ledger")) and "state_meta" in schema["tables"]
 
 
-def _refused_by(exc, schema):
+def _refused_by(exc: BaseException, schema: Schema) -> str | None:
     """The trigger whose RAISE(ABORT|FAIL) refused a delete, or the ledger's RESTRICT foreign key;
     None for any other integrity error (a bug: the profile fails)."""
-    catalogue = schema.get("catalogue") or {}
+    catalogue = schema.get("catalogue")
     message = str(exc)
-    trigger = (catalogue.get("raises") or {}).get(message)
+    trigger = catalogue["raises"].get(message) if catalogue else None
     if trigger:
         return "trigger %s" % trigger
     if getattr(exc, "sqlite_errorname", None) == "SQLITE_CONSTRAINT_TRIGGER":
         return "a trigger"
-    if catalogue.get("ledger") and message == "FOREIGN KEY constraint failed":
+    if catalogue and catalogue["ledger"] and message == "FOREIGN KEY constraint failed":
         return "the runtime ledger's foreign key (ON DELETE RESTRICT)"
     return None
 
 
-def _write_pending(path, files):
+def _write_pending(path: str, files: dict[str, list[str]]) -> None:
     with open(path, "w") as handle:
         json.dump(files, handle)
 
 
-def pending_durable(path):
+def pending_durable(path: str) -> None:
     """The transcript list's data and its name, before the transaction whose commit relies on it."""
     fsync_tree(path)
 
 
-def removals_durable(paths):
+def removals_durable(paths: list[str]) -> None:
     """The unlinks of ``paths`` durable (their directories' fsync), before the list naming them goes."""
     for directory in sorted({os.path.dirname(os.path.abspath(path)) for path in paths}):
         try:
@@ -716,7 +816,7 @@ def removals_durable(paths):
             continue
 
 
-def finish_pending(conn, path):
+def finish_pending(conn: sqlite3.Connection, path: str) -> int:
     """Remove the transcripts an interrupted run listed, of the sessions whose deletion committed.
 
     A session still in the database (its transaction never committed) keeps its files.
@@ -739,15 +839,16 @@ def finish_pending(conn, path):
     return removed
 
 
-class Whole(list):
+class Whole(list[tuple[str, int]]):
     """A batch deleted in one group of one transaction, never split: a local conversation's segments."""
 
 
-def _batches(plan, batch_size):
+def _batches(plan: Plan, batch_size: int) -> Iterator[Batch]:
     """Yield lists of (session id, chunk): chunk>0 deletes that many of its messages first. A local
     conversation of several segments comes whole (``Whole``) where its first segment is."""
-    batch, weight = [], 0
-    emitted = set()
+    batch: Batch = []
+    weight = 0
+    emitted: set[str] = set()
     for sid in plan.delete_order:
         if sid in emitted:
             continue
@@ -775,7 +876,7 @@ def _batches(plan, batch_size):
         yield batch
 
 
-def still_prunable(conn, sid, plan, schema, leased):
+def still_prunable(conn: sqlite3.Connection, sid: str, plan: Plan, schema: Schema, leased: set[str]) -> bool:
     """Re-check inside the transaction: a session resumed or leased since the plan stays."""
     cols = ["ended_at", "end_reason"] + [c for c in ("pinned", "last_activity_at") if c in schema["session_columns"]]
     row = conn.execute("SELECT %s FROM sessions WHERE id = ?" % ", ".join(cols), (sid,)).fetchone()
@@ -799,14 +900,14 @@ def still_prunable(conn, sid, plan, schema, leased):
     return newer is None
 
 
-def skip_with_ancestors(sid, plan, skipped):
+def skip_with_ancestors(sid: str | None, plan: Plan, skipped: set[str]) -> None:
     """Keep a session and everything whose deletion depends on it going first."""
     while sid is not None and sid not in skipped and sid in plan.messages:
         skipped.add(sid)
         sid = plan.delegate_root.get(sid) or plan.parents.get(sid)
 
 
-def remove_files(paths):
+def remove_files(paths: list[str]) -> int:
     removed = 0
     for path in paths:
         try:

@@ -134,3 +134,11 @@ def for_profile(opts: Options, name: str) -> Options:
     if not rule:
         return opts
     return dataclasses.replace(opts, **rule)
+
+
+def installed_python(opts: Options) -> str:
+    """hermes_python, for a step that runs the installed Hermes: normalize_options already refused
+    the values that need it without it, so a missing one here is a caller's bug, named."""
+    if not opts.hermes_python:
+        raise MaintenanceError("hermes_python is needed here: the interpreter of the Hermes installed on the host")
+    return opts.hermes_python

@@ -16,7 +16,8 @@ import pwd
 import re
 import stat
 import time
-from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Optional
 
 from ..sqlite.db import fsync_path
 from ..sqlite.durable import replace_file
@@ -105,10 +106,10 @@ REASON_OTHER = "error"
 ALL_REASONS = tuple(reason for reason, _needles in REASONS) + (REASON_NONE, REASON_OTHER)
 
 # A profile's key in gather_info's entries: (home, profile name).
-ProfileKey = Tuple[Optional[str], Optional[str]]
+ProfileKey = tuple[Optional[str], Optional[str]]
 # A sample's labels, (name, value) each, and a sample: its labels and its value.
-Labels = Tuple[Tuple[str, str], ...]
-Sample = Tuple[Labels, float]
+Labels = tuple[tuple[str, str], ...]
+Sample = tuple[Labels, float]
 
 _LAST_SUCCESS = re.compile(
     r"^" + PREFIX + r"last_success_timestamp_seconds(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.MULTILINE

@@ -16,6 +16,7 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
+from typing import Any
 
 from ..sqlite.db import MaintenanceError
 
@@ -54,7 +55,7 @@ print(json.dumps({"deleted": sorted(before - ids()), "release": release, "guards
 """
 
 
-def release_prune_set(conn, python, prune_days):
+def release_prune_set(conn: sqlite3.Connection, python: str, prune_days: float) -> dict[str, Any]:
     """The session ids the installed Hermes's own prune deletes from a copy of ``conn``'s file.
 
     The copy (SQLite's backup API: one consistent snapshot) sits in a 0700 directory as a 0600

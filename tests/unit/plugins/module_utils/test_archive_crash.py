@@ -100,6 +100,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import prune as apply_
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup import archive
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import deleter, execution
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as engine
 KILL_AT = int(sys.argv[3])
 
@@ -107,8 +108,9 @@ apply_.write_transaction = marked(apply_.write_transaction)
 apply_.remove_files = around("remove_files", apply_.remove_files)
 for name in ("_archive_chunk", "_archive_messages", "verify_archive", "fsync_path"):
     setattr(archive, name, around(name, getattr(archive, name)))
-engine.take_archive = around("take_archive", engine.take_archive)
-engine.prune = around("prune", engine.prune)
+for steps in (execution, deleter):  # the run's archive, and a sliced session's own (deleter.slice_copy)
+    steps.take_archive = around("take_archive", steps.take_archive)
+deleter.prune = around("prune", deleter.prune)
 result = engine.run_maintenance(json.loads(sys.argv[2]))
 print(json.dumps(result))
 """

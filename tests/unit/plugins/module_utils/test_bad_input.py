@@ -335,14 +335,14 @@ def test_failed_backup_changes_nothing(home, monkeypatch):
 
 def test_session_resumed_during_the_run_is_left_alone(tmp_path, monkeypatch):
     """Hermes reopens a planned session before its batch: the in-transaction re-check keeps it."""
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as hermes_maintain_run
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import decision as maintain_decision
 
     specs = [
         {"id": "s%02d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
         for i in range(20)
     ]
     db = str(build_home(str(tmp_path), "v30", specs))
-    real_build_plan = hermes_maintain_run.build_plan
+    real_build_plan = maintain_decision.build_plan
 
     def plan_then_resume(*args):
         plan = real_build_plan(*args)
@@ -356,7 +356,7 @@ def test_session_resumed_during_the_run_is_left_alone(tmp_path, monkeypatch):
         gateway.close()
         return plan
 
-    monkeypatch.setattr(hermes_maintain_run, "build_plan", plan_then_resume)
+    monkeypatch.setattr(maintain_decision, "build_plan", plan_then_resume)
     profile = run_maintenance({"prune_days": 7, "hermes_home": [str(tmp_path)], "batch_size": 6})["profiles"][0]
     assert profile["status"] == "ok"
     assert profile["sessions_pruned"] == 19 and profile["sessions_left_alone"] == 1

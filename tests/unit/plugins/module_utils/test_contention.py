@@ -18,7 +18,7 @@ import time
 import pytest
 from hermes_reliability import CHILD, COLLECTIONS_ROOT, db_problems, full_rows, parse_mark, session_rows
 
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as hermes_maintain_run
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import deleter as maintain_deleter
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from hermes_fixtures import build_home, make_big_home
 
@@ -130,7 +130,7 @@ def test_writer_taking_the_lock_mid_prune_skips_the_profile(tmp_path, monkeypatc
     before = session_rows(db)
     reference_home = tmp_path / "reference"
     make_big_home(str(reference_home), "v30", 200, 5, old_fraction=0.5, seed=9)  # same rows
-    real_prune = hermes_maintain_run.prune
+    real_prune = maintain_deleter.prune
     writers = []
 
     def prune_with_gateway(conn, *args, **kwargs):
@@ -143,7 +143,7 @@ def test_writer_taking_the_lock_mid_prune_skips_the_profile(tmp_path, monkeypatc
             assert writer.stdout.readline().startswith("writing")
         return real_prune(conn, *args, **kwargs)
 
-    monkeypatch.setattr(hermes_maintain_run, "prune", prune_with_gateway)
+    monkeypatch.setattr(maintain_deleter, "prune", prune_with_gateway)
     opts = {"prune_days": 7, "hermes_home": [str(tmp_path)], "busy_timeout": 0.3, "batch_pause": 0}
     result = by_name(run_maintenance(opts))
     writers[0].wait(30)
@@ -153,7 +153,7 @@ def test_writer_taking_the_lock_mid_prune_skips_the_profile(tmp_path, monkeypatc
     assert result["default"]["changed"] is True and result["default"]["backup"]["verified"]
     assert result["work"]["status"] == "ok" and result["work"]["sessions_pruned"] == 1
     assert db_problems(db) == []
-    monkeypatch.setattr(hermes_maintain_run, "prune", real_prune)
+    monkeypatch.setattr(maintain_deleter, "prune", real_prune)
     reference = by_name(run_maintenance({"prune_days": 7, "hermes_home": [str(reference_home)], "batch_pause": 0}))[
         "default"
     ]

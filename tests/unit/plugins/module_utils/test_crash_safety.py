@@ -49,7 +49,7 @@ from hermes_reliability import (
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import prune as hermes_apply_prune
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup.whole_file import list_backups
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as hermes_maintain_run
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import deleter as maintain_deleter
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from hermes_fixtures import build_home, layout_available, make_big_home, standard_scenario
 
@@ -324,7 +324,7 @@ def test_killed_worker_is_reported_and_the_other_profiles_maintained(monkeypatch
         for profile in (None, "work"):
             build_home(str(home), "v30", specs, profile=profile)
         chown_tree(home, uid, gid)
-        real_prune, real_remove = hermes_maintain_run.prune, hermes_apply_prune.remove_files
+        real_prune, real_remove = maintain_deleter.prune, hermes_apply_prune.remove_files
         worker = {"dies": False}  # each profile's worker is its own forked process
 
         def prune_and_mark(conn, *args, **kwargs):
@@ -336,7 +336,7 @@ def test_killed_worker_is_reported_and_the_other_profiles_maintained(monkeypatch
                 os.kill(os.getpid(), signal.SIGKILL)
             return real_remove(paths)
 
-        monkeypatch.setattr(hermes_maintain_run, "prune", prune_and_mark)
+        monkeypatch.setattr(maintain_deleter, "prune", prune_and_mark)
         monkeypatch.setattr(hermes_apply_prune, "remove_files", remove_then_die)
         first = {
             p["name"]: p

@@ -56,6 +56,7 @@ CHILD = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import prune as apply_
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import execution
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as engine
 options = json.loads(sys.argv[2])
 wal = os.path.realpath(os.path.join(options["hermes_home"][0], "state.db")) + "-wal"
@@ -84,14 +85,14 @@ def paused_batch(*args, **kwargs):
     return out
 
 apply_._prune_batch = paused_batch
-real_reclaim = engine.reclaim
+real_reclaim = execution.reclaim
 
 def reported_reclaim(*args, **kwargs):
     out = real_reclaim(*args, **kwargs)
     print(json.dumps({"after_reclaim": wal_identity()}), flush=True)
     return out
 
-engine.reclaim = reported_reclaim
+execution.reclaim = reported_reclaim
 print(json.dumps({"result": engine.run_maintenance(options)}), flush=True)
 """
 

@@ -33,7 +33,7 @@ from hermes_reliability import (
 )
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes import runner as hermes_runner
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as hermes_maintain_run
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import deleter as maintain_deleter
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from hermes_fixtures import build_home
 
@@ -77,7 +77,7 @@ def test_root_run_creates_only_owner_files_with_private_modes(parent, monkeypatc
     home, uid, _gid = make_user_home(parent, "hermes-ops-t1", profiles=("default", "work"))
     seen_dir = world_traversable_dir("hermes-ops-seen-")
     os.chmod(str(seen_dir), 0o1777)
-    real_prune = hermes_maintain_run.prune
+    real_prune = maintain_deleter.prune
 
     def prune_and_look(conn, plan, *args, **kwargs):
         """Mid-run, in the worker: which uid is working, and who owns the sidecars it opened."""
@@ -88,7 +88,7 @@ def test_root_run_creates_only_owner_files_with_private_modes(parent, monkeypatc
             json.dump({"euid": os.geteuid(), "files": seen, "db": db}, out)
         return real_prune(conn, plan, *args, **kwargs)
 
-    monkeypatch.setattr(hermes_maintain_run, "prune", prune_and_look)
+    monkeypatch.setattr(maintain_deleter, "prune", prune_and_look)
     try:
         result = run_maintenance(
             {"prune_days": 7, "hermes_home": [str(home)], "vacuum_mode": "full", "backup_compress": False}

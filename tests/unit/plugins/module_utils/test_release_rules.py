@@ -114,7 +114,7 @@ finally:
 def test_turn_lease_taken_during_the_run_keeps_the_whole_lineage(tmp_path, monkeypatch):
     """0.22.2 starts a turn on an old continuation after we planned: its lease (keyed by the
     lineage root) keeps the continuation and its compression ancestor; the rest is pruned."""
-    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as hermes_maintain_run
+    from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import decision as maintain_decision
 
     layout = "hermes-0.22.2.post1"
     if not layout_available(layout):
@@ -126,7 +126,7 @@ def test_turn_lease_taken_during_the_run_keeps_the_whole_lineage(tmp_path, monke
     ] + [dict(old, id="s%d" % i) for i in range(4)]
     home = tmp_path / "home"
     db = str(build_home(str(home), layout, specs))
-    real_build_plan = hermes_maintain_run.build_plan
+    real_build_plan = maintain_decision.build_plan
 
     def plan_then_lease(*args):
         plan = real_build_plan(*args)
@@ -135,7 +135,7 @@ def test_turn_lease_taken_during_the_run_keeps_the_whole_lineage(tmp_path, monke
         subprocess.run([hermes_python(layout), "-c", TAKE_TURN_LEASE, db, "cont"], check=True, env=env, timeout=120)
         return plan
 
-    monkeypatch.setattr(hermes_maintain_run, "build_plan", plan_then_lease)
+    monkeypatch.setattr(maintain_decision, "build_plan", plan_then_lease)
     profile = run_maintenance({"hermes_home": [str(home)], "prune_days": PRUNE_DAYS})["profiles"][0]
     assert profile["status"] == "ok", profile["error"]
     assert profile["sessions_pruned"] == 4 and profile["sessions_left_alone"] == 2

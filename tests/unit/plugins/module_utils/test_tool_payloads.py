@@ -32,7 +32,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup im
     whole_file as hermes_backup_whole_file,
 )
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.backup.whole_file import backup_name
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as engine
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import execution as maintain_execution
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.restore.sessions import restore_tool_payloads
@@ -576,7 +576,7 @@ def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried_in_halves(
     homes = _copies(built, tmp_path, ("bounded", "free"))
     free = run_maintenance(dict(RETRY_OPTS, hermes_home=[str(homes["free"])]))["profiles"][0]
     assert free["status"] == "ok" and free["tool_payloads"]["retries"] == 0, free
-    monkeypatch.setattr(engine, "elide", functools.partial(payloads_engine.elide, hard=0.0))
+    monkeypatch.setattr(maintain_execution, "elide", functools.partial(payloads_engine.elide, hard=0.0))
     bounded = run_maintenance(dict(RETRY_OPTS, hermes_home=[str(homes["bounded"])]))["profiles"][0]
     _ends_as_uninterrupted(bounded, homes["bounded"], free)
     payloads = bounded["tool_payloads"]

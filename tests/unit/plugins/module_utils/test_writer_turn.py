@@ -36,7 +36,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.pru
     poll_gap,
     turn_after_commit,
 )
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import run as hermes_maintain_run
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain import inspection as maintain_inspection
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import open_rw, writer_probe
 from hermes_fixtures import build_home
@@ -253,14 +253,14 @@ def test_a_transaction_past_the_hard_bound_is_rolled_back_and_retried(tmp_path, 
     ]
     db = str(build_home(str(tmp_path), "v30", specs))
     if journal == "delete":  # bound 0.06 + 0.04 s, hard bound 1.5x: 0.15 s
-        real_preflight = hermes_maintain_run.preflight_check
+        real_preflight = maintain_inspection.preflight_check
 
         def beside_a_live_gateway(conn, db_path):  # as if the gateway held the file in rollback mode
             report = real_preflight(conn, db_path)
             report.update(live_rollback=True, holders=1)
             return report
 
-        monkeypatch.setattr(hermes_maintain_run, "preflight_check", beside_a_live_gateway)
+        monkeypatch.setattr(maintain_inspection, "preflight_check", beside_a_live_gateway)
     else:  # bound 0.06 s, hard bound 0.15 s (its floor): in WAL mode as well
         setup = sqlite3.connect(db, isolation_level=None)
         assert setup.execute("PRAGMA journal_mode=WAL").fetchone() == ("wal",)
