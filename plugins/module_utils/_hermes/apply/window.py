@@ -25,13 +25,13 @@ import shutil
 import sqlite3
 import stat
 import subprocess
-import tempfile
 import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..backup.whole_file import apply_retention, take_backup
 from ..sqlite.db import MB, MaintenanceError, file_size, holders, open_rw
+from ..sqlite.durable import replace_file
 from ..store.schema import inspect_schema, quick_check
 from .elision import fts_optimize
 from .reclaim import checkpoint, full_vacuum, full_vacuum_blocked, pragma
@@ -304,17 +304,7 @@ def write_drain_marker(home: str) -> bool:
         "epoch": instantiation_epoch(),
         "suppress_notification": True,
     }
-    fd, tmp = tempfile.mkstemp(prefix=".drain_request.", dir=home)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.rename(tmp, os.path.join(home, DRAIN_FILE))
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
+    replace_file(os.path.join(home, DRAIN_FILE), json.dumps(payload), 0o600)
     return True
 
 

@@ -8,21 +8,22 @@ Standard library only, Python 3.9+, no Ansible imports.
 from __future__ import annotations
 
 import os
+import tempfile
 
 
 def replace_file(path: str, text: str, mode: int) -> None:
     """Write ``text`` to a temporary file beside ``path``, fsync it, set ``mode`` and rename it over
     ``path``: a reader or a crash sees the old file or the whole new one, never a part.
 
-    The temporary file is hidden (``.NAME.PID.tmp``: a collector that reads ``*.prom`` skips it),
-    created without following a symlink, and removed again when a step fails. The rename is on
-    disk once the caller fsyncs the directory (``sqlite.db.fsync_path``), which it does before
-    anything relies on the new text; a caller writing several files fsyncs it once.
+    The temporary file is hidden (``.NAME.XXXXXXXX.tmp``: a collector that reads ``*.prom`` skips
+    it), created by ``mkstemp`` (a new name, never an existing file or link, so a folder another
+    user can write, such as a Hermes home, cannot aim it elsewhere), and removed again when a step
+    fails. The rename is on disk once the caller fsyncs the directory (``sqlite.db.fsync_path``),
+    which it does before anything relies on the new text; a caller writing several files fsyncs it once.
     Raises PermissionError where the directory refuses the temporary file (nothing is written then).
     """
     directory, name = os.path.split(path)
-    temp = os.path.join(directory, ".%s.%d.tmp" % (name, os.getpid()))
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    fd, temp = tempfile.mkstemp(prefix=".%s." % name, suffix=".tmp", dir=directory or ".")
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
