@@ -24,7 +24,8 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any, Callable
 
 import yaml
 from ansible.errors import AnsibleFilterError

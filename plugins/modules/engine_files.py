@@ -125,7 +125,8 @@ import pwd
 import re
 import stat
 import tempfile
-from typing import Any, Callable, Iterator, Optional, Tuple, TypedDict
+from collections.abc import Iterator
+from typing import Any, Callable, Optional, TypedDict
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -139,7 +140,7 @@ TEMP_PREFIX = ".engine_files."
 CACHE_DIR = "__pycache__"
 # What a path of the package must be: its bytes (None: a directory), uid and gid (None: left as
 # they are) and mode.
-Wanted = Tuple[Optional[bytes], Optional[int], Optional[int], int]
+Wanted = tuple[Optional[bytes], Optional[int], Optional[int], int]
 
 
 class InstallPlan(TypedDict):
