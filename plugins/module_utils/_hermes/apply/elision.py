@@ -415,6 +415,27 @@ def elide(
     return result
 
 
+class _Deadline:
+    """SQLite's progress handler for the elision: stops the running statement once ``hard`` seconds
+    have passed since ``began`` (None: never), and says so (``tripped``); never during the COMMIT."""
+
+    def __init__(self) -> None:
+        self.hard: float | None = None
+        self.began, self.tripped, self.armed = 0.0, False, False
+
+    def start(self) -> float:
+        """Called once the transaction holds the lock: the time waited for it held no one up, and a
+        BEGIN interrupted after it took the lock would leave the transaction open."""
+        self.began, self.tripped, self.armed = time.monotonic(), False, self.hard is not None
+        return self.began
+
+    def __call__(self) -> int:
+        if self.armed and self.hard is not None and time.monotonic() - self.began > self.hard:
+            self.tripped, self.armed = True, False
+            return 1
+        return 0
+
+
 @dataclass
 class _Elision:
     """One elision's write transactions (``elide``), paced and retried in halves at the hard bound."""
@@ -427,7 +448,7 @@ class _Elision:
     pacing: IdlePacing
     wait: Callable[[float, float], object]
     hard: float | None
-    deadline: _Deadline = field(default_factory=lambda: _Deadline())
+    deadline: _Deadline = field(default_factory=_Deadline)
 
     def run(self, ids: list[int], sizes: list[int], batch_size: int, stop: Callable[[], str | None] | None) -> None:
         """The archived bodies ``ids`` (``sizes``: their bytes), a group per transaction."""
@@ -460,27 +481,6 @@ class _Elision:
         """The gateway's turn after a transaction that held the lock ``held`` seconds."""
         self.wait(held, self.pacing.pause(held))
         self.pacing.observe()  # did the gateway commit during that transaction's turn?
-
-
-class _Deadline:
-    """SQLite's progress handler for the elision: stops the running statement once ``hard`` seconds
-    have passed since ``began`` (None: never), and says so (``tripped``); never during the COMMIT."""
-
-    def __init__(self) -> None:
-        self.hard: float | None = None
-        self.began, self.tripped, self.armed = 0.0, False, False
-
-    def start(self) -> float:
-        """Called once the transaction holds the lock: the time waited for it held no one up, and a
-        BEGIN interrupted after it took the lock would leave the transaction open."""
-        self.began, self.tripped, self.armed = time.monotonic(), False, self.hard is not None
-        return self.began
-
-    def __call__(self) -> int:
-        if self.armed and self.hard is not None and time.monotonic() - self.began > self.hard:
-            self.tripped, self.armed = True, False
-            return 1
-        return 0
 
 
 def _hard(hard: float | None, held_for: float, commit: float) -> float | None:
@@ -894,7 +894,7 @@ class _Restoring:
     held_for: float
     chunk_bytes: int
     done: _Restored
-    deadline: _Deadline = field(default_factory=lambda: _Deadline())
+    deadline: _Deadline = field(default_factory=_Deadline)
     pace: _Pace = field(default_factory=lambda: _Pace(0))
 
     def source(self, src: sqlite3.Connection, fetch: Fetch, entries: list[RestoreEntry]) -> None:

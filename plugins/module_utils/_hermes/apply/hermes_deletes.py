@@ -154,7 +154,7 @@ class ReleaseDeleter:
             self.log.close()
             raise MaintenanceError("%s: %s could not start: %s" % (what, python, exc)) from None
         # both pipes exist: stdin and stdout are PIPE above
-        self.requests, self.answers = cast("IO[str]", self.proc.stdin), cast("IO[str]", self.proc.stdout)
+        self.requests, self.answers = cast(IO[str], self.proc.stdin), cast(IO[str], self.proc.stdout)
         hello = self._answer()
         self.release = hello.get("release") or "unknown Hermes"
         self.version = hello.get("version")
