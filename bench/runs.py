@@ -168,7 +168,9 @@ def run_hermes(mode, workdir, home, interval=0.02):
 
 def run_ours(mode, workdir, home, opts=None, interval=0.02):
     """``run_maintenance`` on ``home`` beside the live writer (the engine's defaults, then ``opts``)."""
-    options = dict(EXTRA_OPTS[mode], hermes_home=[str(home)])
+    # The retention of the release's prune it is compared with (older_than_days=7), not the engine's
+    # default (90 days, as Hermes's own auto-prune), under which the bench file has nothing to prune.
+    options = dict(EXTRA_OPTS[mode], hermes_home=[str(home)], prune_days=7)
     options.update(opts or {})
     cmd = [sys.executable, "-c", OURS_CODE, collections_root(), json.dumps(options)]
     control = control_db(workdir, mode)
