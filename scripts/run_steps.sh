@@ -209,6 +209,11 @@ finish_step() {  # finish_step STEP STATUS
             echo "---- failed tests and their E lines in $logs/$step.log"
             grep -E '^(_{3,} .+ _{3,}|E  .*)$' "$logs/$step.log" | head -n 40
         fi
+        # and an Ansible run's failed tasks and failed checks (a molecule tail shows only its recap)
+        if grep -qE '^(fatal|failed): \[|"FAIL |Failed: ' "$logs/$step.log"; then
+            echo "---- failed tasks and checks in $logs/$step.log"
+            grep -E '^(fatal|failed): \[|"FAIL |Failed: ' "$logs/$step.log" | grep -v '\.\.\.ignoring' | cut -c1-600 | head -n 40
+        fi
         echo "---- last $tail_lines lines of $logs/$step.log"
         tail -n "$tail_lines" "$logs/$step.log"
         echo "---- end of $logs/$step.log"
