@@ -46,6 +46,10 @@ def parse_args(argv):
     )
     parser.add_argument("--sweep", action="store_true", help="also the batch_size x batch_pause x batch_time grid")
     parser.add_argument("--sweep-size", default="50k")
+    parser.add_argument(
+        "--ceiling", type=float, default=runs.CEILING_BOUND,
+        help="the bound (s) of the ceiling's transactions, run beside ours each round (0: no ceiling run)",
+    )  # fmt: skip
     parser.add_argument("--runs", type=int, default=3, help="rounds of the main runs per size (medians)")
     parser.add_argument("--reps", type=int, default=2, help="repeats of every sweep point (round robin)")
     parser.add_argument("--opts", default=None, help="JSON engine options for the ours runs (exploration only)")

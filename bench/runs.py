@@ -117,6 +117,11 @@ def connect(database, *a, **k):
     return real_connect(database, *a, **k)
 sqlite3.connect = connect
 opts = json.loads(sys.argv[2])
+if len(sys.argv) > 3:  # the ceiling: the engine's own transactions, each within this bound, back to back
+    import ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.prune as P
+    ceiling = float(sys.argv[3])
+    P._gateway_turn = lambda run, held: None
+    P.IdlePacing.bound = lambda self: ceiling
 t0 = time.time()
 result = E.run_maintenance(opts)
 t1 = time.time()
@@ -132,6 +137,9 @@ print(json.dumps({"status": p["status"], "error": p["error"], "sessions_pruned":
 EXTRA_OPTS = {"wal-0.19": {}, "delete-0.22": {"allow_unknown_schema": True}, "wal-0.22": {"allow_unknown_schema": True}}
 WAL_GRID = "500:0.03:0,2000:0.03:0,2000:0.02,2000:0.03:0.04,2000:0.03,2000:0.03:0.1"
 ROLLBACK_GRID = "2000:0.03:0.04,2000:0.03:0.06,2000:0.01:0.06,4000:0.03:0.1"
+# The ceiling's bound (run_ours): a live writer's whole budget is 250 ms, and transactions of 100 to 1000 ms
+# back to back all cost about the same (0.61-0.71x of one transaction on a 0.7 GB 0.22.2 file here).
+CEILING_BOUND = 0.2
 WRITING_PHASES = ("close_zombies", "prune", "reclaim")  # the 0.19.0 bench's "through prune and reclaim"
 REFUSAL_MARGIN = 256 * MB  # free space beside the file on the refusal disk (at most a quarter of the file)
 
@@ -166,13 +174,21 @@ def run_hermes(mode, workdir, home, interval=0.02):
     return result, rss, stats
 
 
-def run_ours(mode, workdir, home, opts=None, interval=0.02):
-    """``run_maintenance`` on ``home`` beside the live writer (the engine's defaults, then ``opts``)."""
+def run_ours(mode, workdir, home, opts=None, interval=0.02, ceiling=None):
+    """``run_maintenance`` on ``home`` beside the live writer (the engine's defaults, then ``opts``).
+
+    ``ceiling`` (seconds): the reference a paced prune is measured against, the same engine's
+    prune with its pacing taken out: every transaction within that bound, the next one begun as
+    soon as it commits (no gateway's turn, no pause), no backup and no reclaim. A writer may wait
+    through many such transactions: it is a measure of cost, not a way to run beside a gateway."""
     # The retention of the release's prune it is compared with (older_than_days=7), not the engine's
     # default (90 days, as Hermes's own auto-prune), under which the bench file has nothing to prune.
     options = dict(EXTRA_OPTS[mode], hermes_home=[str(home)], prune_days=7)
     options.update(opts or {})
+    if ceiling:
+        options.update(backup=False, vacuum_mode="never")
     cmd = [sys.executable, "-c", OURS_CODE, collections_root(), json.dumps(options)]
+    cmd += [str(ceiling)] if ceiling else []
     control = control_db(workdir, mode)
     result, rss, stats = with_writer(home, MODES[mode]["release"], control, lambda: run_child(cmd), interval)
     if result["status"] != "ok":
@@ -254,13 +270,14 @@ def combine(reps):
     return row
 
 
-def bench_size(mode, workdir, n, runs=3, include_inc=True, opts=None, interval=0.02):
-    """``runs`` rounds of the release's prune / ours (/ ours-inc), alternating; then the backup against cp."""
+def bench_size(mode, workdir, n, runs=3, include_inc=True, opts=None, interval=0.02, ceiling=CEILING_BOUND):
+    """``runs`` rounds of the release's prune / ours (/ ours-inc) / the ceiling (``run_ours``; 0: none),
+    alternating; then the backup against cp."""
     spec = MODES[mode]
     size = size_label(n)
     base = base_db(workdir, mode, n)
     inc = base_db(workdir, mode, n, incremental=True) if include_inc and mode == "wal-0.19" else None
-    reps = {spec["hermes"]: [], "ours": [], "ours-inc": []}
+    reps = {spec["hermes"]: [], "ours": [], "ours-inc": [], "ceiling": []}
     for round_ in range(1, runs + 1):
         print("[%s %s] round %d/%d: %s's own prune ..." % (size, mode, round_, runs, spec["release"]), flush=True)
         res = run_hermes(mode, workdir, fresh_home(workdir, "run-hermes", base), interval)
@@ -272,7 +289,12 @@ def bench_size(mode, workdir, n, runs=3, include_inc=True, opts=None, interval=0
             print("[%s %s] round %d/%d: ours on an auto_vacuum=INCREMENTAL copy ..." % (size, mode, round_, runs))
             res = run_ours(mode, workdir, fresh_home(workdir, "run-ours-inc", inc), opts, interval)
             reps["ours-inc"].append(row_for("ours-inc", *res, size))
-        for name in ("run-hermes", "run-ours", "run-ours-inc"):
+        if ceiling:
+            print("[%s %s] round %d/%d: the ceiling (transactions of <= %.0f ms back to back) ..."
+                  % (size, mode, round_, runs, ceiling * 1000), flush=True)  # fmt: skip
+            res = run_ours(mode, workdir, fresh_home(workdir, "run-ceiling", base), opts, interval, ceiling)
+            reps["ceiling"].append(row_for("ceiling", *res, size))
+        for name in ("run-hermes", "run-ours", "run-ours-inc", "run-ceiling"):
             shutil.rmtree(workdir / name, ignore_errors=True)
     rows = [dict(combine(r), journal=spec["journal"]) for r in reps.values() if r]
     print("[%s %s] whole-file backup (no holder) against cp ..." % (size, mode), flush=True)
@@ -479,7 +501,8 @@ def measure(mode, args, argv, name=None):
     opts = json.loads(args.opts) if args.opts else None
     rows = []
     for text in [t for t in args.sizes.split(",") if t.strip()]:
-        rows += bench_size(mode, workdir, parse_size(text), args.runs, not args.no_inc, opts, args.writer_interval)
+        rows += bench_size(mode, workdir, parse_size(text), args.runs, not args.no_inc, opts, args.writer_interval,
+                           args.ceiling)  # fmt: skip
         print("\n".join(report.targets_table([dict(doc, rows=rows)])), flush=True)
     sweep_rows = []
     if args.sweep:
