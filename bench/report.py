@@ -89,7 +89,8 @@ The machine is shared: compare the ratios measured side by side and the control 
 absolute times across runs."""
 CEILING_INTRO = (
     "The ceiling: the same engine's prune with its pacing taken out, in the same rounds (every transaction "
-    "within 200 ms, the next begun as soon as it commits: no turn for the gateway, no backup, no reclaim). "
+    "within 200 ms, the next begun as soon as it commits: no turn for the gateway, no backup, no VACUUM; "
+    "only its prune phase counts). "
     "What cutting a prune into bounded transactions costs against one transaction (target >= %.2fx), and "
     "what ours, which lets the gateway in between them, keeps of it (beside an idle gateway, >= %.1fx):"
 )

@@ -179,7 +179,7 @@ def run_ours(mode, workdir, home, opts=None, interval=0.02, ceiling=None):
 
     ``ceiling`` (seconds): the reference a paced prune is measured against, the same engine's
     prune with its pacing taken out: every transaction within that bound, the next one begun as
-    soon as it commits (no gateway's turn, no pause), no backup and no reclaim. A writer may wait
+    soon as it commits (no gateway's turn, no pause), no backup and no VACUUM. A writer may wait
     through many such transactions: it is a measure of cost, not a way to run beside a gateway."""
     # The retention of the release's prune it is compared with (older_than_days=7), not the engine's
     # default (90 days, as Hermes's own auto-prune), under which the bench file has nothing to prune.
