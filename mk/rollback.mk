@@ -19,7 +19,8 @@
 #                           writes bench/results/delete-0.22-large.json
 #   make bench-idle         bench-rollback's runs beside a gateway that holds the file but does not
 #                           write (its SessionDB open, no append during the run): the idle target
-#                           (0.9x the release's rows/s); writes bench/results/delete-0.22-idle.json
+#                           (0.9x the rows/s of the ceiling run beside it); writes
+#                           bench/results/delete-0.22-idle.json
 
 ROLLBACK_BENCH_ARGS ?=
 LARGE_SIZE ?= 7400k
