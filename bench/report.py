@@ -504,7 +504,7 @@ def gateway_section(doc, page_dir, results_dir):
     if doc is None:
         return head + ["Not measured yet: `flock /work/bench.lock make bench-gateway` (bench/gateway.py)."]
     files = ", ".join(
-        "%s: %.2f GB (%d sessions x %d messages)" % ((size, t["bytes"] / 1e9) + tuple(t["sessions_x_messages"]))
+        "%s = %.2f GB, %d sessions x %d messages" % ((size, t["bytes"] / 1e9) + tuple(t["sessions_x_messages"]))
         for size, t in sorted(doc["templates"].items(), key=lambda kv: GATEWAY_SIZES.index(kv[0]))
     )
     unmeasured = [size for size in GATEWAY_SIZES if size not in {r["size"] for r in doc["rows"]}]

@@ -127,7 +127,7 @@ def test_the_page_has_the_section_and_says_what_is_not_measured(tmp_path):
     (results / "gateway-0.22.json").write_text(json.dumps(doc([row("ours", during_failed=1), row("hermes --force")])))
     text = report.page(report.load(results), page_dir, tmp_path / "plots", results)
     assert "## What a client of a real 0.22.2 gateway sees (`make bench-gateway`)" in text
-    assert "0.7GB: 0.70 GB (4000 sessions x 270 messages)" in text
+    assert "(0.7GB = 0.70 GB, 4000 sessions x 270 messages)" in text
     assert "| 0.7GB | ours | 50 | 1: MISSED |" in text
     assert "[gateway-0.22.json](../results/gateway-0.22.json)" in text
     assert "Not measured in this run: 5GB (`--sizes`)." in text
