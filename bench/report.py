@@ -273,6 +273,7 @@ def missed(docs):
         if kind in kinds
         for _cell, met in target_cells(doc, size, kind)
     )
+    cells += sum(not check[-1] for doc in docs if doc["name"] != doc["mode"] for check in per_gb_checks(doc, docs))
     return cells + sum(not case["met"] for doc in docs for case in (doc.get("refusals") or {}).get("cases", []))
 
 
@@ -502,6 +503,91 @@ def console(doc):
     return "\n\n".join("\n".join(block) for block in blocks)
 
 
+# ------------------------------------------------------------------------ beside a real gateway
+
+GATEWAY = "gateway-0.22"  # bench/gateway.py's results: bench/results/gateway-0.22.json
+GATEWAY_SIZES = ("0.7GB", "5GB")
+
+
+def load_gateway(results_dir=RESULTS):
+    """bench/gateway.py's results document, or None before its first run."""
+    path = Path(results_dir) / (GATEWAY + ".json")
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def zero_cell(count, judged):
+    """A count that must be 0: "0: met" / "2: MISSED" for our runs, the bare count for the release's."""
+    if not judged:
+        return "%d" % count
+    return "%d: met" % count if count == 0 else "%d: MISSED" % count
+
+
+def gateway_cells(row):
+    """[(cell, met)] of one bench/gateway.py row (our runs judged: failed requests and lost turns 0)."""
+    during, quiet = row["phases"]["during"], row["phases"]["before"]
+    judged = row["kind"] == "ours"
+    return [
+        ("%d" % during["count"], True),
+        (zero_cell(during["failed"], judged), not judged or during["failed"] == 0),
+        ("%s / %s" % (during["p99_ms"], during["worst_ms"]), True),
+        ("%s / %s" % (quiet["p99_ms"], quiet["worst_ms"]), True),
+        ("%.1f" % row["maintenance_s"], True),
+        ("%d" % row["messages_pruned"], True),
+        (zero_cell(len(row["lost_turns"]), judged), not judged or not row["lost_turns"]),
+    ]
+
+
+def gateway_table(rows):
+    """What a client of the real gateway saw during each maintenance, beside its quiet period."""
+    lines = [
+        "| file | maintenance | requests | failed (0) | p99 / worst ms | quiet period p99 / worst ms "
+        "| maintenance s | messages pruned | turns lost (0) |",
+        "|" + "---|" * 9,
+    ]
+    for r in rows:
+        cells = [cell for cell, _met in gateway_cells(r)]
+        lines.append("| %s | %s | %s |" % (r["size"], r["kind"], " | ".join(cells)))
+    return lines
+
+
+def gateway_missed(doc):
+    """How many of the gateway section's cells were missed (each says MISSED)."""
+    return sum(not met for row in (doc or {}).get("rows", []) for _cell, met in gateway_cells(row))
+
+
+def gateway_section(doc, page_dir, results_dir):
+    """docs/benchmarks.md's section of bench/gateway.py (one line saying how to get it before its first run)."""
+    head = ["## What a client of a real 0.22.2 gateway sees (`make bench-gateway`)", ""]
+    if doc is None:
+        return head + ["Not measured yet: `flock /work/bench.lock make bench-gateway` (bench/gateway.py)."]
+    files = ", ".join(
+        "%s = %.2f GB, %d sessions x %d messages" % ((size, t["bytes"] / 1e9) + tuple(t["sessions_x_messages"]))
+        for size, t in sorted(doc["templates"].items(), key=lambda kv: GATEWAY_SIZES.index(kv[0]))
+    )
+    unmeasured = [size for size in GATEWAY_SIZES if size not in {r["size"] for r in doc["rows"]}]
+    text = head + [
+        "The release's own `hermes gateway run` (API server on loopback, a stub model), fresh on a fresh copy of"
+        " a 0.22.2 file in rollback-journal mode (%s), settled %.0f s; a client sends a chat request every %.0f ms"
+        " through a quiet period of %.0f s, the maintenance in its own process, and %.0f s after it. `ours`:"
+        " `run_maintenance` (`prune_days: %d`, the engine's defaults otherwise); `hermes --force`: the release's"
+        " `hermes sessions prune --older-than %d --yes --force`. Figures of the requests that started during the"
+        " maintenance; turns lost: answered to the client but not in state.db after the gateway stopped."
+        % (files, doc["settle_s"], doc["interval_s"] * 1000, doc["quiet_s"], doc["after_s"], doc["prune_days"],
+           doc["prune_days"]),
+        "",
+    ]  # fmt: skip
+    text += gateway_table(doc["rows"])
+    text += [
+        "",
+        "Run %s, load average (1/5/15 min) %s before, %s after; `%s`; raw data (every request): [%s.json](%s)."
+        % (when(doc), doc["load_before"], doc["load_after"], doc["command"], GATEWAY,
+           link(page_dir, Path(results_dir) / (GATEWAY + ".json")))
+    ]  # fmt: skip
+    if unmeasured:
+        text[-1] += " Not measured in this run: %s (`--sizes`)." % ", ".join(unmeasured)
+    return text
+
+
 # ------------------------------------------------------------------------ pages
 
 
@@ -625,34 +711,43 @@ def label_lines(doc, docs):
         "on files made once with the release's own schema (`bench/datasets.py`; generated this run: %s%s)."
         % (made, "; made by an earlier run: " + earlier if earlier else "")
     )
+    for size, seconds, big, reference, cell, _met in per_gb_checks(doc, docs):
+        lines.append(
+            "Our whole run at %s: %.1f s per GB, against %.1f s per GB at %s: %s (target <= %.1fx)."
+            % (size, seconds, reference, big, cell, LARGE_PER_GB)
+        )
+    return lines
+
+
+def per_gb_checks(doc, docs):
+    """[(size, s per GB, the mode's largest size, its s per GB, cell, met)] of the sizes of a --label run
+    larger than its mode's own largest (LARGE_PER_GB)."""
     base = next((d for d in docs if d["name"] == doc["mode"]), None)
     here, there = per_gb(doc), per_gb(base) if base else {}
-    if here and there:
-        big = max(there, key=parse_size)
-        for size, seconds in sorted(here.items(), key=lambda kv: parse_size(kv[0])):
-            if parse_size(size) <= parse_size(big):
-                continue
-            cell, _met = check(seconds / there[big], LARGE_PER_GB, "%.2fx", False)
-            lines.append(
-                "Our whole run at %s: %.1f s per GB, against %.1f s per GB at %s: %s (target <= %.1fx)."
-                % (size, seconds, there[big], big, cell, LARGE_PER_GB)
-            )
-    return lines
+    if not here or not there:
+        return []
+    big = max(there, key=parse_size)
+    out = []
+    for size, seconds in sorted(here.items(), key=lambda kv: parse_size(kv[0])):
+        if parse_size(size) > parse_size(big):
+            cell, met = check(seconds / there[big], LARGE_PER_GB, "%.2fx", False)
+            out.append((size, seconds, big, there[big], cell, met))
+    return out
 
 
 def section(doc, page_dir, results_dir, docs=()):
     mode, name = doc["mode"], doc["name"]
     text = ["## " + title(doc), ""]
-    text += label_lines(doc, docs) if name != mode else INTROS[mode]
+    text += [" ".join(label_lines(doc, docs))] if name != mode else INTROS[mode]
     text += [
         "",
-        "Run %s, load average (1/5/15 min) %s before, %s after; machine: %s."
-        % (when(doc), doc["load_before"], doc.get("load_after") or "not recorded", doc["machine"]),
-        "Every table of this run (phases, the worst round, the slowest appends and what they waited",
-        "for, the prune's transactions): [bench/results/%s.md](%s)."
-        % (name, link(page_dir, Path(results_dir) / (name + ".md"))),
+        "Run %s, load average (1/5/15 min) %s before, %s after; machine: %s. Every table of this run (phases,"
+        " the worst round, the slowest appends and what they waited for, the prune's transactions):"
+        " [bench/results/%s.md](%s)."
+        % (when(doc), doc["load_before"], doc.get("load_after") or "not recorded", doc["machine"], name,
+           link(page_dir, Path(results_dir) / (name + ".md"))),
         "",
-    ]
+    ]  # fmt: skip
     text += main_table(doc["rows"])
     text += ["", "Backup with no holder against `cp` and `cp` + fsync (medians):", ""] + backup_table(doc["rows"])
     if doc.get("sweep"):
@@ -671,6 +766,8 @@ def section(doc, page_dir, results_dir, docs=()):
 def page(docs, page_dir=PAGE.parent, plots_dir=PLOTS, results_dir=RESULTS):
     """docs/benchmarks.md as text: a function of the results documents and bench/notes/."""
     names = [doc["name"] + ".json" for doc in docs]
+    if load_gateway(results_dir) is not None:
+        names.append(GATEWAY + ".json")
     text = [
         "# Benchmarks: Hermes's own prune versus this collection, under a live writer",
         "",
@@ -699,6 +796,7 @@ def page(docs, page_dir=PAGE.parent, plots_dir=PLOTS, results_dir=RESULTS):
     if refusals:
         text += ["", "Refused before any write, with no holder (`make bench-large`):", ""] + refusals
     text += [""] + not_yet(docs) + ["", "The runs behind it:", ""] + runs_table(docs, page_dir, results_dir)
+    text += [""] + gateway_section(load_gateway(results_dir), page_dir, results_dir)
     text += ["", "## Plots", ""]
     for name, caption in plots.files(docs):
         text += ["![%s](%s)" % (caption, link(page_dir, Path(plots_dir) / name)), ""]

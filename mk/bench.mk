@@ -16,6 +16,12 @@
 #                     0.22.2 writer appending every 20 ms and once with no holder: bodies/s, the writer's
 #                     worst stall, and `storage` before and after; prints its table (ELISION_BENCH_ARGS:
 #                     e.g. --compare <another checkout> --runs 2)
+#   make bench-gateway  bench/gateway.py: what a client of a REAL Hermes 0.22.2 gateway (a request every
+#                     100 ms) sees during our prune and during `hermes sessions prune --force`, on a 0.7 GB
+#                     file (GATEWAY_BENCH_ARGS="--sizes 0.7GB,5GB": also 5 GB, its template made once into
+#                     build/bench-gateway/, ~20 min); writes bench/results/gateway-0.22.json and rewrites
+#                     docs/benchmarks.md. Measure under the machine's bench lock:
+#                     flock /work/bench.lock make bench-gateway
 #
 # The bench targets run in their own venv (.cache/bench-venv, requirements/bench.txt: matplotlib
 # for the plots), made on first use; `make test` and CI never make it.
@@ -25,10 +31,11 @@
 
 BENCH_ARGS ?=
 ELISION_BENCH_ARGS ?=
+GATEWAY_BENCH_ARGS ?=
 BENCH_VENV ?= $(CURDIR)/.cache/bench-venv
 BENCH_PY := $(BENCH_VENV)/bin/python
 
-.PHONY: bench bench-sweep bench-setup bench-report live-full bench-durability bench-elision
+.PHONY: bench bench-sweep bench-setup bench-report live-full bench-durability bench-elision bench-gateway
 
 $(BENCH_VENV)/.stamp: requirements/bench.txt
 	test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)
@@ -55,3 +62,6 @@ bench-durability: $(STAMP) collection-link ## what the power-loss fsyncs cost be
 
 bench-elision: $(STAMP) collection-link ## tool-payload elision beside a live 20 ms writer on a 0.7 GB tool-heavy file (prints a table)
 	$(BIN)/python bench/elision.py $(ELISION_BENCH_ARGS)
+
+bench-gateway: $(STAMP) collection-link bench-setup ## a real 0.22.2 gateway's clients during our prune and Hermes's --force one (0.7 GB; writes docs/benchmarks.md)
+	$(BENCH_PY) bench/gateway.py $(GATEWAY_BENCH_ARGS)
