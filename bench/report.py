@@ -180,6 +180,7 @@ def target_cells(doc, size, kind):
         rows_ratio_cell(r, h, kinds.get("ceiling"), idle_gateway(doc)),
         check(b["ratio_fsync"] if b else None, TARGETS["backup_ratio"], "%.2fx", True),
         check(r["rss"], TARGETS["rss_mb"], "%.1f MB", False),
+        check(_ms(r.get("p99")), TARGETS["p99"] * 1000, "%.0f ms", False),
     ]
 
 
@@ -207,6 +208,7 @@ TARGET_COLUMNS = [
     "prune rows/s vs the release's (>= %.1fx)" % TARGETS["rows_ratio"],
     "backup vs cp + fsync (>= %.1fx)" % TARGETS["backup_ratio"],
     "peak RSS (<= %d MB)" % TARGETS["rss_mb"],
+    "the writer's p99 (<= %d ms)" % (TARGETS["p99"] * 1000),
 ]
 
 
