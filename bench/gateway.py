@@ -21,8 +21,8 @@ Recorded per phase (before / during / after): requests, failed, p50 / p99 / wors
 maintenance's wall time and the messages it pruned; and every turn the client was answered for
 must be in state.db once the gateway has stopped: a lost turn is printed loudly and makes the
 exit status 1, as does a failed request during our run. Results: bench/results/gateway-0.22.json,
-then docs/benchmarks.md is rewritten (bench/report.py). Every measurement belongs under the
-machine's bench lock: ``flock /work/bench.lock make bench-gateway``.
+then docs/benchmarks.md is rewritten (bench/report.py). Measure on a quiet machine: nothing else
+running (under ``flock /tmp/hermes-host.lock`` on a shared one, as the other benches).
 """
 
 import argparse

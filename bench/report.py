@@ -175,7 +175,7 @@ def target_cells(doc, size, kind):
     failed = r["failed"] + len(r["file_problems"] or [])
     return [
         check(_ms(r["worst"]), TARGETS["stall"] * 1000, "%.0f ms", False),
-        ("-" if h["worst"] is None else "%.0f ms" % (h["worst"] * 1000), True),
+        (_s(_ms(h["worst"]), "%.0f ms"), True),
         ("%d: met" % failed if failed == 0 else "%d: MISSED" % failed, failed == 0),
         rows_ratio_cell(r, h, kinds.get("ceiling"), idle_gateway(doc)),
         check(b["ratio_fsync"] if b else None, TARGETS["backup_ratio"], "%.2fx", True),
@@ -233,11 +233,7 @@ def ceiling_cells(doc, size):
     c, h, r = kinds["ceiling"], kinds[MODES[doc["mode"]]["hermes"]], kinds.get("ours")
     cell, met = check(c["rows_s"] / h["rows_s"] if c["rows_s"] and h["rows_s"] else None, CEILING_RATIO, "%.2fx", True)
     ours = "%.2fx" % (r["rows_s"] / c["rows_s"]) if r and r["rows_s"] and c["rows_s"] else "-"
-    return ["%.0f" % (c["rows_s"] or 0), "%.0f" % (h["rows_s"] or 0), cell, ours, _ms_cell(c["worst"])], met
-
-
-def _ms_cell(seconds):
-    return "-" if seconds is None else "%.0f ms" % (seconds * 1000)
+    return [_s(c["rows_s"], "%.0f"), _s(h["rows_s"], "%.0f"), cell, ours, _s(_ms(c["worst"]), "%.0f ms")], met
 
 
 CEILING_COLUMNS = [
@@ -265,7 +261,7 @@ def ceiling_table(docs):
 
 def missed(docs):
     """How many target cells were missed (the bench's exit status), the disk refusals included."""
-    cells = sum(ceiling_cells(doc, size)[1] is False for doc in docs for size, kinds in by_size(doc["rows"]).items()
+    cells = sum(not ceiling_cells(doc, size)[1] for doc in docs for size, kinds in by_size(doc["rows"]).items()
                 if "ceiling" in kinds)  # fmt: skip
     cells += sum(
         not met
@@ -561,7 +557,7 @@ def gateway_section(doc, page_dir, results_dir):
     """docs/benchmarks.md's section of bench/gateway.py (one line saying how to get it before its first run)."""
     head = ["## What a client of a real 0.22.2 gateway sees (`make bench-gateway`)", ""]
     if doc is None:
-        return head + ["Not measured yet: `flock /work/bench.lock make bench-gateway` (bench/gateway.py)."]
+        return head + ["Not measured yet: `make bench-gateway` (bench/gateway.py)."]
     files = ", ".join(
         "%s = %.2f GB, %d sessions x %d messages" % ((size, t["bytes"] / 1e9) + tuple(t["sessions_x_messages"]))
         for size, t in sorted(doc["templates"].items(), key=lambda kv: GATEWAY_SIZES.index(kv[0]))

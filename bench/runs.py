@@ -120,6 +120,7 @@ opts = json.loads(sys.argv[2])
 if len(sys.argv) > 3:  # the ceiling: the engine's own transactions, each within this bound, back to back
     import ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.prune as P
     ceiling = float(sys.argv[3])
+    assert callable(P._gateway_turn) and callable(P.IdlePacing.bound), "the pacing the ceiling takes out moved"
     P._gateway_turn = lambda run, held: None
     P.IdlePacing.bound = lambda self: ceiling
 t0 = time.time()

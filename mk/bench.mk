@@ -20,8 +20,8 @@
 #                     100 ms) sees during our prune and during `hermes sessions prune --force`, on a 0.7 GB
 #                     file (GATEWAY_BENCH_ARGS="--sizes 0.7GB,5GB": also 5 GB, its template made once into
 #                     build/bench-gateway/, ~20 min); writes bench/results/gateway-0.22.json and rewrites
-#                     docs/benchmarks.md. Measure under the machine's bench lock:
-#                     flock /work/bench.lock make bench-gateway
+#                     docs/benchmarks.md. Measure on a quiet machine (under
+#                     `flock /tmp/hermes-host.lock` on a shared one)
 #
 # The bench targets run in their own venv (.cache/bench-venv, requirements/bench.txt: matplotlib
 # for the plots), made on first use; `make test` and CI never make it.

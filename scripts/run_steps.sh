@@ -210,9 +210,10 @@ finish_step() {  # finish_step STEP STATUS
             grep -E '^(_{3,} .+ _{3,}|E  .*)$' "$logs/$step.log" | head -n 40
         fi
         # and an Ansible run's failed tasks and failed checks (a molecule tail shows only its recap)
-        if grep -qE '^(fatal|failed): \[|"FAIL |Failed: ' "$logs/$step.log"; then
+        local ansible_failed='^(fatal|failed): \[|"FAIL |Failed: '
+        if grep -qE "$ansible_failed" "$logs/$step.log"; then
             echo "---- failed tasks and checks in $logs/$step.log"
-            grep -E '^(fatal|failed): \[|"FAIL |Failed: ' "$logs/$step.log" | grep -v '\.\.\.ignoring' | cut -c1-600 | head -n 40
+            grep -E "$ansible_failed" "$logs/$step.log" | cut -c1-600 | head -n 40
         fi
         echo "---- last $tail_lines lines of $logs/$step.log"
         tail -n "$tail_lines" "$logs/$step.log"
