@@ -47,7 +47,7 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db
     write_transaction,
     writer_probe,
 )
-from hermes_fixtures import build_home, make_big_home
+from hermes_fixtures import build_home, hermes_python, make_big_home
 
 WRITER = textwrap.dedent(
     """
@@ -327,6 +327,10 @@ def our_locks(db):
         return [line for line in fh if inode in line and line.split()[4] == str(os.getpid())]
 
 
+@pytest.mark.releases
+@pytest.mark.skipif(
+    hermes_python("0.22.2.post1") is None, reason="no hermes-0.22.2.post1 venv (tests/setup_hermes_venvs.sh)"
+)
 def test_an_interrupted_transaction_keeps_no_read_lock(tmp_path):
     # 0.22.2's schema (two FTS5 indexes behind triggers), deleted as the prune does: groups of
     # sessions in one transaction, each group's statements making FTS5 flush and merge the one before.
