@@ -363,11 +363,12 @@ def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 
 def end_read_left_by_rollback(conn: sqlite3.Connection) -> None:
     """After SQLite rolled a transaction back by itself (an interrupt, SQLITE_FULL), this connection
-    may keep its read lock: when FTS5 had a reader of its index open at that instant, the rollback
-    leaves the connection reading until its next statement that reads the file ends. In
-    rollback-journal mode a gateway's COMMIT waits for every reader, so it waited through the whole
-    turn given to it (a 0.22.2 writer's append: 364 ms behind a 245 ms transaction). One read that
-    ends at once drops that lock; an error from it is not the one to report."""
+    may keep its read lock: SQLite 3.40.1, interrupted at some steps of 0.22.2's deletes (inside its
+    FTS5 triggers), leaves the connection holding SHARED until its next statement that reads the
+    file ends (3.46.1 and 3.53.4 did not). In rollback-journal mode a gateway's COMMIT waits for
+    every reader, so it waited through the whole turn given to it (a 0.22.2 writer's append: 364 ms
+    behind a 245 ms transaction). One read that ends at once drops that lock ("SELECT 1", which
+    reads no page, does not); an error from it is not the one to report."""
     try:
         conn.execute("PRAGMA schema_version").fetchone()
     except sqlite3.Error:
