@@ -335,6 +335,11 @@ def test_an_interrupted_transaction_keeps_no_read_lock(tmp_path):
     # 0.22.2's schema (two FTS5 indexes behind triggers), deleted as the prune does: groups of
     # sessions in one transaction, each group's statements making FTS5 flush and merge the one before.
     db = str(make_big_home(str(tmp_path), "hermes-0.22.2.post1", n_sessions=300, msgs_per_session=30, now=time.time()))
+    # Rollback-journal mode, where a reader holds SHARED only while it reads and a gateway's COMMIT
+    # waits for it (0.22.2 picks WAL on a fixed SQLite, whose connections hold SHARED while open).
+    setup = sqlite3.connect(db, isolation_level=None)
+    assert setup.execute("PRAGMA journal_mode=DELETE").fetchone() == ("delete",)
+    setup.close()
     conn = open_rw(db)
     sids = [row[0] for row in conn.execute("SELECT id FROM sessions ORDER BY id")][:200]
 
