@@ -14,9 +14,9 @@
 * a prune transaction still running past the hard bound is interrupted, rolled back by
   SQLite and retried in two, in either journal mode: every session is still pruned, the file
   is sound;
-* a transaction SQLite rolled back by itself (the hard bound's interrupt) keeps no read lock: when
-  FTS5 had a reader of its index open at that instant, the connection went on holding SHARED,
-  and a gateway's COMMIT waited for it through the whole turn given to it;
+* a transaction SQLite rolled back by itself (the hard bound's interrupt) keeps no read lock: at
+  some interrupt steps of 0.22.2's deletes SQLite 3.40.1 left the connection holding SHARED, and a
+  gateway's COMMIT waited for it through the whole turn given to it;
 * in rollback-journal mode the prune keeps its journal between its transactions
   (``journal_mode=PERSIST`` on its connection: no file created and deleted per commit) and
   leaves neither the journal nor another journal mode behind.
