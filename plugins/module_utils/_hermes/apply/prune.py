@@ -20,8 +20,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..plan.selection import ORPHAN_REAP, leased_conversation, live_leases, routed_sessions, scheduled_sessions
-from ..sqlite.db import commits_durable, fsync_path, fsync_tree, write_transaction, writer_probe
-from ..sqlite.fts_merge import automerge_held_off
+from ..sqlite.db import (
+    commits_durable,
+    fsync_path,
+    fsync_tree,
+    fts_automerge_held_back,
+    write_transaction,
+    writer_probe,
+)
 from ..store.catalogue import LEDGER_GUARD, retire_ledger
 from ..store.fence import FenceRefused, local_conversations
 from ..store.fence import check as fence_check
@@ -572,12 +578,13 @@ def _prune_batch(
     schema in one transaction: 5.5-6.7 s a statement per session, 4.4-4.7 s grouped; the FTS merge
     after the prune 2.1-2.2 s, now 0.2-0.4 s).
     A group is as large as ``budget`` has room for at the rate measured so far; sessions that do
-    not fit go back to the front of ``queue``. FTS5 merges nothing of its own in the transaction
-    (``automerge_held_off``: the merge is left to the FTS merge steps after the prune).
+    not fit go back to the front of ``queue``. FTS5 merges only levels of 8 segments in the
+    transaction, not its usual 4 (``fts_automerge_held_back``: the rest is left to the FTS optimize after
+    the prune).
     """
     counts = PruneResult()  # joins the run's result only once its transaction commits
     indexes = [fts["name"] for fts in schema.get("fts", []) if not fts["error"]]
-    with write_transaction(conn), automerge_held_off(conn, indexes):
+    with write_transaction(conn), fts_automerge_held_back(conn, indexes):
         budget.begin()
         leased = live_leases(conn, schema, time.time())
         fenced = is_fenced(schema)

@@ -14,8 +14,11 @@ import pytest
 from hermes_reliability import db_problems
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import open_rw, write_transaction
-from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.fts_merge import automerge_held_off
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import (
+    fts_automerge_held_back,
+    open_rw,
+    write_transaction,
+)
 from hermes_fixtures import copy_db, hermes_python, make_big_home
 
 RELEASE = "hermes-0.22.2.post1"
@@ -72,7 +75,7 @@ def test_a_transaction_with_automerge_held_back_merges_no_level_of_fewer_than_8_
     conn = open_rw(db)
     before = {index: segments(conn, index) for index in INDEXES}
     configs = {index: config(conn, index) for index in INDEXES}
-    with write_transaction(conn), automerge_held_off(conn, INDEXES):
+    with write_transaction(conn), fts_automerge_held_back(conn, INDEXES):
         delete_sessions(conn, first_sessions(conn, 150), group=25)  # 6 segments on level 0 of each
     after = {index: segments(conn, index) for index in INDEXES}
     assert {index: before[index] - after[index] for index in INDEXES} == {index: set() for index in INDEXES}
@@ -91,7 +94,7 @@ def test_no_other_connection_reads_the_setting_changed(big_db, tmp_path):
     setup.close()
     conn, reader = open_rw(db), sqlite3.connect(db, isolation_level=None)
     seen = []
-    with write_transaction(conn), automerge_held_off(conn, INDEXES):
+    with write_transaction(conn), fts_automerge_held_back(conn, INDEXES):
         assert conn.execute("SELECT v FROM messages_fts_config WHERE k = 'automerge'").fetchone() == (8,)
         delete_sessions(conn, first_sessions(conn, 40))
         seen = [config(reader, index) for index in INDEXES]
@@ -109,14 +112,14 @@ def test_a_rolled_back_transaction_leaves_the_setting_as_it_was(big_db, tmp_path
     with (
         pytest.raises(RuntimeError, match="a step after the deletes"),
         write_transaction(conn),
-        automerge_held_off(conn, INDEXES),
+        fts_automerge_held_back(conn, INDEXES),
     ):
         delete_sessions(conn, sids)
         raise RuntimeError("a step after the deletes failed")
     assert config(conn, "messages_fts") == [("automerge", 2), ("version", 4)]
     assert config(conn, "messages_fts_trigram") == [("version", 4)]
     assert conn.execute("SELECT COUNT(*) FROM sessions").fetchone() == (300,)
-    with write_transaction(conn), automerge_held_off(conn, INDEXES):  # and one that commits keeps the 2
+    with write_transaction(conn), fts_automerge_held_back(conn, INDEXES):  # and one that commits keeps the 2
         delete_sessions(conn, sids)
     assert config(conn, "messages_fts") == [("automerge", 2), ("version", 4)]
     conn.close()
@@ -127,7 +130,7 @@ def test_a_rolled_back_transaction_leaves_the_setting_as_it_was(big_db, tmp_path
 def test_an_index_that_merges_less_already_is_left_as_it_is(big_db, tmp_path, own):
     conn = open_rw(copy_of(big_db, tmp_path / "state.db"))
     conn.execute("INSERT INTO messages_fts(messages_fts, rank) VALUES ('automerge', ?)", (own,))
-    with write_transaction(conn), automerge_held_off(conn, INDEXES):
+    with write_transaction(conn), fts_automerge_held_back(conn, INDEXES):
         inside = [config(conn, index) for index in INDEXES]
         delete_sessions(conn, first_sessions(conn, 20))
     assert inside == [[("automerge", own), ("version", 4)], [("automerge", 8), ("version", 4)]]
@@ -137,7 +140,7 @@ def test_an_index_that_merges_less_already_is_left_as_it_is(big_db, tmp_path, ow
 
 def test_outside_a_transaction_it_refuses(big_db, tmp_path):
     conn = open_rw(copy_of(big_db, tmp_path / "state.db"))
-    with pytest.raises(RuntimeError, match="write transaction"), automerge_held_off(conn, INDEXES):
+    with pytest.raises(RuntimeError, match="write transaction"), fts_automerge_held_back(conn, INDEXES):
         pass
     conn.close()
 
