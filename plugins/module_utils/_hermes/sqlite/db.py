@@ -956,15 +956,15 @@ def fts_automerge_held_back(conn: sqlite3.Connection, tables: Sequence[str]) -> 
     as it was. On an error the block leaves it to the transaction's rollback."""
     if not conn.in_transaction:
         raise RuntimeError("fts_automerge_held_back needs a write transaction already begun")
-    changed: list[tuple[str, int | None, int]] = []  # (table, stored, in effect)
+    changed: list[tuple[str, int | None]] = []  # (table, its stored value)
     for table in tables:
         stored = _fts_stored(conn, table, AUTOMERGE)
         effect = FTS5_DEFAULT_AUTOMERGE if stored is None else stored
         if 0 < effect < HELD_AUTOMERGE:  # an index that merges less already is left as it is
-            changed.append((table, stored, effect))
+            changed.append((table, stored))
             _fts_set(conn, table, AUTOMERGE, HELD_AUTOMERGE)
     yield
-    for table, stored, _effect in changed:
+    for table, stored in changed:
         _fts_set(conn, table, AUTOMERGE, FTS5_DEFAULT_AUTOMERGE if stored is None else stored)
         if stored is None:  # FTS5's default again, as a missing row says it: the file as Hermes left it
             conn.execute("DELETE FROM %s WHERE k = ?" % _fts_quoted(table + "_config"), (AUTOMERGE,))
