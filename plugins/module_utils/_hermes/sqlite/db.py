@@ -938,13 +938,22 @@ def _fts_quoted(name: str) -> str:
     return '"%s"' % name.replace('"', '""')
 
 
-def _fts_stored(conn: sqlite3.Connection, table: str, key: str) -> int | None:
-    """The index's stored value of ``key``, None where it keeps FTS5's default."""
+def _fts_stored(conn: sqlite3.Connection, table: str, key: str) -> Any:
+    """The index's stored value of ``key`` as the file has it (its type too), None where it keeps FTS5's default."""
     row = conn.execute("SELECT v FROM %s WHERE k = ?" % _fts_quoted(table + "_config"), (key,)).fetchone()
-    return None if row is None else int(row[0])
+    return None if row is None else row[0]
 
 
-def _fts_set(conn: sqlite3.Connection, table: str, key: str, value: int) -> None:
+def _fts_integer(value: Any) -> int | None:
+    """A stored setting FTS5 reads as an integer (an integer, or text of digits), else None."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]{1,9}", value):
+        return int(value)
+    return None
+
+
+def _fts_set(conn: sqlite3.Connection, table: str, key: str, value: Any) -> None:
     name = _fts_quoted(table)
     conn.execute("INSERT INTO %s(%s, rank) VALUES(?, ?)" % (name, name), (key, value))
 
@@ -956,15 +965,20 @@ def fts_automerge_held_back(conn: sqlite3.Connection, tables: Sequence[str]) -> 
     as it was. On an error the block leaves it to the transaction's rollback."""
     if not conn.in_transaction:
         raise RuntimeError("fts_automerge_held_back needs a write transaction already begun")
-    changed: list[tuple[str, int | None]] = []  # (table, its stored value)
+    changed: list[tuple[str, Any]] = []  # (table, its stored value)
     for table in tables:
         stored = _fts_stored(conn, table, AUTOMERGE)
-        effect = FTS5_DEFAULT_AUTOMERGE if stored is None else stored
-        if 0 < effect < HELD_AUTOMERGE:  # an index that merges less already is left as it is
+        effect = FTS5_DEFAULT_AUTOMERGE if stored is None else _fts_integer(stored)
+        # An index that merges less already is left as it is, and so is one whose value is not an
+        # integer (a hand edit: FTS5 ignores it), which FTS5's own command could not write back.
+        if effect is not None and 0 < effect < HELD_AUTOMERGE:
             changed.append((table, stored))
             _fts_set(conn, table, AUTOMERGE, HELD_AUTOMERGE)
     yield
     for table, stored in changed:
         _fts_set(conn, table, AUTOMERGE, FTS5_DEFAULT_AUTOMERGE if stored is None else stored)
+        config = _fts_quoted(table + "_config")
         if stored is None:  # FTS5's default again, as a missing row says it: the file as Hermes left it
-            conn.execute("DELETE FROM %s WHERE k = ?" % _fts_quoted(table + "_config"), (AUTOMERGE,))
+            conn.execute("DELETE FROM %s WHERE k = ?" % config, (AUTOMERGE,))
+        elif not isinstance(stored, int):  # FTS5 stores the text "3" as 3: the row back as it was written
+            conn.execute("UPDATE %s SET v = ? WHERE k = ?" % config, (stored, AUTOMERGE))

@@ -138,6 +138,33 @@ def test_an_index_that_merges_less_already_is_left_as_it_is(big_db, tmp_path, ow
     conn.close()
 
 
+@pytest.mark.parametrize("own", ["abc", 2.5, b"\x02", "99999999999"])
+def test_a_value_fts5_cannot_read_as_an_integer_is_left_as_it_is(big_db, tmp_path, own):
+    """A hand-edited ``automerge`` FTS5 ignores (it merges as by default): neither an error nor a rewrite."""
+    db = copy_of(big_db, tmp_path / "state.db")
+    conn = open_rw(db)
+    conn.execute("INSERT INTO messages_fts_config(k, v) VALUES ('automerge', ?)", (own,))
+    with write_transaction(conn), fts_automerge_held_back(conn, INDEXES):
+        inside = [config(conn, index) for index in INDEXES]
+        delete_sessions(conn, first_sessions(conn, 20))
+    assert inside == [[("automerge", own), ("version", 4)], [("automerge", 8), ("version", 4)]]
+    assert [config(conn, index) for index in INDEXES] == [[("automerge", own), ("version", 4)], [("version", 4)]]
+    conn.close()
+    assert db_problems(db) == []
+
+
+def test_a_value_written_as_text_is_held_and_written_back_as_text(big_db, tmp_path):
+    conn = open_rw(copy_of(big_db, tmp_path / "state.db"))
+    conn.execute("INSERT INTO messages_fts_config(k, v) VALUES ('automerge', '3')")
+    with write_transaction(conn), fts_automerge_held_back(conn, INDEXES):
+        inside = config(conn, "messages_fts")
+        delete_sessions(conn, first_sessions(conn, 20))
+    assert inside == [("automerge", 8), ("version", 4)]
+    stored = conn.execute("SELECT v, typeof(v) FROM messages_fts_config WHERE k = 'automerge'").fetchone()
+    assert stored == ("3", "text")
+    conn.close()
+
+
 def test_outside_a_transaction_it_refuses(big_db, tmp_path):
     conn = open_rw(copy_of(big_db, tmp_path / "state.db"))
     with pytest.raises(RuntimeError, match="write transaction"), fts_automerge_held_back(conn, INDEXES):
