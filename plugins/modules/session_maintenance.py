@@ -137,8 +137,10 @@ options:
     default: 120
   batch_size:
     description:
-      - Most messages deleted in one transaction (messages fire Hermes's FTS triggers). O(batch_time) usually ends a
-        transaction first; this also bounds a single statement on a very long session.
+      - Most messages deleted in one transaction (messages fire Hermes's FTS triggers); this also bounds a single
+        statement on a very long session. While nobody has written to the file for half a second and O(batch_time) is
+        set (an idle gateway), a transaction of whole sessions may take up to 8 times as many, O(batch_time) still
+        ending it; the gateway's first commit puts the bound back.
     type: int
     default: 4000
   batch_time:

@@ -195,8 +195,10 @@ OPTIONS = (
         "at the bound is interrupted and rolled back, and the gateway started again.",
     )),
     Option("batch_size", "int", default=4000, minimum=1, doc=(
-        "Most messages deleted in one transaction (messages fire Hermes's FTS triggers). O(batch_time) usually ends a "
-        "transaction first; this also bounds a single statement on a very long session.",
+        "Most messages deleted in one transaction (messages fire Hermes's FTS triggers); this also bounds a single "
+        "statement on a very long session. While nobody has written to the file for half a second and O(batch_time) is "
+        "set (an idle gateway), a transaction of whole sessions may take up to 8 times as many, O(batch_time) still "
+        "ending it; the gateway's first commit puts the bound back.",
     )),
     Option("batch_time", "float", default=0.06, minimum=0, doc=(
         "Seconds one transaction may hold the write lock before it commits and lets the gateway in. Wall time, so a "

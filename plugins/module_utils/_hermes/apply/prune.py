@@ -65,6 +65,12 @@ PENDING_SUFFIX = ".hermes-ops-transcripts"
 # meanwhile waits out within 250 ms (it gets in at its 128 ms poll; IdlePacing).
 IDLE_STREAK = 3
 IDLE_HOLD_CAP = 0.12
+# A gateway that has also committed nothing for IDLE_SECONDS (the file's last change before the prune
+# counts) lets a transaction take up to IDLE_SIZE_FACTOR x batch_size messages: the time bound still
+# ends it, so a writer that turns up waits no longer, but there are fewer commits and fewer pauses
+# for a poll that nobody makes (bench/notes/delete-0.22-idle.md).
+IDLE_SECONDS = 0.5
+IDLE_SIZE_FACTOR = 8
 # Session ids per IN list (SQLite before 3.32 allows 999 bound parameters; one statement binds a list twice).
 IN_LIST = 400
 # A transaction's first group is sized at this share of the room the previous transaction's rate gives
@@ -154,6 +160,7 @@ class LockBudget:
         self.commit = 0.0  # how long the last COMMIT took
         self.per_row: float | None = None  # seconds per message deleted in the last transaction (None: not known)
         self.armed = self.tripped = False
+        self.most = 0  # messages this transaction may take in all (0: no bound beyond its batch's)
         self.started = 0.0  # when this transaction began (begin)
         self.unit = 0  # the entry of the batch an interrupt retries from (_prune_batch)
 
@@ -192,7 +199,8 @@ class LockBudget:
         take = rows = 0
         for sid, chunk in batch[index:]:
             rows += chunk or plan.messages.get(sid, 0)
-            if (take or index) and not self.fits(rows_done, rows):
+            too_many = self.most and rows_done + rows > self.most
+            if (take or index) and (too_many or not self.fits(rows_done, rows)):
                 break
             take += 1
         return take
@@ -293,6 +301,8 @@ def persistent_journal(conn: sqlite3.Connection) -> Iterator[None]:
 class IdlePacing:
     """Pacing that follows the gateway, seen from SQLite's own state: ``PRAGMA data_version`` on our
     connection changes when, and only when, another connection has committed (either journal mode).
+    ``quiet_since`` (wall clock): when another connection last wrote, as far as we know (the file's
+    last change before the prune: ``last_written``).
 
     ``observe`` is called after each transaction and its pause: after IDLE_STREAK of ours in a row
     with no other commit (their pauses included, which is when a waiting writer gets in) the
@@ -300,14 +310,16 @@ class IdlePacing:
     while the pause halves, down to just past the next poll of a writer that may have waited for the
     whole transaction (never above the configured pause). The first commit of another connection
     seen resets both to the configured values: beside a gateway that writes, nothing changes.
+    Quiet for IDLE_SECONDS as well, a transaction may take more messages than ``batch_size`` (``size``).
     """
 
-    def __init__(self, conn: sqlite3.Connection, bound: float, pause: float) -> None:
+    def __init__(self, conn: sqlite3.Connection, bound: float, pause: float, quiet_since: float | None = None) -> None:
         self.conn = conn
         self.base_bound: float = bound
         self.base_pause: float = pause
         self.version = self._version()
         self.streak = 0  # our transactions since the last commit of another connection we saw
+        self.quiet_since = time.time() if quiet_since is None else quiet_since
 
     def _version(self) -> int:
         version: int = self.conn.execute("PRAGMA data_version").fetchone()[0]
@@ -316,6 +328,8 @@ class IdlePacing:
     def observe(self) -> None:
         version = self._version()
         self.streak = self.streak + 1 if version == self.version else 0
+        if version != self.version:
+            self.quiet_since = time.time()
         self.version = version
 
     def _doublings(self) -> int:
@@ -326,6 +340,11 @@ class IdlePacing:
             return self.base_bound
         grown: float = self.base_bound * 2 ** min(self._doublings(), 8)
         return max(self.base_bound, min(grown, IDLE_HOLD_CAP))
+
+    def size(self, batch_size: int) -> int:
+        """The most messages the next transaction may take: ``batch_size``, or more while the gateway is idle."""
+        quiet = time.time() - self.quiet_since >= IDLE_SECONDS
+        return batch_size * IDLE_SIZE_FACTOR if self.base_bound and self._doublings() and quiet else batch_size
 
     def pause(self, held: float) -> float:
         if not self._doublings():
@@ -401,6 +420,7 @@ class _PruneRun:
     pending: str  # the transcript list beside state.db (PENDING_SUFFIX)
     has_prompts: bool  # the store has system_prompts to collect
     keep_copy: KeepCopy | None
+    batch_size: int
     turn: WriterTurn | None  # the gateway's turn after each commit, when there is a descriptor to ask with
     budget: LockBudget
     pacing: IdlePacing
@@ -431,12 +451,12 @@ def _start_prune(
     schema["_undo"] = SessionUndo(conn, schema["tables"]) if sliced else None
     bound = (batch_time or 0.0) + (ROLLBACK_COMMIT_TIME if pause_after_commit and batch_time else 0.0)
     budget = LockBudget(bound, hard=hard_bound(bound) if bound else None)
-    pacing = IdlePacing(conn, bound, pause)
+    pacing = IdlePacing(conn, bound, pause, quiet_since=last_written(db_path))
     if budget.hard:
         conn.set_progress_handler(budget.interrupt, PROGRESS_STEPS)
     return _PruneRun(
-        conn, plan, schema, result, queue, db_path, pending, has_prompts, keep_copy, turn, budget, pacing,
-        pause_after_commit,
+        conn, plan, schema, result, queue, db_path, pending, has_prompts, keep_copy, batch_size, turn, budget,
+        pacing, pause_after_commit,
     )  # fmt: skip
 
 
@@ -447,6 +467,9 @@ def _prune_transaction(run: _PruneRun) -> None:
     if budget.hard:  # while the gateway is idle the bound grows, and the hard bound with it
         budget.hard = hard_bound(budget.seconds)
     batch = run.queue.popleft()
+    budget.most = run.pacing.size(run.batch_size)
+    if budget.most > run.batch_size:
+        batch = _joined(run.queue, batch, budget.most, run.plan)
     # Listed before BEGIN, durably (file and directory), out of the write lock's hold: a
     # COMMIT that reaches the disk finds the list there, or its transcripts stay for good.
     # The whole batch: the next run removes only the files of the sessions that are gone.
@@ -469,6 +492,40 @@ def _prune_transaction(run: _PruneRun) -> None:
     if listed:
         remove_files([run.pending])
     _gateway_turn(run, time.monotonic() - began)
+
+
+def last_written(db_path: str) -> float:
+    """When the file or its WAL last changed, in wall-clock seconds; now where the file cannot be read.
+    An empty WAL was only created, by whoever opened the file last (us, too)."""
+    times = []
+    for path in (db_path, db_path + "-wal"):
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        if info.st_size or path == db_path:
+            times.append(info.st_mtime)
+    return max(times) if times else time.time()
+
+
+def _joined(queue: collections.deque[Batch], batch: Batch, most: int, plan: Plan) -> Batch:
+    """``batch`` and the batches of whole sessions after it, up to ``most`` messages in all; a slice
+    of a long session or a local conversation (``Whole``) stays on its own."""
+
+    def plain(entries: Batch) -> bool:
+        return not isinstance(entries, Whole) and not any(chunk for _sid, chunk in entries)
+
+    if not plain(batch):
+        return batch
+    joined = list(batch)
+    weight = sum(plan.messages.get(sid, 0) for sid, _chunk in joined)
+    while queue and plain(queue[0]):
+        more = sum(plan.messages.get(sid, 0) for sid, _chunk in queue[0])
+        if weight + more > most:
+            break
+        joined += queue.popleft()
+        weight += more
+    return joined
 
 
 def _batch_or_retry(run: _PruneRun, batch: Batch) -> tuple[list[str], PruneResult]:

@@ -8,20 +8,27 @@
   both back to the configured values, in either journal mode;
 * a real prune with nobody else writing runs its later transactions with the longer bound, and
   the hard bound grows with it;
+* a file nobody has written to for IDLE_SECONDS lets a transaction take more than batch_size
+  messages (up to IDLE_SIZE_FACTOR times), the time bound still ending it; another connection's
+  commit puts batch_size back;
 * (timing) beside a writer that commits every 150 ms, the pacing opens up between its writes and
   is put back by each of them, and no write waits long.
 """
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import prune as hermes_apply_prune
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.prune import (
     IDLE_HOLD_CAP,
+    IDLE_SECONDS,
+    IDLE_SIZE_FACTOR,
     IDLE_STREAK,
     IdlePacing,
     hard_bound,
@@ -109,6 +116,76 @@ def test_a_prune_nobody_else_writes_to_runs_its_later_transactions_longer(tmp_pa
     assert hards == [hard_bound(bound) for bound in bounds]
     # 1.5x the bound, never below 150 ms
     assert [hard_bound(b) for b in (0.06, 0.1, IDLE_HOLD_CAP, 0.2)] == pytest.approx([0.15, 0.15, 0.18, 0.3])
+
+
+def test_transactions_take_more_than_batch_size_only_while_nobody_has_written_for_a_while(tmp_path):
+    db = str(tmp_path / "state.db")
+    setup = sqlite3.connect(db, isolation_level=None)
+    setup.execute("CREATE TABLE t (x)")
+    setup.close()
+    ours, other = open_rw(db), sqlite3.connect(db, isolation_level=None)
+    fresh = IdlePacing(ours, 0.06, 0.03, quiet_since=time.time())
+    idle = IdlePacing(ours, 0.06, 0.03, quiet_since=time.time() - 3600)
+    unbound = IdlePacing(ours, 0.0, 0.03, quiet_since=time.time() - 3600)  # no time bound to end a larger one
+    sizes = []
+    for _step in range(IDLE_STREAK):
+        sizes.append([pacing.size(4000) for pacing in (fresh, idle, unbound)])
+        ours.execute("BEGIN IMMEDIATE")
+        ours.execute("INSERT INTO t VALUES (1)")
+        ours.execute("COMMIT")
+        for pacing in (fresh, idle, unbound):
+            pacing.observe()
+    sizes.append([pacing.size(4000) for pacing in (fresh, idle, unbound)])
+    # the file written just now: batch_size until it has been quiet for IDLE_SECONDS
+    assert sizes == [[4000, 4000, 4000]] * IDLE_STREAK + [[4000, 4000 * IDLE_SIZE_FACTOR, 4000]]
+    fresh.quiet_since -= IDLE_SECONDS
+    assert fresh.size(4000) == 4000 * IDLE_SIZE_FACTOR
+    other.execute("INSERT INTO t VALUES (2)")  # the gateway commits
+    idle.observe()
+    assert idle.size(4000) == 4000
+    for _step in range(IDLE_STREAK):
+        idle.observe()
+    assert idle.size(4000) == 4000  # quiet for IDLE_STREAK transactions, but not for IDLE_SECONDS yet
+    ours.close()
+    other.close()
+
+
+def test_a_prune_of_a_file_left_alone_for_an_hour_joins_batches_within_the_time_bound(tmp_path, monkeypatch):
+    specs = [
+        {"id": "p%03d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
+        for i in range(60)
+    ]
+    specs.append({"id": "long", "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 10})
+    specs.append({"id": "keep", "source": "cli", "started_days_ago": 1, "ended_days_ago": 1, "messages": 2})
+    db = build_home(str(tmp_path), "v30", specs)
+    hour_ago = time.time() - 3600
+    for path in (db, "%s-wal" % db):
+        if os.path.exists(path):
+            os.utime(path, (hour_ago, hour_ago))
+    taken = []  # messages per committed transaction
+
+    class Budget(hermes_apply_prune.LockBudget):  # the real budget, what each transaction deleted recorded
+        def measured(self, rows):
+            taken.append((rows, self.most, self.seconds))
+            super().measured(rows)
+
+    monkeypatch.setattr(hermes_apply_prune, "LockBudget", Budget)
+    options = {"prune_days": 7, "hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0.001, "backup": False}
+    profile = run_maintenance(options)["profiles"][0]
+    assert profile["status"] == "ok", profile["error"]
+    assert (profile["sessions_pruned"], profile["messages_pruned"]) == (61, 190)
+    assert sum(rows for rows, _most, _bound in taken) == 190
+    first = taken[:IDLE_STREAK]
+    assert first == [(3, 3, 0.06)] * IDLE_STREAK  # not idle yet by our own count: one session each
+    later = taken[IDLE_STREAK:]
+    assert all(most == 3 * IDLE_SIZE_FACTOR and bound == IDLE_HOLD_CAP for _rows, most, bound in later)
+    assert max(rows for rows, _most, _bound in later) > 3  # batches joined
+    assert all(rows <= 3 * IDLE_SIZE_FACTOR for rows, _most, _bound in later)
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT id FROM sessions").fetchall() == [("keep",)]
+    assert conn.execute("SELECT COUNT(*) FROM messages").fetchone() == (2,)
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    conn.close()
 
 
 SPARSE_WRITER = """
