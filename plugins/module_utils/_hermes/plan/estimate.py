@@ -23,7 +23,7 @@ import sqlite3
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..sqlite.db import RANGE_READ_TIME, ranged_rows
+from ..sqlite.db import RANGE_READ_TIME, ranged_rows, rowid_span
 from ..sqlite.storage import byte_length
 
 if TYPE_CHECKING:
@@ -146,8 +146,8 @@ def bytes_per_message(conn: sqlite3.Connection) -> float:
     """The bytes of an average message, from SAMPLE_RANGES evenly spaced rowid ranges (all of the
     table when it is that small)."""
     every = _row_bytes_sql(conn)
-    low, top = conn.execute("SELECT MIN(id), MAX(id) FROM messages").fetchone()
-    if low is None:
+    low, top = rowid_span(conn, "messages")
+    if low is None or top is None:
         return 0.0
     span = top - low + 1
     width = min(SAMPLE_WIDTH, -(-span // SAMPLE_RANGES))

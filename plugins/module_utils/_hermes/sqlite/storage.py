@@ -15,7 +15,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from .db import RANGE_READ_BOUND, RANGE_READ_TIME, StatementBound, ranged_rows
+from .db import RANGE_READ_BOUND, RANGE_READ_TIME, StatementBound, ranged_rows, rowid_span
 
 # The FTS5 shadow tables of a virtual table <vt> (sqlite.org/fts5.html): counted under <vt>.
 FTS5_SHADOWS = ("_data", "_idx", "_content", "_docsize", "_config")
@@ -118,9 +118,9 @@ def _scan_messages(
         "SELECT session_id, role, COUNT(*), SUM(%s), SUM(%s) FROM messages WHERE id >= ? AND id < ? "
         "GROUP BY session_id, role" % (content, total)
     )
-    low, top = conn.execute("SELECT MIN(id), MAX(id) FROM messages").fetchone()
+    low, top = rowid_span(conn, "messages")
     figures: dict[tuple[str, str | None], list[int]] = {}
-    if low is None:
+    if low is None or top is None:
         return figures, payload
     target, bound = (STATEMENT_TARGET, STATEMENT_BOUND) if live_rollback else (None, None)
     first = FIRST_LIVE_RANGE if live_rollback else SCAN_RANGE
