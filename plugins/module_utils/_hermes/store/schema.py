@@ -9,7 +9,7 @@ import re
 import sqlite3
 from typing import Any, TypedDict
 
-from ..sqlite.db import MaintenanceError, file_size, ranged_rows
+from ..sqlite.db import MaintenanceError, file_size, ranged_rows, rowid_span
 from .catalogue import Catalogue
 
 # The newest schema_version this collection has been tested against (Hermes 0.22.2,
@@ -273,8 +273,8 @@ COUNT_FIRST = 5000  # ... in the first one, before its time is known
 def count_by_ranges(conn: sqlite3.Connection, table: str) -> int:
     """COUNT(*) of a rowid table in statements over rowid ranges, each a short read (ranged_rows)."""
     name = '"%s"' % table.replace('"', '""')
-    top = conn.execute("SELECT MAX(rowid) FROM %s" % name).fetchone()[0] or 0
-    low = conn.execute("SELECT MIN(rowid) FROM %s" % name).fetchone()[0] or 0
+    low, top = rowid_span(conn, table)
+    low, top = low or 0, top or 0
     sql = "SELECT COUNT(*) FROM %s WHERE rowid >= ? AND rowid < ?" % name
     counts: list[int] = [rows[0][0] for rows in ranged_rows(conn, sql, low, top, first=COUNT_FIRST, most=COUNT_RANGE)]
     return sum(counts)
