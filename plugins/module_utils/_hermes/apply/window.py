@@ -62,7 +62,9 @@ START_RESERVE = 10.0  # of max_downtime, kept for the start and the check that t
 DRAIN_WAIT = 30.0  # at most, for the turns in flight to finish (the gateway's own SIGTERM wait)
 DRAIN_NOTICE = 5.0  # for the gateway to say it is draining (its watcher reads the marker every second)
 STOP_WAIT = 45.0  # for the gateway to let go of state.db after the stop command
-BACK_WAIT = 90.0  # for the gateway to hold state.db again after the start command
+BACK_WAIT = 90.0  # for the gateway to hold state.db again and serve after the start command
+SERVING = ("running", "degraded")  # gateway_state.json's words for a gateway that takes requests
+CLOCK_SLACK = 0.05  # a file's mtime comes from the kernel's coarse clock, a tick behind time.time()
 SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # where root looks for systemctl, never the caller's PATH
 
 
@@ -316,15 +318,69 @@ def clear_drain_marker(home: str) -> bool:
         return False
 
 
-def gateway_state(home: str) -> tuple[Any, Any]:
-    """``(gateway_state, active_agents)`` from ``HOME/gateway_state.json``, (None, None) unreadable."""
+def _state_record(home: str) -> tuple[dict[str, Any] | None, float]:
+    """``HOME/gateway_state.json`` and when it was written, or (None, 0.0) when unreadable."""
     try:
         fd = os.open(os.path.join(home, STATE_FILE), os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd) as fh:
+            written = os.fstat(fh.fileno()).st_mtime
             state = json.load(fh)
-        return state.get("gateway_state"), state.get("active_agents")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError):
+        return None, 0.0
+    return (state, written) if isinstance(state, dict) else (None, 0.0)
+
+
+def gateway_state(home: str) -> tuple[Any, Any]:
+    """``(gateway_state, active_agents)`` from ``HOME/gateway_state.json``, (None, None) unreadable."""
+    state, _written = _state_record(home)
+    if state is None:
         return None, None
+    return state.get("gateway_state"), state.get("active_agents")
+
+
+def connected_platforms(home: str) -> list[str]:
+    """The platforms ``HOME/gateway_state.json`` says are connected (the API server, a chat network)."""
+    state, _written = _state_record(home)
+    platforms = state.get("platforms") if state else None
+    if not isinstance(platforms, dict):
+        return []
+    return sorted(
+        name for name, entry in platforms.items() if isinstance(entry, dict) and entry.get("state") == "connected"
+    )
+
+
+def serving_since(home: str, platforms: list[str], since: float) -> bool:
+    """True when ``HOME/gateway_state.json`` says, in writes after ``since``, that the gateway
+    serves (``running``, or ``degraded`` when a platform failed) and that each of ``platforms`` is
+    connected again.
+
+    The platform is the test: a restarted gateway writes its pid into the record left behind, which
+    may still say ``running`` (0.22.2 leaves that when a signal stops it), before it binds its port;
+    a platform's ``connected`` comes after the bind, stamped with its own ``updated_at``."""
+    state, written = _state_record(home)
+    if state is None or written < since - CLOCK_SLACK or state.get("gateway_state") not in SERVING:
+        return False
+    entries = state.get("platforms")
+    entries = entries if isinstance(entries, dict) else {}
+    for name in platforms:
+        entry = entries.get(name)
+        if not isinstance(entry, dict) or entry.get("state") != "connected":
+            return False
+        stamped = _epoch(entry.get("updated_at"))
+        if stamped is not None and stamped < since - CLOCK_SLACK:
+            return False  # the stopped gateway's word (one killed outright leaves its ``connected``)
+    return True
+
+
+def _epoch(stamp: Any) -> float | None:
+    """An ISO 8601 time (Hermes's ``updated_at``) in seconds since the epoch, None if unreadable."""
+    if not isinstance(stamp, str):
+        return None
+    try:
+        when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def wait_drained(homes: list[str], timeout: float) -> bool:
@@ -472,6 +528,9 @@ def run_window(opts: Options, entries: list[Entry], as_owner: AsOwner, owner: pw
         return report
     homes = sorted({entry["home"] for entry in entries})
     paths = [entry["path"] for entry in entries]
+    # A gateway that keeps gateway_state.json is back when it says it serves again, with the
+    # platforms connected before; one that keeps none (a supervisor's own process) when it holds state.db.
+    stated = {home: connected_platforms(home) for home in homes if _state_record(home)[0] is not None}
     began = time.time()
     report["opened"] = True
     deadline = began + float(opts.max_downtime) - START_RESERVE
@@ -481,13 +540,17 @@ def run_window(opts: Options, entries: list[Entry], as_owner: AsOwner, owner: pw
         report["reason"] = "the window failed: %s: %s" % (type(exc).__name__, exc)
     finally:
         left = _clear_markers(homes, as_owner)
+        started = time.time()
         failed = control.start()
-        back = not failed and _wait(lambda: control.active() and any(holders(p) for p in paths), BACK_WAIT)
+        back = not failed and _wait(lambda: _serves(control, paths, stated, started), BACK_WAIT)
         report["gateway_back"] = back and not left
         report["downtime_s"] = round(time.time() - began, 1)
         if not report["gateway_back"]:
             report["reason"] = "the gateway is NOT back: %s" % (
-                left or failed or "no holder on state.db %.0f s after the start" % BACK_WAIT
+                left
+                or failed
+                or "%.0f s after the start it did not hold state.db%s"
+                % (BACK_WAIT, " and say in %s that it serves" % STATE_FILE if stated else "")
             )
     return report
 
@@ -511,6 +574,16 @@ def _drain_stop_and_steps(
     for entry in entries:
         reports[entry["path"]] = as_owner(window_steps, entry, opts, deadline)
     return reason
+
+
+def _serves(control: GatewayControl, paths: list[str], stated: dict[str, list[str]], started: float) -> bool:
+    """The started gateway serves: its unit active, state.db held, and every home that keeps
+    gateway_state.json saying so since the start, its platforms connected again."""
+    return (
+        control.active()
+        and any(holders(p) for p in paths)
+        and all(serving_since(home, platforms, started) for home, platforms in stated.items())
+    )
 
 
 def _clear_markers(homes: list[str], as_owner: AsOwner) -> str | None:

@@ -13,14 +13,17 @@ closed) and succeed on retry, none fails after, and every turn answered is in th
 """
 
 import os
+import socket
 import time
 
 import pytest
 from hermes_gateway import (
     Client,
+    Gateway,
     gateway_missing,
     gateway_pid,
     latency_summary,
+    spawn_gateway,
     stored_user_messages,
     supervised_gateway,
     supervisor_argv,
@@ -30,6 +33,10 @@ from hermes_reliability import db_problems
 from hermes_reliability import query as q
 from hermes_rollback import RELEASE, copy_of_big_rollback_home, journal_mode
 
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.window import (
+    connected_platforms,
+    serving_since,
+)
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 
 SIZE = (1600, 100)  # sessions, messages each; half of them ended 8..90 days ago
@@ -80,6 +87,9 @@ def test_window_switches_to_incremental_while_clients_retry(supervised):
         deadline = time.monotonic() + 90
         while len(client.between(t1, float("inf"))) < 3 and time.monotonic() < deadline:
             time.sleep(0.5)
+    # the run returns once the gateway serves again: no request after it finds the port closed
+    refused = [a for a in client.between(t1, float("inf")) if a["status"] is None and "refused" in a["error"]]
+    assert refused == [], refused[:3]
     profile = result["profiles"][0]
     assert profile["status"] == "ok", profile["error"]
     window = profile["window"]
@@ -119,3 +129,29 @@ def test_window_switches_to_incremental_while_clients_retry(supervised):
            1000 * max(a["latency"] for a in failed), first_after["latency"],
            latency_summary(after))
     )  # fmt: skip
+
+
+def test_the_window_waits_for_the_restarted_gateway_to_serve(tmp_path):
+    """What "the gateway is back" reads: a restarted 0.22.2 gateway writes its pid into the record
+    the stopped one left (``running``) before it binds its port, so the state alone would say back
+    while connections are refused; the platform connected before must say ``connected`` again."""
+    home = tmp_path / "home"
+    gateway = Gateway(home).start()
+    try:
+        platforms = connected_platforms(str(home))
+        assert platforms == ["api_server"], platforms
+        gateway.stop()
+        started = time.time()
+        assert not serving_since(str(home), platforms, started)  # the stopped gateway's word is not taken
+        gateway.proc = spawn_gateway(home, gateway.log)
+        deadline, polls = time.monotonic() + 90, 0
+        while not serving_since(str(home), platforms, started):
+            assert time.monotonic() < deadline, "the restarted gateway never said it serves"
+            assert gateway.proc.poll() is None, "the restarted gateway exited"
+            polls += 1
+            time.sleep(0.02)
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=5):
+            pass  # serving_since was true: the port takes connections at once
+        assert polls > 10  # it was asked while the gateway started, not only after
+    finally:
+        gateway.close()
