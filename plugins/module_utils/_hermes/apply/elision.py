@@ -41,7 +41,7 @@ from typing import Any, Callable, NamedTuple, TypeVar
 from ..backup.archive import ArchivePaths, new_archive_paths, write_archive, write_archive_meta
 from ..backup.whole_file import StampedFiles, WriteBack, remove_partials
 from ..plan.selection import DAY, ROUTED, SANE_MIN, Plan, leased_conversation, live_leases
-from ..sqlite.db import MaintenanceError, ranged_rows, read_snapshot, sqlite_uri, write_transaction
+from ..sqlite.db import MaintenanceError, quoted, ranged_rows, read_snapshot, sqlite_uri, write_transaction
 from ..store.schema import Schema
 from .prune import (
     FIRST_GROUP_SHARE,
@@ -608,7 +608,7 @@ def fts_optimize(
     for table in fts:
         if table["error"] or (stop and stop()):
             continue
-        name = '"%s"' % table["name"].replace('"', '""')
+        name = quoted(table["name"])
         sql = "INSERT INTO %s(%s, rank) VALUES('merge', %d)" % (name, name, -OPTIMIZE_PAGES)
         failures = 0
         for _step in range(OPTIMIZE_MAX_STEPS):

@@ -26,6 +26,7 @@ from ..sqlite.db import (
     free_bytes,
     holders,
     is_wal_file,
+    quoted,
     sqlite_wal_reset_affected,
     wal_pending_bytes,
     write_transaction,
@@ -153,7 +154,7 @@ def fts_optimize_live(
 def _optimize_index_live(
     conn: sqlite3.Connection, table: str, wait: Wait, stop: Stop | None, bound: float | None
 ) -> tuple[int, str | None]:
-    name = '"%s"' % table.replace('"', '""')
+    name = quoted(table)
     merge = "INSERT INTO %s(%s, rank) VALUES('merge', " % (name, name)
     pages = OPTIMIZE_FIRST if bound else MERGE_PAGES
     most = step_most(conn, FTS_WAL_MOST)

@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, TypedDict
 
-from ..sqlite.db import MaintenanceError, commits_durable, fsync_path, write_transaction
+from ..sqlite.db import MaintenanceError, commits_durable, fsync_path, quoted, write_transaction
 
 # The tables a session's delete changes before its own row goes (messages, then the fence's).
 RECORDED = ("messages", "session_admissions", "worker_executions", "worker_receipts", "state_meta", "gateway_routing")
@@ -68,13 +68,9 @@ class SlicedEntry(TypedDict, total=False):
 SlicedList = dict[str, SlicedEntry]  # session id -> its entry
 
 
-def _quote(name: str) -> str:
-    return '"%s"' % name.replace('"', '""')
-
-
 def _has_rowid(conn: sqlite3.Connection, table: str) -> bool:
     try:
-        conn.execute("SELECT rowid FROM main.%s LIMIT 0" % _quote(table))
+        conn.execute("SELECT rowid FROM main.%s LIMIT 0" % quoted(table))
         return True
     except Exception:  # a WITHOUT ROWID table: no store of Hermes's has one among RECORDED
         return False
@@ -96,12 +92,12 @@ class SessionUndo:
                 self._record(table)
 
     def _record(self, table: str) -> None:
-        log = "temp.%s" % _quote("hermes_ops_undo_" + table)
+        log = "temp.%s" % quoted("hermes_ops_undo_" + table)
         cols = self.columns[table]
-        names = ", ".join(_quote(c) for c in cols)
+        names = ", ".join(quoted(c) for c in cols)
         self.conn.execute(
             "CREATE TEMP TABLE IF NOT EXISTS %s AS SELECT '' AS undo_op, rowid AS undo_rowid, %s FROM main.%s WHERE 0"
-            % (log, names, _quote(table))
+            % (log, names, quoted(table))
         )
         # A trigger's statements name tables unqualified: these temporary names are ours alone.
         on = "WHEN EXISTS (SELECT 1 FROM hermes_ops_undo_session WHERE active)"
@@ -109,19 +105,19 @@ class SessionUndo:
             values = "'%s', %s.rowid" % (op, row or "new")
             targets = "undo_op, undo_rowid"
             if row:
-                values += ", " + ", ".join("%s.%s" % (row, _quote(c)) for c in cols)
+                values += ", " + ", ".join("%s.%s" % (row, quoted(c)) for c in cols)
                 targets += ", " + names
             self.conn.execute(
                 "CREATE TEMP TRIGGER IF NOT EXISTS %s AFTER %s ON main.%s %s BEGIN INSERT INTO %s (%s) VALUES (%s); END"
-                % (_quote("hermes_ops_undo_%s_%s" % (table, op)), event, _quote(table), on, log[5:], targets, values)
+                % (quoted("hermes_ops_undo_%s_%s" % (table, op)), event, quoted(table), on, log[5:], targets, values)
             )
 
     def close(self) -> None:
         """Drop the temporary triggers and tables (the steps after the prune write messages too)."""
         for table in self.columns:
             for op in ("insert", "update", "delete"):
-                self.conn.execute("DROP TRIGGER IF EXISTS temp.%s" % _quote("hermes_ops_undo_%s_%s" % (table, op)))
-            self.conn.execute("DROP TABLE IF EXISTS temp.%s" % _quote("hermes_ops_undo_" + table))
+                self.conn.execute("DROP TRIGGER IF EXISTS temp.%s" % quoted("hermes_ops_undo_%s_%s" % (table, op)))
+            self.conn.execute("DROP TABLE IF EXISTS temp.%s" % quoted("hermes_ops_undo_" + table))
         self.conn.execute("DROP TABLE IF EXISTS %s" % SWITCH)
 
     def recording(self) -> str | None:
@@ -140,7 +136,7 @@ class SessionUndo:
         """The session is gone whole (or back whole): forget its records, in this transaction."""
         self.conn.execute("DELETE FROM %s" % SWITCH)
         for table in self.columns:
-            self.conn.execute("DELETE FROM temp.%s" % _quote("hermes_ops_undo_" + table))
+            self.conn.execute("DELETE FROM temp.%s" % quoted("hermes_ops_undo_" + table))
 
     def fence_records(self) -> FenceRecords:
         """{table: [[op, rowid, values]]}: the recorded changes to the fence's tables (not messages),
@@ -150,14 +146,14 @@ class SessionUndo:
             if table == "messages":
                 continue
             cols = self.columns[table]
-            names = ", ".join(_quote(c) for c in cols)
-            log = "temp.%s" % _quote("hermes_ops_undo_" + table)
+            names = ", ".join(quoted(c) for c in cols)
+            log = "temp.%s" % quoted("hermes_ops_undo_" + table)
             rows: list[list[Any]] = []
             for row in self.conn.execute("SELECT undo_op, undo_rowid, %s FROM %s ORDER BY rowid" % (names, log)):
                 values = list(row[2:])
                 if row[0] == "insert":
                     found = self.conn.execute(
-                        "SELECT %s FROM main.%s WHERE rowid = ?" % (names, _quote(table)), (row[1],)
+                        "SELECT %s FROM main.%s WHERE rowid = ?" % (names, quoted(table)), (row[1],)
                     ).fetchone()
                     values = list(found) if found else values
                 rows.append([row[0], row[1], values])
@@ -172,8 +168,8 @@ class SessionUndo:
         back = 0
         for table in reversed(list(self.columns)):  # the fence's changes first, the messages last
             cols = self.columns[table]
-            names = ", ".join(_quote(c) for c in cols)
-            log = "temp.%s" % _quote("hermes_ops_undo_" + table)
+            names = ", ".join(quoted(c) for c in cols)
+            log = "temp.%s" % quoted("hermes_ops_undo_" + table)
             rows = self.conn.execute("SELECT undo_op, undo_rowid, %s FROM %s ORDER BY rowid DESC" % (names, log))
             back += _reverse(self.conn, table, cols, [(r[0], r[1], list(r[2:])) for r in rows.fetchall()])
         self.finish()
@@ -186,23 +182,23 @@ def _reverse(
     """Apply ``records`` [(op, rowid, values)], newest first, in reverse; returns the rows put back.
     ``listed`` (from the durable list, after a crash): a row deleted is put back only where its
     rowid is free, and a row inserted goes only while it still holds the values it was given."""
-    names = ", ".join(_quote(c) for c in cols)
-    same = " AND ".join("%s IS ?" % _quote(c) for c in cols)
+    names = ", ".join(quoted(c) for c in cols)
+    same = " AND ".join("%s IS ?" % quoted(c) for c in cols)
     # After a crash a rowid may since hold another row: an update goes back only onto its own row.
     keys = [c for c, pk in conn.execute("SELECT name, pk FROM pragma_table_info(?)", (table,)) if pk] if listed else []
-    own = "".join(" AND %s IS ?" % _quote(c) for c in keys)
+    own = "".join(" AND %s IS ?" % quoted(c) for c in keys)
     back = 0
     for op, rowid, values in records:
         if op == "insert":
             if listed:
-                conn.execute("DELETE FROM main.%s WHERE rowid = ? AND %s" % (_quote(table), same), [rowid] + values)
+                conn.execute("DELETE FROM main.%s WHERE rowid = ? AND %s" % (quoted(table), same), [rowid] + values)
             else:
-                conn.execute("DELETE FROM main.%s WHERE rowid = ?" % _quote(table), (rowid,))
+                conn.execute("DELETE FROM main.%s WHERE rowid = ?" % quoted(table), (rowid,))
             continue
         if op == "delete":
             added = conn.execute(
                 "INSERT %sINTO main.%s (rowid, %s) VALUES (?, %s)"
-                % ("OR IGNORE " if listed else "", _quote(table), names, ", ".join("?" * len(cols))),
+                % ("OR IGNORE " if listed else "", quoted(table), names, ", ".join("?" * len(cols))),
                 [rowid] + values,
             ).rowcount
             back += added
@@ -212,7 +208,7 @@ def _reverse(
         # message's display_order and message_uid when NULL) set back as they were.
         conn.execute(
             "UPDATE main.%s SET %s WHERE rowid = ?%s AND NOT (%s)"
-            % (_quote(table), ", ".join("%s = ?" % _quote(c) for c in cols), own, same),
+            % (quoted(table), ", ".join("%s = ?" % quoted(c) for c in cols), own, same),
             values + [rowid] + [values[cols.index(c)] for c in keys] + values,
         )
     return back if table == "messages" else 0
@@ -316,7 +312,7 @@ def _put_back_messages(conn: sqlite3.Connection, archive: str, sid: str, pause: 
         while True:
             chunk = src.execute(
                 "SELECT rowid, %s FROM messages WHERE session_id = ? AND rowid > ? ORDER BY rowid LIMIT ?"
-                % ", ".join(_quote(c) for c in cols),
+                % ", ".join(quoted(c) for c in cols),
                 (sid, -1 if last is None else last, SETTLE_CHUNK),
             ).fetchall()
             if not chunk:

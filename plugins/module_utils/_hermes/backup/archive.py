@@ -40,6 +40,7 @@ from ..sqlite.db import (
     MaintenanceError,
     fsync_path,
     open_rw,
+    quoted,
     read_snapshot,
     write_transaction,
 )
@@ -65,10 +66,6 @@ Row = tuple[object, ...]
 CloseRecord = tuple[str, Optional[float], Optional[str], float, str]
 Filled = TypeVar("Filled")
 SessionIds = Optional[Collection[str]]  # the sessions asked for (None: all)
-
-
-def _quote(name: str) -> str:
-    return '"%s"' % name.replace('"', '""')
 
 
 def related_tables(conn: sqlite3.Connection) -> tuple[Referencing, Referenced]:
@@ -150,7 +147,7 @@ def _archive_chunk(
                         table,
                         conn.execute(
                             "SELECT * FROM %s WHERE %s IN (%s)"
-                            % (_quote(table), _quote(column), ",".join("?" * len(keys))),
+                            % (quoted(table), quoted(column), ",".join("?" * len(keys))),
                             keys,
                         ),
                     )
@@ -158,7 +155,7 @@ def _archive_chunk(
         parent_rows = [(table, cur.description, cur.fetchall()) for table, cur in parents]
         children: list[tuple[str, Description, list[Row]]] = []
         for table, column in referencing if with_messages else referencing[1:]:
-            cur = conn.execute("SELECT * FROM %s WHERE %s IN (%s)" % (_quote(table), _quote(column), marks), chunk)
+            cur = conn.execute("SELECT * FROM %s WHERE %s IN (%s)" % (quoted(table), quoted(column), marks), chunk)
             children.append((table, cur.description, cur.fetchall()))
     for table, description, rows in parent_rows + children:
         _insert(dst, table, description, rows)
@@ -171,7 +168,7 @@ def _insert(dst: sqlite3.Connection, table: str, description: Description, rows:
     names = [d[0] for d in description]
     dst.executemany(
         "INSERT OR IGNORE INTO %s (%s) VALUES (%s)"
-        % (_quote(table), ", ".join(_quote(n) for n in names), ", ".join("?" * len(names))),
+        % (quoted(table), ", ".join(quoted(n) for n in names), ", ".join("?" * len(names))),
         rows,
     )
 
@@ -182,8 +179,8 @@ def _archive_messages(
     """A session's messages by id ranges, ARCHIVE_CHUNK per read transaction."""
     last, copied = -1, 0
     sql = "SELECT * FROM %s WHERE %s = ? AND id > ? ORDER BY id LIMIT %d" % (
-        _quote(table),
-        _quote(column),
+        quoted(table),
+        quoted(column),
         ARCHIVE_CHUNK,
     )
     while True:
@@ -447,7 +444,7 @@ def _rows(
     src: sqlite3.Connection, table: str, where: str, params: Sequence[object], live_cols: list[str]
 ) -> tuple[list[str], list[Row]]:
     cols = [c for c in _columns(src, table) if c in live_cols]
-    cur = src.execute("SELECT %s FROM %s WHERE %s" % (", ".join(_quote(c) for c in cols), _quote(table), where), params)
+    cur = src.execute("SELECT %s FROM %s WHERE %s" % (", ".join(quoted(c) for c in cols), quoted(table), where), params)
     return cols, cur.fetchall()
 
 
@@ -457,7 +454,7 @@ def _put(dst: sqlite3.Connection, table: str, cols: list[str], rows: Sequence[Ro
     # rowcount, not total_changes: Hermes's triggers (FTS, display order) change rows too.
     return dst.executemany(
         "INSERT OR IGNORE INTO %s (%s) VALUES (%s)"
-        % (_quote(table), ", ".join(_quote(c) for c in cols), ", ".join("?" * len(cols))),
+        % (quoted(table), ", ".join(quoted(c) for c in cols), ", ".join("?" * len(cols))),
         rows,
     ).rowcount
 
@@ -480,7 +477,7 @@ def _restore_one(
         else:
             for table, column, own in referenced:
                 if row.get(own) is not None and live_cols[table]:  # a table this schema dropped: nothing to put
-                    pcols, prows = _rows(src, table, "%s = ?" % _quote(column), (row[own],), live_cols[table])
+                    pcols, prows = _rows(src, table, "%s = ?" % quoted(column), (row[own],), live_cols[table])
                     _put(dst, table, pcols, prows)
             parent = row.get("parent_session_id")
             if parent is not None and not dst.execute("SELECT 1 FROM sessions WHERE id = ?", (parent,)).fetchone():
@@ -489,7 +486,7 @@ def _restore_one(
             _put(dst, "sessions", list(row), [tuple(row.values())])
             report["sessions_restored"] += 1
     msg_table, msg_column = referencing[0]
-    mcols, mrows = _rows(src, msg_table, "%s = ? ORDER BY id" % _quote(msg_column), (sid,), live_cols[msg_table])
+    mcols, mrows = _rows(src, msg_table, "%s = ? ORDER BY id" % quoted(msg_column), (sid,), live_cols[msg_table])
     for start in range(0, len(mrows), RESTORE_CHUNK):
         with write_transaction(dst):
             report["messages_restored"] += _put(dst, msg_table, mcols, mrows[start : start + RESTORE_CHUNK])
@@ -498,7 +495,7 @@ def _restore_one(
         for table, column in referencing[1:]:
             if not live_cols[table]:
                 continue
-            ccols, crows = _rows(src, table, "%s = ?" % _quote(column), (sid,), live_cols[table])
+            ccols, crows = _rows(src, table, "%s = ?" % quoted(column), (sid,), live_cols[table])
             _put(dst, table, ccols, crows)
 
 

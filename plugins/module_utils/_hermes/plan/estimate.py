@@ -23,7 +23,7 @@ import sqlite3
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..sqlite.db import RANGE_READ_TIME, ranged_rows, rowid_span
+from ..sqlite.db import RANGE_READ_TIME, quoted, ranged_rows, rowid_span
 from ..sqlite.storage import byte_length
 
 if TYPE_CHECKING:
@@ -40,10 +40,6 @@ PRUNED_MOST = 50000  # ... and by any statement
 FTS_MARKER_SHARE = 0.45
 STRUCTURE_ROWID = 10  # the FTS5 structure record's rowid in <index>_data
 STRUCTURE_V2 = b"\xff\x00\x00\x01"
-
-
-def _quote(name: str) -> str:
-    return '"%s"' % name.replace('"', '""')
 
 
 def _varint(buf: bytes, at: int) -> tuple[int, int]:
@@ -88,7 +84,7 @@ def index_levels(record: bytes) -> list[tuple[int, list[int]]]:
 
 def read_index_levels(conn: sqlite3.Connection, name: str) -> list[tuple[int, list[int]]]:
     """``index_levels`` of the FTS5 index ``name`` as ``conn`` sees it now ([] when it has no record)."""
-    row = conn.execute("SELECT block FROM %s WHERE id = ?" % _quote(name + "_data"), (STRUCTURE_ROWID,)).fetchone()
+    row = conn.execute("SELECT block FROM %s WHERE id = ?" % quoted(name + "_data"), (STRUCTURE_ROWID,)).fetchone()
     return index_levels(bytes(row[0])) if row and row[0] else []
 
 

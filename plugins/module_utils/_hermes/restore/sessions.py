@@ -84,6 +84,7 @@ from ..sqlite.db import (
     fsync_path,
     is_wal_file,
     open_rw,
+    quoted,
     refuse_wal_on_shared_filesystem,
     sqlite_uri,
 )
@@ -526,7 +527,7 @@ def _matching(src: sqlite3.Connection, text: str) -> tuple[set[str], str | None]
         rows = src.execute(
             "SELECT DISTINCT session_id FROM messages WHERE id IN "
             "(SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?)",
-            ('"%s"' % text.replace('"', '""'),),
+            ('"%s"' % text.replace('"', '""'),),  # one FTS5 phrase: the words as they are
         ).fetchall()
     except sqlite3.Error as exc:
         return found, "no usable full-text index in the source (messages_fts: %s): match looked at titles only" % exc
@@ -747,14 +748,10 @@ def _schema_problems(
     return problems
 
 
-def _quote(name: str) -> str:
-    return '"%s"' % name.replace('"', '""')
-
-
 def _missing_rows(src: sqlite3.Connection, dst: sqlite3.Connection, sid: str, others: Iterable[tuple[str, str]]) -> int:
     missing = 0
     for table, column in others:
-        sql = "SELECT COUNT(*) FROM %s WHERE %s = ?" % (_quote(table), _quote(column))
+        sql = "SELECT COUNT(*) FROM %s WHERE %s = ?" % (quoted(table), quoted(column))
         missing += max(0, src.execute(sql, (sid,)).fetchone()[0] - dst.execute(sql, (sid,)).fetchone()[0])
     return missing
 

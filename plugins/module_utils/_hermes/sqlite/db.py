@@ -260,11 +260,16 @@ RANGE_READ_TIME = 0.04
 RANGE_READ_BOUND = 0.1
 
 
+def quoted(name: str) -> str:
+    """``name`` as an SQL identifier in double quotes: table and index names come from the file."""
+    return '"%s"' % name.replace('"', '""')
+
+
 def rowid_span(conn: sqlite3.Connection, table: str) -> tuple[int | None, int | None]:
     """(lowest, highest) rowid of ``table``, None for both when it is empty. Two statements: SQLite
     reads one end of the b-tree for a lone MIN() or MAX(), but scans the whole table for both in one
     (863 ms on a 5 GB file, beside a rollback-journal gateway whose commits wait for that read)."""
-    name = '"%s"' % table.replace('"', '""')
+    name = quoted(table)
     low = conn.execute("SELECT MIN(rowid) FROM %s" % name).fetchone()[0]
     top = conn.execute("SELECT MAX(rowid) FROM %s" % name).fetchone()[0]
     return low, top
@@ -944,13 +949,9 @@ HELD_AUTOMERGE = 8  # a level's segments before FTS5 merges it, inside our trans
 FTS5_DEFAULT_AUTOMERGE = 4  # where _config has no automerge row (0: the index never merges by itself)
 
 
-def _fts_quoted(name: str) -> str:
-    return '"%s"' % name.replace('"', '""')
-
-
 def _fts_stored(conn: sqlite3.Connection, table: str, key: str) -> Any:
     """The index's stored value of ``key`` as the file has it (its type too), None where it keeps FTS5's default."""
-    row = conn.execute("SELECT v FROM %s WHERE k = ?" % _fts_quoted(table + "_config"), (key,)).fetchone()
+    row = conn.execute("SELECT v FROM %s WHERE k = ?" % quoted(table + "_config"), (key,)).fetchone()
     return None if row is None else row[0]
 
 
@@ -964,7 +965,7 @@ def _fts_integer(value: Any) -> int | None:
 
 
 def _fts_set(conn: sqlite3.Connection, table: str, key: str, value: Any) -> None:
-    name = _fts_quoted(table)
+    name = quoted(table)
     conn.execute("INSERT INTO %s(%s, rank) VALUES(?, ?)" % (name, name), (key, value))
 
 
@@ -987,7 +988,7 @@ def fts_automerge_held_back(conn: sqlite3.Connection, tables: Sequence[str]) -> 
     yield
     for table, stored in changed:
         _fts_set(conn, table, AUTOMERGE, FTS5_DEFAULT_AUTOMERGE if stored is None else stored)
-        config = _fts_quoted(table + "_config")
+        config = quoted(table + "_config")
         if stored is None:  # FTS5's default again, as a missing row says it: the file as Hermes left it
             conn.execute("DELETE FROM %s WHERE k = ?" % config, (AUTOMERGE,))
         elif not isinstance(stored, int):  # FTS5 stores the text "3" as 3: the row back as it was written

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from .db import RANGE_READ_BOUND, RANGE_READ_TIME, StatementBound, ranged_rows, rowid_span
+from .db import RANGE_READ_BOUND, RANGE_READ_TIME, StatementBound, quoted, ranged_rows, rowid_span
 
 # The FTS5 shadow tables of a virtual table <vt> (sqlite.org/fts5.html): counted under <vt>.
 FTS5_SHADOWS = ("_data", "_idx", "_content", "_docsize", "_config")
@@ -36,10 +36,6 @@ FIRST_LIVE_RANGE = 500  # ... and its first range beside one, then sized to STAT
 STATEMENT_TARGET = RANGE_READ_TIME  # seconds a statement should take beside a live rollback-journal gateway
 STATEMENT_BOUND = RANGE_READ_BOUND  # seconds after which such a statement is interrupted
 NO_DBSTAT = "this SQLite (%s) was built without the dbstat virtual table (SQLITE_ENABLE_DBSTAT_VTAB)"
-
-
-def _quote(name: str) -> str:
-    return '"%s"' % name.replace('"', '""')
 
 
 def has_dbstat(conn: sqlite3.Connection) -> bool:
@@ -103,8 +99,8 @@ def byte_length(column: str) -> str:
     """SQL for the bytes a column's value takes: octet_length (3.43+) reads only the record
     header; before it the value is cast to a blob, which reads it."""
     if sqlite3.sqlite_version_info >= (3, 43, 0):
-        return "COALESCE(octet_length(%s), 0)" % _quote(column)
-    return "COALESCE(length(CAST(%s AS BLOB)), 0)" % _quote(column)
+        return "COALESCE(octet_length(%s), 0)" % quoted(column)
+    return "COALESCE(length(CAST(%s AS BLOB)), 0)" % quoted(column)
 
 
 def _scan_messages(

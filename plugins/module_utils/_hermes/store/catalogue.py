@@ -19,6 +19,8 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from ..sqlite.db import quoted
+
 if TYPE_CHECKING:
     from .schema import SessionTables
 
@@ -386,7 +388,7 @@ def referenced_sessions(conn: sqlite3.Connection, unknown: Iterable[CatalogueObj
     for obj in unknown:
         if obj["kind"] != FK:
             continue
-        table, column = '"%s"' % obj["table"].replace('"', '""'), '"%s"' % obj["column"].replace('"', '""')
+        table, column = quoted(obj["table"]), quoted(obj["column"])
         if obj["parent"] == "sessions":
             sql = "SELECT DISTINCT %s FROM %s" % (column, table)
         else:

@@ -44,6 +44,8 @@ import sqlite3
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from ..sqlite.db import quoted
+
 RETIRED_PREFIX = "gateway.retired_session.v1."
 RESULT_PREFIX = "gateway.admission.result.v1."
 ADMISSION_PREFIX = "gateway.terminal_admission.v1."
@@ -169,7 +171,7 @@ def _ledger_holders(conn: sqlite3.Connection, tables: Collection[str]) -> set[An
             continue
         for fk in conn.execute("SELECT * FROM pragma_foreign_key_list(?)", (table,)).fetchall():
             if fk[2] == "sessions":
-                column = '"%s"' % fk[3].replace('"', '""')
+                column = quoted(fk[3])
                 held.update(r[0] for r in conn.execute('SELECT DISTINCT %s FROM "%s"' % (column, table)))
     return held
 

@@ -9,7 +9,7 @@ import re
 import sqlite3
 from typing import Any, TypedDict
 
-from ..sqlite.db import MaintenanceError, file_size, ranged_rows, rowid_span
+from ..sqlite.db import MaintenanceError, file_size, quoted, ranged_rows, rowid_span
 from .catalogue import Catalogue
 
 # The newest schema_version this collection has been tested against (Hermes 0.22.2,
@@ -127,7 +127,7 @@ def inspect_schema(conn: sqlite3.Connection, home: str) -> Schema:
 def _probe_fts(conn: sqlite3.Connection, name: str) -> str | None:
     """Preparing a statement connects the FTS table, which needs its tokenizer."""
     try:
-        conn.execute('SELECT 1 FROM "%s" LIMIT 0' % name.replace('"', '""')).fetchall()
+        conn.execute("SELECT 1 FROM %s LIMIT 0" % quoted(name)).fetchall()
     except sqlite3.Error as exc:
         return str(exc)
     return None
@@ -205,7 +205,7 @@ def virtual_tables_this_sqlite_cannot_open(conn: sqlite3.Connection) -> dict[str
     broken: dict[str, str] = {}
     for name in names:
         try:
-            conn.execute('SELECT 1 FROM "%s" LIMIT 0' % name.replace('"', '""')).fetchall()
+            conn.execute("SELECT 1 FROM %s LIMIT 0" % quoted(name)).fetchall()
         except sqlite3.OperationalError as exc:
             broken[name] = str(exc)
         except sqlite3.DatabaseError:
@@ -272,7 +272,7 @@ COUNT_FIRST = 5000  # ... in the first one, before its time is known
 
 def count_by_ranges(conn: sqlite3.Connection, table: str) -> int:
     """COUNT(*) of a rowid table in statements over rowid ranges, each a short read (ranged_rows)."""
-    name = '"%s"' % table.replace('"', '""')
+    name = quoted(table)
     low, top = rowid_span(conn, table)
     low, top = low or 0, top or 0
     sql = "SELECT COUNT(*) FROM %s WHERE rowid >= ? AND rowid < ?" % name
@@ -299,7 +299,7 @@ def quick_check_small_tables(conn: sqlite3.Connection, path: str) -> list[str]:
         if sql and sql.upper().startswith("CREATE VIRTUAL"):
             continue
         try:
-            rows = [r[0] for r in conn.execute('PRAGMA quick_check("%s")' % name.replace('"', '""')).fetchall()]
+            rows = [r[0] for r in conn.execute("PRAGMA quick_check(%s)" % quoted(name)).fetchall()]
         except sqlite3.DatabaseError as exc:
             raise MaintenanceError(_damaged(path, str(exc))) from None
         if rows != ["ok"]:
