@@ -403,10 +403,16 @@ def worst_appends_table(rows):
                         a["ended_in"],
                         ms(a["lock_s"]),
                         ms(a["lock_commit_s"]),
-                        "`%s`" % a["lock"] if a["lock"] else "none of ours",
+                        ("`%s`" % a["lock"] if a["lock"] else "none of ours") + _own_checkpoint(a),
                     )
                 )
     return lines
+
+
+def _own_checkpoint(append):
+    """The writer's own checkpoint inside that append, in words ('' when it ran none or was not asked)."""
+    frames = append.get("ckpt_frames")
+    return "; the writer's own checkpoint of %d frames" % frames if frames else ""
 
 
 def prune_txn_table(rows):

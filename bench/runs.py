@@ -231,6 +231,7 @@ def row_for(kind, result, rss, stats, size):
             for k, v in stats["phases"].items()
         },
         "worst_appends": stats["worst_appends"],
+        "slow_appends": stats["slow_appends"],
         "prune_txns": transactions(result.get("locks") or [], result["phases"].get("prune")),
         "file_problems": stats["file_problems"],
         "backup": result.get("backup"),
@@ -265,7 +266,7 @@ def combine(reps):
     row["rss"] = max(r["rss"] for r in reps)
     # Every round's phases: the worst stall may fall in a round other than the median one.
     row["rounds"] = [
-        {k: r[k] for k in ("rows_s", "worst", "phases", "worst_appends", "prune_txns", "messages", "prune_s")}
+        {k: r[k] for k in ("rows_s", "worst", "phases", "worst_appends", "slow_appends", "prune_txns", "messages", "prune_s")}
         for r in reps
     ]
     return row

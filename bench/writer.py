@@ -59,6 +59,7 @@ def with_writer(home, release, control_src, run, interval=0.02):
         name: latency_stats(records, span[0], span[1]) for name, span in result["phases"].items() if span
     }
     stats["worst_appends"] = worst_appends(records, result, result.get("locks") or [])
+    stats["slow_appends"] = slow_appends(records, result)
     stats["series"] = {"writer": series(records, result), "control": series(control_records, result)}
     stats["total_failed"] = summary["failed"]
     stats["file_problems"] = summary["file_problems"]
@@ -115,9 +116,21 @@ def worst_appends(records, result, locks, n=5):
                 "lock_s": (lock[1] - lock[0]) if lock else None,
                 "lock_commit_s": lock[3] if lock else None,
                 "lock": lock[2] if lock else None,
+                "ckpt_frames": r.get("ckpt"),  # frames the writer's own commit checkpointed (WAL)
             }
         )
     return out
+
+
+def slow_appends(records, result, over=0.15):
+    """How many appends of the run took longer than ``over`` seconds, and how many of those ran
+    the writer's own checkpoint (WAL: SQLite's wal_autocheckpoint inside its commit)."""
+    slow = [r for r in records if result["start"] <= r["t"] <= result["end"] and r["lat"] > over]
+    return {
+        "over_ms": round(over * 1000),
+        "count": len(slow),
+        "with_own_checkpoint": sum(1 for r in slow if r.get("ckpt")),
+    }
 
 
 def longest_lock(locks, span):

@@ -15,6 +15,9 @@ Two sides in one file:
   attempt is one JSON line in OUT: ``{"k", "t" (unix start), "lat" (seconds), "id"
   (message id or null), "err" (null or the exception text)}``; the first line is
   ``{"ready": ...}`` after the first append succeeded, the last ``{"summary": ...}``.
+  In WAL mode an attempt also has ``"ckpt"``: the frames its own commit's checkpoint
+  (SQLite's wal_autocheckpoint, which Hermes keeps) copied into the file, read from the
+  -shm's header before and after it (0: none).
   The summary also says whether the file the writer holds open was replaced or
   unlinked under it (state.db inode changed, a ``(deleted)`` state.db / -wal / -shm in
   ``/proc/self/fd``): the conditions that make a newer Hermes refuse all writes; for
@@ -45,6 +48,7 @@ import math
 import os
 import signal
 import sqlite3
+import struct
 import subprocess
 import sys
 import threading
@@ -136,6 +140,40 @@ def _reader(db_path, hold, stop, out):
     out["read_transactions"] = held
 
 
+class CheckpointWatch:
+    """Frames the -shm's header says were checkpointed (nBackfill) between ``before()`` and
+    ``after()``. The -shm is opened once and never closed: closing any descriptor of a file drops
+    every POSIX lock this process holds on it, SQLite's included."""
+
+    HEADER = 136  # two 48-byte WAL-index headers, then nBackfill at 96
+
+    def __init__(self, db_path):
+        self.fd = None
+        if os.path.exists(db_path + "-shm"):
+            self.fd = os.open(db_path + "-shm", os.O_RDONLY)
+        self.mark = None
+
+    def _read(self):
+        head = os.pread(self.fd, self.HEADER, 0)
+        if len(head) < self.HEADER:
+            return None
+        (mx_frame,) = struct.unpack_from("=I", head, 16)
+        (backfill,) = struct.unpack_from("=I", head, 96)
+        return mx_frame, backfill
+
+    def before(self):
+        self.mark = self._read() if self.fd is not None else None
+
+    def after(self):
+        """Frames checkpointed since ``before()`` (0 when none, or the -wal restarted meanwhile)."""
+        if self.mark is None:
+            return 0
+        now = self._read()
+        if now is None or now[1] <= self.mark[1]:
+            return 0
+        return now[1] - self.mark[1]
+
+
 def run_process(args):
     os.environ.setdefault("HERMES_HOME", os.path.dirname(os.path.abspath(args.db)))
     import hermes_state  # the release's own module
@@ -154,6 +192,7 @@ def run_process(args):
     sids = ["%s-%d" % (args.prefix, i) for i in range(args.sessions)]
     for sid in sids:
         db.create_session(sid, args.source)
+    watch = CheckpointWatch(args.db)  # after the first write: a WAL file has its -shm by now
     reader_out = {}
     reader = None
     if args.read_hold:
@@ -174,6 +213,7 @@ def run_process(args):
         role = "user" if k % 2 == 0 else "assistant"
         content = "%s %s k%d %s" % (MARK, args.prefix, k, "deploy zebra nightly")
         t_wall = time.time()
+        watch.before()
         t0 = time.perf_counter()
         rec = {"k": k, "t": round(t_wall, 6), "sid": sid}
         try:
@@ -185,6 +225,8 @@ def run_process(args):
             rec["err"] = "%s: %s" % (type(exc).__name__, exc)
             failed += 1
         rec["lat"] = round(time.perf_counter() - t0, 6)
+        if watch.fd is not None:
+            rec["ckpt"] = watch.after()
         lats.append(rec["lat"])
         out.write(json.dumps(rec) + "\n")
         if not ready and rec["id"] is not None:

@@ -22,7 +22,7 @@ import pytest
 from hermes_markers import release_module_marks
 from hermes_reliability import db_problems
 from hermes_reliability import query as q
-from hermes_writer import MARK, WriterProcess, latency_stats
+from hermes_writer import MARK, CheckpointWatch, WriterProcess, latency_stats
 
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from hermes_fixtures import hermes_python, make_big_home, zombie_base
@@ -174,3 +174,32 @@ def test_two_live_writers(base_db, tmp_path):
     profile, summaries = live_run(base_db, tmp_path, incremental=True, writers=2)
     check_counts(profile, base_db)
     assert all(s["appended"] > 0 for s in summaries)
+
+
+def test_the_writer_sees_its_own_checkpoint(tmp_path):
+    """What the bench's slowest appends are put down to: CheckpointWatch counts the frames the
+    -shm says a commit checkpointed (SQLite's wal_autocheckpoint inside it), 0 for a commit that
+    ran none; read through a descriptor that stays open, so SQLite's locks are never dropped."""
+    db = str(tmp_path / "state.db")
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("PRAGMA journal_mode=wal")
+    other.execute("PRAGMA wal_autocheckpoint=0")  # our side: never checkpoints
+    other.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)")
+    writer = sqlite3.connect(db, isolation_level=None)  # SQLite's default: checkpoint past 1000 frames
+    writer.execute("INSERT INTO t (body) VALUES (x'00')")
+    watch = CheckpointWatch(db)
+    watch.before()
+    writer.execute("INSERT INTO t (body) VALUES (x'01')")
+    assert watch.after() == 0  # a few frames: no checkpoint
+    other.execute("BEGIN")
+    for _ in range(1200):
+        other.execute("INSERT INTO t (body) VALUES (randomblob(3000))")
+    other.execute("COMMIT")
+    watch.before()
+    writer.execute("INSERT INTO t (body) VALUES (x'02')")
+    frames = watch.after()
+    assert frames > 1000, frames  # the writer's commit copied the other's frames into the file
+    writer.execute("INSERT INTO t (body) VALUES (x'03')")  # locks kept: the writer goes on
+    assert q(db, "SELECT COUNT(*) FROM t")[0][0] == 1204
+    other.close()
+    writer.close()
