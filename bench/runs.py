@@ -265,10 +265,8 @@ def combine(reps):
     row["control_worst"] = worst_of(r["control_worst"] for r in reps)
     row["rss"] = max(r["rss"] for r in reps)
     # Every round's phases: the worst stall may fall in a round other than the median one.
-    row["rounds"] = [
-        {k: r[k] for k in ("rows_s", "worst", "phases", "worst_appends", "slow_appends", "prune_txns", "messages", "prune_s")}
-        for r in reps
-    ]
+    kept = ("rows_s", "worst", "phases", "worst_appends", "slow_appends", "prune_txns", "messages", "prune_s")
+    row["rounds"] = [{k: r[k] for k in kept} for r in reps]
     return row
 
 
