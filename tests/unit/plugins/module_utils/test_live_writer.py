@@ -192,8 +192,7 @@ def test_the_writer_sees_its_own_checkpoint(tmp_path):
     writer.execute("INSERT INTO t (body) VALUES (x'01')")
     assert watch.after() == 0  # a few frames: no checkpoint
     other.execute("BEGIN")
-    for _ in range(1200):
-        other.execute("INSERT INTO t (body) VALUES (randomblob(3000))")
+    other.executemany("INSERT INTO t (body) VALUES (randomblob(?))", [(3000,)] * 1200)
     other.execute("COMMIT")
     watch.before()
     writer.execute("INSERT INTO t (body) VALUES (x'02')")
