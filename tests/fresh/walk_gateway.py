@@ -62,24 +62,10 @@ def seed(home):
     return db
 
 
-def start(gateway):
-    """Start the gateway; once more after a failed first request: under load, 0.22.2's first turn
-    can import ``run_agent`` in two threads at once and fail with ``cannot import name 'AIAgent'``
-    (a start-up matter of the release, before any maintenance runs)."""
-    try:
-        return gateway.start()
-    except RuntimeError as exc:
-        if "first request failed" not in str(exc):
-            raise
-        sys.stderr.write("walk: the gateway's first request failed, starting it again: %s\n" % exc)
-        gateway.stop()
-        return gateway.start()
-
-
 def main(home, state_dir):
     home, state_dir = Path(home), Path(state_dir)
     db = seed(home)
-    gateway = start(Gateway(home))
+    gateway = Gateway(home).start()  # its warm-up asks again on 0.22.2's start-up import race
     client = Client(gateway.port, interval=CHAT_INTERVAL, prefix="walk").start()
     (state_dir / "ready").write_text(
         json.dumps({"port": gateway.port, "pid": gateway.proc.pid, "journal_mode": journal_mode(str(db))})

@@ -15,6 +15,7 @@ one-line summary the tables show.
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime, timezone
 from typing import Any, Literal, TypedDict
 
 # Hermes's non-messaging sources: closing a messaging session (telegram, discord, ...)
@@ -385,3 +386,13 @@ def check_option(option: Option, value: Any) -> str | None:
     if option.maximum is not None and number > option.maximum:
         return "%s must be at most %s (got %s)" % (option.name, option.maximum, value)
     return None
+
+
+def iso_seconds(text: str) -> float | None:
+    """An ISO 8601 date, or date and time, in unix seconds (UTC unless it names a zone), or None when
+    ``text`` is not one. A trailing ``Z`` is read as UTC (Python 3.9's parser refuses it)."""
+    try:
+        when = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text)
+    except ValueError:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()

@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..backup.whole_file import apply_retention, take_backup
+from ..options import iso_seconds
 from ..sqlite.db import MB, MaintenanceError, file_size, holders, open_rw
 from ..sqlite.durable import replace_file
 from ..store.schema import inspect_schema, quick_check
@@ -49,6 +50,8 @@ AsOwner = Callable[..., Any]
 
 DRAIN_FILE = ".drain_request.json"
 STATE_FILE = "gateway_state.json"
+# Hermes writes a few KB there; the agent can write any size, and root reads it: past this, unreadable.
+STATE_MOST = 1024 * 1024
 BACKUP = "backup"  # the whole-file backup a live rollback-journal run defers (quick_check first)
 VACUUM_FULL = "vacuum_full"
 FTS_OPTIMIZE = "fts_optimize"
@@ -322,9 +325,12 @@ def _state_record(home: str) -> tuple[dict[str, Any] | None, float]:
     """``HOME/gateway_state.json`` and when it was written, or (None, 0.0) when unreadable."""
     try:
         fd = os.open(os.path.join(home, STATE_FILE), os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd) as fh:
+        with os.fdopen(fd, "rb") as fh:
             written = os.fstat(fh.fileno()).st_mtime
-            state = json.load(fh)
+            text = fh.read(STATE_MOST + 1)
+        if len(text) > STATE_MOST:
+            return None, 0.0
+        state = json.loads(text)
     except (OSError, ValueError):
         return None, 0.0
     return (state, written) if isinstance(state, dict) else (None, 0.0)
@@ -338,10 +344,13 @@ def gateway_state(home: str) -> tuple[Any, Any]:
     return state.get("gateway_state"), state.get("active_agents")
 
 
-def connected_platforms(home: str) -> list[str]:
-    """The platforms ``HOME/gateway_state.json`` says are connected (the API server, a chat network)."""
+def connected_platforms(home: str) -> list[str] | None:
+    """The platforms ``HOME/gateway_state.json`` says are connected (the API server, a chat network),
+    or None when the home keeps no readable record."""
     state, _written = _state_record(home)
-    platforms = state.get("platforms") if state else None
+    if state is None:
+        return None
+    platforms = state.get("platforms")
     if not isinstance(platforms, dict):
         return []
     return sorted(
@@ -366,21 +375,11 @@ def serving_since(home: str, platforms: list[str], since: float) -> bool:
         entry = entries.get(name)
         if not isinstance(entry, dict) or entry.get("state") != "connected":
             return False
-        stamped = _epoch(entry.get("updated_at"))
+        stamp = entry.get("updated_at")
+        stamped = iso_seconds(stamp) if isinstance(stamp, str) else None
         if stamped is not None and stamped < since - CLOCK_SLACK:
             return False  # the stopped gateway's word (one killed outright leaves its ``connected``)
     return True
-
-
-def _epoch(stamp: Any) -> float | None:
-    """An ISO 8601 time (Hermes's ``updated_at``) in seconds since the epoch, None if unreadable."""
-    if not isinstance(stamp, str):
-        return None
-    try:
-        when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def wait_drained(homes: list[str], timeout: float) -> bool:
@@ -530,7 +529,11 @@ def run_window(opts: Options, entries: list[Entry], as_owner: AsOwner, owner: pw
     paths = [entry["path"] for entry in entries]
     # A gateway that keeps gateway_state.json is back when it says it serves again, with the
     # platforms connected before; one that keeps none (a supervisor's own process) when it holds state.db.
-    stated = {home: connected_platforms(home) for home in homes if _state_record(home)[0] is not None}
+    stated: dict[str, list[str]] = {}
+    for home in homes:
+        platforms = connected_platforms(home)
+        if platforms is not None:
+            stated[home] = platforms
     began = time.time()
     report["opened"] = True
     deadline = began + float(opts.max_downtime) - START_RESERVE

@@ -37,7 +37,6 @@ library only, Python 3.8+.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 import re
@@ -71,6 +70,7 @@ from ..backup.archive import (
 from ..backup.whole_file import list_backups, parse_backup_name
 from ..host.hazards import refuse_during_hermes_operation
 from ..host.profiles import LOCK_SUFFIX, ProfileLock, backups_of, profile_path, run_as_owner
+from ..options import iso_seconds
 from ..plan.selection import Session, load_sessions, parents_first, taken_along
 from ..sqlite.db import (
     BATCH_PAUSE,
@@ -472,16 +472,13 @@ def parse_time(value: object, name: str) -> float | None:
         return float(text)
     except ValueError:
         pass
-    try:
-        when = datetime.datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text)
-    except ValueError:
+    seconds = iso_seconds(text)
+    if seconds is None:
         raise MaintenanceError(
             "%s: %r is neither unix seconds nor an ISO 8601 date or time (2026-11-24, 2026-11-24T13:00:00Z)"
             % (name, value)
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.timezone.utc)
-    return when.timestamp()
+        )
+    return seconds
 
 
 def selection(

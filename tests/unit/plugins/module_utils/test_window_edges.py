@@ -84,6 +84,28 @@ def test_root_runs_nothing_the_hermes_user_can_write(tmp_path):
     assert "anyone may write" in window.agent_writable(str(program), agent_uid, agent_gid)
 
 
+def test_root_reads_what_the_agent_writes_in_gateway_state_json_within_bounds(tmp_path):
+    """gateway_state.json is the Hermes user's file and root reads it: a symlink, a file past
+    STATE_MOST, text that is not a JSON object all read as no record; a stamp is read in UTC."""
+    record = {"gateway_state": "running", "platforms": {"api_server": {"state": "connected"}, "x": []}}
+    (tmp_path / window.STATE_FILE).write_text(json.dumps(record))
+    assert window.connected_platforms(str(tmp_path)) == ["api_server"]
+    assert window.gateway_state(str(tmp_path)) == ("running", None)
+    padded = dict(record, pad=" " * window.STATE_MOST)
+    (tmp_path / window.STATE_FILE).write_text(json.dumps(padded))
+    assert window.connected_platforms(str(tmp_path)) is None
+    assert window.gateway_state(str(tmp_path)) == (None, None)
+    (tmp_path / window.STATE_FILE).write_text("[1, 2]")
+    assert window.connected_platforms(str(tmp_path)) is None
+    (tmp_path / window.STATE_FILE).unlink()
+    (tmp_path / "elsewhere.json").write_text(json.dumps(record))
+    (tmp_path / window.STATE_FILE).symlink_to(tmp_path / "elsewhere.json")
+    assert window.connected_platforms(str(tmp_path)) is None
+    assert window.iso_seconds("2026-12-07T10:00:00Z") == window.iso_seconds("2026-12-07T11:00:00+01:00")
+    assert window.iso_seconds("2026-12-07T10:00:00") == 1796637600.0
+    assert window.iso_seconds("yesterday") is None
+
+
 @pytest.fixture
 def small_home(tmp_path):
     home = tmp_path / "home"
