@@ -21,10 +21,14 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..plan.selection import ORPHAN_REAP, leased_conversation, live_leases, routed_sessions, scheduled_sessions
 from ..sqlite.db import (
+    MB,
     commits_durable,
+    frame_bytes,
     fsync_path,
     fsync_tree,
     fts_automerge_held_back,
+    wal_index_head,
+    wal_pending_bytes,
     write_transaction,
     writer_probe,
 )
@@ -71,6 +75,14 @@ IDLE_HOLD_CAP = 0.12
 # for a poll that nobody makes (bench/notes/delete-0.22-idle.md).
 IDLE_SECONDS = 0.5
 IDLE_SIZE_FACTOR = 8
+# Beside a holder that checkpoints our frames (this run may not: reclaim.wal_budget). SQLite's
+# wal_autocheckpoint, which Hermes keeps, copies the -wal into the file in the commit of whoever
+# leaves PILE_FRAMES or more in it; a transaction of ours aims PILE_OVER past that, at least
+# PILE_LEAST. With PILE_FRAMES pending, the next transaction waits up to PILE_WAIT for that copy.
+PILE_FRAMES = 1000
+PILE_OVER = 100
+PILE_LEAST = 32
+PILE_WAIT = 1.0
 # Session ids per IN list (SQLite before 3.32 allows 999 bound parameters; one statement binds a list twice).
 IN_LIST = 400
 # A transaction's first group is sized at this share of the room the previous transaction's rate gives
@@ -209,6 +221,96 @@ class LockBudget:
         """The rate of this transaction's deletes (seconds per message), for the next one's first group."""
         if rows:
             self.per_row = (time.monotonic() - self.started) / rows
+
+
+class HolderCheckpoints:
+    """Beside a gateway whose commits copy our frames into the file: the work's ``stop()``, and how
+    many frames its next transaction may write (``frames_allowed``).
+
+    The -wal restarts once everything in it is copied, and the gateway's commit copies when it
+    leaves PILE_FRAMES or more there: every frame written since the restart, inside the gateway's
+    own append. Transactions of ours of about 900 frames left the -wal just short of that after one
+    of them, so the gateway copied two at a time (1,800 to 1,900 frames, 200 ms of one append on a
+    loaded host). Each transaction takes what brings the -wal just past PILE_FRAMES, at the rate
+    of frames per unit the last one measured, and the gateway copies about one interval at a time
+    (its median copy 44 ms of its append instead of 69: bench/notes/wal-0.19.md).
+
+    The stop: every frame we write stays in the -wal until the holder copies it, so the work stops
+    between transactions once ``budget`` bytes of them are pending. Before that, with PILE_FRAMES pending,
+    the next transaction waits up to PILE_WAIT for the holder's copy, which it makes after its next
+    commit (steps of ours in a row with no commit of the gateway between them pile up: 19.8 MB left
+    after one run on a loaded host). A holder that does not copy in that time is not waited for
+    again in this run.
+    """
+
+    def __init__(self, db_path: str, page_size: int, budget: int) -> None:
+        self.db_path = db_path
+        self.budget = budget  # bytes of frames pending at which the work stops (sqlite.db.WAL_BUDGET)
+        self.pile = PILE_FRAMES * frame_bytes(page_size)
+        self.patient = True
+        self.head: tuple[int, int, bytes] | None = None  # the WAL index's header at ``begin()``
+
+    def __call__(self) -> str | None:
+        pending = wal_pending_bytes(self.db_path)
+        if self.patient and pending >= self.pile:
+            self.patient = self._wait_for_copy(pending)
+            pending = wal_pending_bytes(self.db_path)
+        if pending >= self.budget:
+            return (
+                "stopped at %d MB of WAL nobody has checkpointed yet (this SQLite %s may not checkpoint while "
+                "another process holds the file): the next run goes on" % (pending // MB, sqlite3.sqlite_version)
+            )
+        return None
+
+    def _wait_for_copy(self, pending: int) -> bool:
+        deadline = time.monotonic() + PILE_WAIT
+        while time.monotonic() < deadline:
+            time.sleep(0.005)
+            if wal_pending_bytes(self.db_path) < pending:
+                return True
+        return False
+
+    def frames_allowed(self) -> int:
+        """Frames that bring the -wal PILE_OVER past PILE_FRAMES, at least PILE_LEAST."""
+        head = wal_index_head(self.db_path)
+        if head is None:
+            return PILE_FRAMES + PILE_OVER
+        frames, copied, _salt = head
+        if copied >= frames:
+            piled = 0  # all copied: our next transaction restarts the -wal
+        elif frames < PILE_FRAMES:
+            piled = frames  # the gateway's next commit copies nothing yet
+        else:
+            piled = frames - copied
+        return max(PILE_FRAMES + PILE_OVER - piled, PILE_LEAST)
+
+    def begin(self) -> None:
+        """Before a transaction: where the -wal stands."""
+        self.head = wal_index_head(self.db_path)
+
+    def frames_written(self) -> int | None:
+        """Frames added to the -wal since ``begin()`` (None: not known)."""
+        before, after = self.head, wal_index_head(self.db_path)
+        if before is None or after is None:
+            return None
+        if after[2] == before[2] and after[0] >= before[0]:
+            return after[0] - before[0]
+        return after[0]  # the -wal restarted: everything in it is new
+
+
+class FramesPer:
+    """Frames a transaction writes per unit of its work (a message deleted, a page merged or freed),
+    as the last one measured; ``most(allowed)`` the units that fit."""
+
+    def __init__(self) -> None:
+        self.rate: float | None = None
+
+    def measured(self, frames: int | None, units: int) -> None:
+        if frames and units > 0:
+            self.rate = frames / float(units)
+
+    def most(self, allowed: int) -> int | None:
+        return max(1, int(allowed / self.rate)) if self.rate else None
 
 
 class WriterTurn:
@@ -391,6 +493,7 @@ def prune(
     before its first slice (apply.undo), so that a run cut short between two slices loses none of it.
     """
     run = _start_prune(conn, plan, schema, batch_size, pause, result, batch_time, pause_after_commit, keep_copy)
+    run.pile = stop if isinstance(stop, HolderCheckpoints) else None
     with persistent_journal(conn):
         try:
             while run.queue:
@@ -426,6 +529,8 @@ class _PruneRun:
     pacing: IdlePacing
     pause_after_commit: bool
     sliced_list: dict[str, SlicedEntry] = field(default_factory=dict)  # listed durably before their first slice
+    pile: HolderCheckpoints | None = None  # the holder copies our frames: each transaction sized to its copies
+    per_message: FramesPer = field(default_factory=FramesPer)
 
 
 def _start_prune(
@@ -468,6 +573,9 @@ def _prune_transaction(run: _PruneRun) -> None:
         budget.hard = hard_bound(budget.seconds)
     batch = run.queue.popleft()
     budget.most = run.pacing.size(run.batch_size)
+    if run.pile:
+        fit = run.per_message.most(run.pile.frames_allowed())
+        budget.most = min(budget.most, fit) if fit else budget.most
     if budget.most > run.batch_size:
         batch = _joined(run.queue, batch, budget.most, run.plan)
     # Listed before BEGIN, durably (file and directory), out of the write lock's hold: a
@@ -479,8 +587,12 @@ def _prune_transaction(run: _PruneRun) -> None:
         pending_durable(run.pending)
     if run.keep_copy is not None:
         _list_first_slice(run.conn, run.schema, run.plan, batch, run.keep_copy, run.sliced_list)
+    if run.pile:
+        run.pile.begin()
     began = time.monotonic()
     done, counts = _batch_or_retry(run, batch)
+    if run.pile:
+        run.per_message.measured(run.pile.frames_written(), counts.messages)
     counts.sessions = len(done)
     run.result.add(counts)
     files = [path for sid in done for path in listed.get(sid, ())]

@@ -22,16 +22,14 @@ from ..sqlite.db import (
     WAL_BUDGET,
     describe_holders,
     file_size,
-    frame_bytes,
     free_bytes,
     holders,
     is_wal_file,
     quoted,
     sqlite_wal_reset_affected,
-    wal_pending_bytes,
     write_transaction,
 )
-from .prune import ROLLBACK_COMMIT_TIME, hard_bound, turn_after_commit
+from .prune import ROLLBACK_COMMIT_TIME, FramesPer, HolderCheckpoints, hard_bound, turn_after_commit
 
 if TYPE_CHECKING:
     from ..options import Options
@@ -52,8 +50,6 @@ INCREMENTAL_PROGRESS = 100  # SQLite VM steps between two looks at the clock (a 
 # incremental_vacuum step about 1.3 a page freed.
 FTS_WAL_MOST = 256
 INCREMENTAL_WAL_MOST = 800
-PILE_FRAMES = 1000  # SQLite's wal_autocheckpoint, which Hermes keeps: the holder checkpoints past it
-PILE_WAIT = 1.0  # seconds for the holder's checkpoint before a step when PILE_FRAMES are pending
 AUTO_VACUUM_INCREMENTAL = 2
 
 Stop = Callable[[], Optional[str]]  # why the work stops between two transactions now, or None
@@ -67,46 +63,15 @@ Decision = tuple[Optional[str], Optional[str]]  # (action, or None and why not)
 Reclaim = dict[str, Any]
 
 
-def wal_budget(conn: sqlite3.Connection, db_path: str, replica: Sequence[str] | None = None) -> Stop | None:
-    """A ``stop()`` for the work loops when this run may not checkpoint, else None.
-
-    Then every frame we write stays in the -wal until the holder checkpoints it, and the
-    work stops between transactions once WAL_BUDGET of them are pending. Before that, with
-    a checkpoint interval of frames pending (PILE_FRAMES), the next transaction waits up to
-    PILE_WAIT for the holder's checkpoint, which it runs after its next commit: the -wal keeps
-    the size of the most frames written between two restarts, and steps of ours in a row with
-    no commit of the gateway between them pile up (19.8 MB left after one run on a loaded host).
-    A holder that does not checkpoint in that time is not waited for again in this run.
-    """
+def wal_budget(
+    conn: sqlite3.Connection, db_path: str, replica: Sequence[str] | None = None
+) -> HolderCheckpoints | None:
+    """The work loops' ``stop()`` and frame pacing (prune.HolderCheckpoints) when this run may not
+    checkpoint and the holder copies our frames, else None."""
     policy, _why = checkpoint_policy(db_path, replica)
     if policy is not None or replica or not is_wal_file(db_path):
         return None  # we checkpoint at the end (or Litestream does, or there is no WAL)
-    patient = [True]
-    pile = PILE_FRAMES * frame_bytes(pragma(conn, "page_size"))
-
-    def stop() -> str | None:
-        pending: int = wal_pending_bytes(db_path)
-        if patient[0] and pending >= pile:
-            patient[0] = _wait_for_checkpoint(db_path, pending)
-            pending = wal_pending_bytes(db_path)
-        if pending >= WAL_BUDGET:
-            return (
-                "stopped at %d MB of WAL nobody has checkpointed yet (this SQLite %s may not checkpoint while "
-                "another process holds the file): the next run goes on" % (pending // MB, sqlite3.sqlite_version)
-            )
-        return None
-
-    return stop
-
-
-def _wait_for_checkpoint(db_path: str, pending: int) -> bool:
-    """Wait up to PILE_WAIT for the holder to checkpoint some of ``pending``; whether it did."""
-    deadline = time.monotonic() + PILE_WAIT
-    while time.monotonic() < deadline:
-        time.sleep(0.005)
-        if wal_pending_bytes(db_path) < pending:
-            return True
-    return False
+    return HolderCheckpoints(db_path, pragma(conn, "page_size"), WAL_BUDGET)
 
 
 def fts_give_back(
@@ -158,6 +123,8 @@ def _optimize_index_live(
     merge = "INSERT INTO %s(%s, rank) VALUES('merge', " % (name, name)
     pages = OPTIMIZE_FIRST if bound else MERGE_PAGES
     most = step_most(conn, FTS_WAL_MOST)
+    pile = stop if isinstance(stop, HolderCheckpoints) else None
+    per_page = FramesPer()
     hard = hard_bound(bound) if bound else None
     # when the merge statement began, while it runs: never the BEGIN, COMMIT or ROLLBACK
     running: list[float | None] = [None]
@@ -173,29 +140,34 @@ def _optimize_index_live(
             if stopped:
                 return steps, stopped
             before = conn.total_changes
+            step = paced(pages, pile, per_page)
+            if pile:
+                pile.begin()
             began = time.monotonic()
             try:
                 with write_transaction(conn):
                     began = running[0] = time.monotonic()
                     try:
-                        conn.execute(merge + "%d)" % (pages if started else -pages))
+                        conn.execute(merge + "%d)" % (step if started else -step))
                     finally:
                         running[0] = None
             except sqlite3.OperationalError as exc:
                 if not hard or "interrupt" not in str(exc):
                     return steps, str(exc)
                 cut += 1
-                if pages == 1 and cut > OPTIMIZE_CUTS:
+                if step == 1 and cut > OPTIMIZE_CUTS:
                     return steps, "a step of one page ran past the hard bound %d times: the next run goes on" % cut
-                pages = max(1, pages // 2)
+                pages = max(1, step // 2)
                 wait(time.monotonic() - began)
                 continue
             held = time.monotonic() - began
             steps, cut = steps + 1, 0
+            if pile:
+                per_page.measured(pile.frames_written(), step)
             wait(held)
             did = conn.total_changes - before >= 2  # FTS5's documented "work was done" signal
             if bound:
-                pages = next_pages(pages, held, bound, most)
+                pages = next_pages(step, held, bound, most, pages)
             if not started and not did:
                 return steps, None  # one segment already: nothing to optimize
             started = True
@@ -316,23 +288,30 @@ def incremental_vacuum(
     hard = hard_bound(bound) if bound else None
     began = [0.0]
     wait = turn_after_commit(conn, pause)
+    pile = stop if isinstance(stop, HolderCheckpoints) else None
+    per_page = FramesPer()
     if hard:
         conn.set_progress_handler(lambda: 1 if time.monotonic() - began[0] > hard else 0, INCREMENTAL_PROGRESS)
     try:
         while pragma(conn, "freelist_count") > 0 and steps < 100000 and not (stop and stop()):
+            step = paced(pages, pile, per_page)
+            if pile:
+                pile.begin()
             began[0] = time.monotonic()
             try:
-                conn.executescript("PRAGMA incremental_vacuum(%d);" % pages)
+                conn.executescript("PRAGMA incremental_vacuum(%d);" % step)
             except sqlite3.OperationalError as exc:
                 if not hard or "interrupt" not in str(exc):
                     raise
-                retries, pages = retries + 1, max(1, pages // 2)
+                retries, pages = retries + 1, max(1, step // 2)
                 wait(time.monotonic() - began[0])
                 continue
             held = time.monotonic() - began[0]
             steps += 1
+            if pile:
+                per_page.measured(pile.frames_written(), step)
             if bound:
-                pages = next_pages(pages, held, bound, most)
+                pages = next_pages(step, held, bound, most, pages)
             wait(held)
     finally:
         if hard:
@@ -340,11 +319,19 @@ def incremental_vacuum(
     return steps, retries
 
 
-def next_pages(pages: int, held: float, bound: float, most: int = INCREMENTAL_MOST) -> int:
-    """The next step's pages: 0.8 x the bound at the last step's rate, at most 4 times as many and ``most``."""
+def next_pages(pages: int, held: float, bound: float, most: int = INCREMENTAL_MOST, asked: int | None = None) -> int:
+    """The next step's pages: 0.8 x the bound at the rate of the last step (``pages`` in ``held``
+    seconds), at most 4 times as many as it or as the step before asked for (``asked``: more than
+    it took when the holder's checkpoint cut it short), and ``most``."""
     per_page = held / float(pages)
     fit = int(0.8 * bound / per_page) if per_page > 0 else most
-    return max(1, min(fit, 4 * pages, most))
+    return max(1, min(fit, 4 * max(pages, asked or 0), most))
+
+
+def paced(pages: int, pile: HolderCheckpoints | None, per_page: FramesPer) -> int:
+    """A step's pages: ``pages``, or fewer where the holder's checkpoint would otherwise copy two steps at once."""
+    fit = per_page.most(pile.frames_allowed()) if pile else None
+    return min(pages, fit) if fit else pages
 
 
 def step_most(conn: sqlite3.Connection, wal_most: int) -> int:

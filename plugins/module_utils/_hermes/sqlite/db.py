@@ -440,18 +440,34 @@ def wal_pending_bytes(db_path: str) -> int:
     (opening and closing another one would drop SQLite's locks on it); without one, the
     size of the -wal.
     """
-    fd = _own_fd(db_path + "-shm")
-    if fd is None:
-        return file_size(db_path + "-wal")
-    try:
-        head = os.pread(fd, 104, 0)
-    except OSError:
+    head = _shm_head(db_path)
+    if head is None:
         return file_size(db_path + "-wal")
     if len(head) < 104:
         return 0
     page: int = struct.unpack_from("=H", head, 14)[0]
     frames: int = struct.unpack_from("=I", head, 16)[0] - struct.unpack_from("=I", head, 96)[0]
     return max(0, frames) * frame_bytes(65536 if page == 1 else page)
+
+
+def wal_index_head(db_path: str) -> tuple[int, int, bytes] | None:
+    """The -shm's WAL-index header, read as ``wal_pending_bytes`` reads it: (mxFrame, nBackfill, the
+    salt a restart of the -wal changes), or None without a descriptor or a header to read."""
+    head = _shm_head(db_path)
+    if head is None or len(head) < 104:
+        return None
+    return struct.unpack_from("=I", head, 16)[0], struct.unpack_from("=I", head, 96)[0], head[32:40]
+
+
+def _shm_head(db_path: str) -> bytes | None:
+    """The first 104 bytes of the -shm (the WAL-index header, then nBackfill) through our own descriptor."""
+    fd = _own_fd(db_path + "-shm")
+    if fd is None:
+        return None
+    try:
+        return os.pread(fd, 104, 0)
+    except OSError:
+        return None
 
 
 def frame_bytes(page_size: int) -> int:

@@ -8,8 +8,16 @@ import sys
 
 import pytest
 from hermes_reliability import query
+from hermes_writer import CheckpointWatch
 
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.prune import (
+    PILE_FRAMES,
+    PILE_OVER,
+    FramesPer,
+    HolderCheckpoints,
+)
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import WAL_BUDGET
 from hermes_fixtures import build_home
 
 SPECS = [
@@ -128,3 +136,52 @@ def test_deleted_messages_leave_the_fts_index_consistent(home):
     ).fetchall():
         conn.execute("INSERT INTO %s(%s) VALUES('integrity-check')" % (name, name))
     assert conn.execute("SELECT COUNT(*) FROM messages").fetchone() == (25,)
+
+
+def _copies_beside_a_holder(db, rows_for):
+    """Transactions of ours (no checkpoint of our own) of ``rows_for(k)`` one-page rows, each followed
+    by one commit of a holder that keeps SQLite's wal_autocheckpoint; the frames each of the holder's
+    commits copied into the file (the -shm's nBackfill before and after it)."""
+    ours = sqlite3.connect(db, isolation_level=None)
+    ours.execute("PRAGMA journal_mode=wal")
+    ours.execute("PRAGMA wal_autocheckpoint=0")
+    ours.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)")
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("INSERT INTO t (body) VALUES (x'00')")
+    watch = CheckpointWatch(db)
+    copies = []
+    for k in range(40):
+        rows = rows_for(k)
+        ours.execute("BEGIN IMMEDIATE")
+        ours.executemany("INSERT INTO t (body) VALUES (randomblob(3000))", [()] * rows)
+        ours.execute("COMMIT")
+        watch.before()
+        holder.execute("INSERT INTO t (body) VALUES (x'01')")
+        copies.append(watch.after())
+    return ours, holder, [c for c in copies if c]
+
+
+def test_each_transaction_brings_the_wal_just_past_the_holders_checkpoint(tmp_path):
+    """Beside a holder that copies our frames (we may not checkpoint), transactions of 900 frames
+    leave the -wal short of SQLite's 1000 after one of them, so the holder copies two at a time;
+    sized by HolderCheckpoints, each brings it just past, and each copy is about one interval."""
+    fixed_ours, fixed_holder, fixed = _copies_beside_a_holder(str(tmp_path / "fixed.db"), lambda k: 900)
+    assert fixed and min(fixed) > 1700, fixed  # the problem: two transactions in each copy
+    db = str(tmp_path / "paced.db")
+    state = {}
+
+    def paced_rows(k):
+        if "pile" not in state:  # the file exists from the first call on
+            state["pile"], state["per_row"] = HolderCheckpoints(db, 4096, WAL_BUDGET), FramesPer()
+        pile, per_row = state["pile"], state["per_row"]
+        if k:
+            per_row.measured(pile.frames_written(), state["rows"])
+        state["rows"] = per_row.most(pile.frames_allowed()) or 900
+        pile.begin()
+        return state["rows"]
+
+    ours, holder, paced = _copies_beside_a_holder(db, paced_rows)
+    assert len(paced) >= len(fixed), (paced, fixed)
+    assert max(paced) <= PILE_FRAMES + PILE_OVER + 50, paced
+    for conn in (fixed_ours, fixed_holder, ours, holder):
+        conn.close()
