@@ -225,7 +225,7 @@ class LockBudget:
 
 class HolderCheckpoints:
     """Beside a gateway whose commits copy our frames into the file: the work's ``stop()``, and how
-    many frames its next transaction may write (``frames_allowed``).
+    many frames its next transaction may write (``begin``).
 
     The -wal restarts once everything in it is copied, and the gateway's commit copies when it
     leaves PILE_FRAMES or more there: every frame written since the restart, inside the gateway's
@@ -270,9 +270,10 @@ class HolderCheckpoints:
                 return True
         return False
 
-    def frames_allowed(self) -> int:
-        """Frames that bring the -wal PILE_OVER past PILE_FRAMES, at least PILE_LEAST."""
-        head = wal_index_head(self.db_path)
+    def begin(self) -> int:
+        """Before a transaction: where the -wal stands (for ``frames_written``), and the frames that
+        bring it PILE_OVER past PILE_FRAMES, at least PILE_LEAST."""
+        self.head = head = wal_index_head(self.db_path)
         if head is None:
             return PILE_FRAMES + PILE_OVER
         frames, copied, _salt = head
@@ -283,10 +284,6 @@ class HolderCheckpoints:
         else:
             piled = frames - copied
         return max(PILE_FRAMES + PILE_OVER - piled, PILE_LEAST)
-
-    def begin(self) -> None:
-        """Before a transaction: where the -wal stands."""
-        self.head = wal_index_head(self.db_path)
 
     def frames_written(self) -> int | None:
         """Frames added to the -wal since ``begin()`` (None: not known)."""
@@ -574,7 +571,7 @@ def _prune_transaction(run: _PruneRun) -> None:
     batch = run.queue.popleft()
     budget.most = run.pacing.size(run.batch_size)
     if run.pile:
-        fit = run.per_message.most(run.pile.frames_allowed())
+        fit = run.per_message.most(run.pile.begin())
         budget.most = min(budget.most, fit) if fit else budget.most
     if budget.most > run.batch_size:
         batch = _joined(run.queue, batch, budget.most, run.plan)
@@ -587,8 +584,6 @@ def _prune_transaction(run: _PruneRun) -> None:
         pending_durable(run.pending)
     if run.keep_copy is not None:
         _list_first_slice(run.conn, run.schema, run.plan, batch, run.keep_copy, run.sliced_list)
-    if run.pile:
-        run.pile.begin()
     began = time.monotonic()
     done, counts = _batch_or_retry(run, batch)
     if run.pile:

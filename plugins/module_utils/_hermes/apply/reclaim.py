@@ -141,8 +141,6 @@ def _optimize_index_live(
                 return steps, stopped
             before = conn.total_changes
             step = paced(pages, pile, per_page)
-            if pile:
-                pile.begin()
             began = time.monotonic()
             try:
                 with write_transaction(conn):
@@ -295,8 +293,6 @@ def incremental_vacuum(
     try:
         while pragma(conn, "freelist_count") > 0 and steps < 100000 and not (stop and stop()):
             step = paced(pages, pile, per_page)
-            if pile:
-                pile.begin()
             began[0] = time.monotonic()
             try:
                 conn.executescript("PRAGMA incremental_vacuum(%d);" % step)
@@ -329,8 +325,9 @@ def next_pages(pages: int, held: float, bound: float, most: int = INCREMENTAL_MO
 
 
 def paced(pages: int, pile: HolderCheckpoints | None, per_page: FramesPer) -> int:
-    """A step's pages: ``pages``, or fewer where the holder's checkpoint would otherwise copy two steps at once."""
-    fit = per_page.most(pile.frames_allowed()) if pile else None
+    """A step's pages: ``pages``, or fewer where the holder's checkpoint would otherwise copy two steps
+    at once; with ``pile``, marks where the -wal stands for the step's ``frames_written``."""
+    fit = per_page.most(pile.begin()) if pile else None
     return min(pages, fit) if fit else pages
 
 

@@ -176,8 +176,7 @@ def test_each_transaction_brings_the_wal_just_past_the_holders_checkpoint(tmp_pa
         pile, per_row = state["pile"], state["per_row"]
         if k:
             per_row.measured(pile.frames_written(), state["rows"])
-        state["rows"] = per_row.most(pile.frames_allowed()) or 900
-        pile.begin()
+        state["rows"] = per_row.most(pile.begin()) or 900
         return state["rows"]
 
     ours, holder, paced = _copies_beside_a_holder(db, paced_rows)
