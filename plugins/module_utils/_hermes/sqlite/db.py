@@ -446,8 +446,8 @@ def wal_pending_bytes(db_path: str) -> int:
     if len(head) < 104:
         return 0
     page: int = struct.unpack_from("=H", head, 14)[0]
-    frames: int = struct.unpack_from("=I", head, 16)[0] - struct.unpack_from("=I", head, 96)[0]
-    return max(0, frames) * frame_bytes(65536 if page == 1 else page)
+    frames, copied, _salt = _index_head(head)
+    return max(0, frames - copied) * frame_bytes(65536 if page == 1 else page)
 
 
 def wal_index_head(db_path: str) -> tuple[int, int, bytes] | None:
@@ -456,6 +456,11 @@ def wal_index_head(db_path: str) -> tuple[int, int, bytes] | None:
     head = _shm_head(db_path)
     if head is None or len(head) < 104:
         return None
+    return _index_head(head)
+
+
+def _index_head(head: bytes) -> tuple[int, int, bytes]:
+    """(mxFrame, nBackfill, salt) of a WAL-index header of 104 bytes or more."""
     return struct.unpack_from("=I", head, 16)[0], struct.unpack_from("=I", head, 96)[0], head[32:40]
 
 
@@ -551,23 +556,42 @@ def writer_probe(path: str, wal: bool = False) -> Callable[[], bool] | None:
     return writing
 
 
+_OWN_FDS: dict[str, int] = {}  # path: the descriptor _own_fd found last (checked again at each use)
+
+
 def _own_fd(path: str) -> int | None:
-    """A readable descriptor this process already has on ``path``'s file (SQLite's), or None."""
+    """A readable descriptor this process already has on ``path``'s file (SQLite's), or None.
+
+    The one found last for ``path`` is asked first: the -shm's header is read several times per
+    transaction beside a gateway, and a scan of /proc/self/fd costs a call per descriptor open."""
     try:
         want = os.stat(path)
+    except OSError:
+        return None
+    known = _OWN_FDS.get(path)
+    if known is not None and _reads_file(known, want):
+        return known
+    try:
         names = os.listdir("/proc/self/fd")
     except OSError:
         return None
     for name in names:
-        try:
-            fd = int(name)
-            st = os.fstat(fd)
-            readable = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_WRONLY
-        except (OSError, ValueError):
-            continue
-        if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino) and stat.S_ISREG(st.st_mode) and readable:
+        fd = int(name) if name.isdigit() else -1
+        if fd >= 0 and _reads_file(fd, want):
+            _OWN_FDS[path] = fd
             return fd
+    _OWN_FDS.pop(path, None)
     return None
+
+
+def _reads_file(fd: int, want: os.stat_result) -> bool:
+    """``fd`` is open, readable, on the regular file ``want`` describes."""
+    try:
+        st = os.fstat(fd)
+        readable = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_WRONLY
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino) and stat.S_ISREG(st.st_mode) and readable
 
 
 def holders(db_path: str, exclude_pids: Iterable[int] | None = None) -> list[dict[str, Any]]:
