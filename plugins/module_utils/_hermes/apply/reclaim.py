@@ -121,11 +121,8 @@ def _optimize_index_live(
 ) -> tuple[int, str | None]:
     name = quoted(table)
     merge = "INSERT INTO %s(%s, rank) VALUES('merge', " % (name, name)
-    pages = OPTIMIZE_FIRST if bound else MERGE_PAGES
-    most = step_most(conn, FTS_WAL_MOST)
-    pile = stop if isinstance(stop, HolderCheckpoints) else None
-    per_page = FramesPer()
-    hard = hard_bound(bound) if bound else None
+    sizer = StepSizer(conn, OPTIMIZE_FIRST if bound else MERGE_PAGES, FTS_WAL_MOST, bound, stop)
+    hard = sizer.hard
     # when the merge statement began, while it runs: never the BEGIN, COMMIT or ROLLBACK
     running: list[float | None] = [None]
     steps = stalls = cut = 0
@@ -140,7 +137,7 @@ def _optimize_index_live(
             if stopped:
                 return steps, stopped
             before = conn.total_changes
-            step = paced(pages, pile, per_page)
+            step = sizer.next()
             began = time.monotonic()
             try:
                 with write_transaction(conn):
@@ -155,17 +152,14 @@ def _optimize_index_live(
                 cut += 1
                 if step == 1 and cut > OPTIMIZE_CUTS:
                     return steps, "a step of one page ran past the hard bound %d times: the next run goes on" % cut
-                pages = max(1, step // 2)
+                sizer.cut()
                 wait(time.monotonic() - began)
                 continue
             held = time.monotonic() - began
             steps, cut = steps + 1, 0
-            if pile:
-                per_page.measured(pile.frames_written(), step)
+            sizer.done(held)
             wait(held)
             did = conn.total_changes - before >= 2  # FTS5's documented "work was done" signal
-            if bound:
-                pages = next_pages(step, held, bound, most, pages)
             if not started and not did:
                 return steps, None  # one segment already: nothing to optimize
             started = True
@@ -281,33 +275,28 @@ def incremental_vacuum(
     cannot keep a lock hold within a writer's polls. None: INCREMENTAL_PAGES a step, untimed.
     """
     steps = retries = 0
-    most = step_most(conn, INCREMENTAL_WAL_MOST)
-    pages = INCREMENTAL_FIRST if bound else min(INCREMENTAL_PAGES, most)
-    hard = hard_bound(bound) if bound else None
+    sizer = StepSizer(conn, INCREMENTAL_FIRST if bound else INCREMENTAL_PAGES, INCREMENTAL_WAL_MOST, bound, stop)
+    hard = sizer.hard
     began = [0.0]
     wait = turn_after_commit(conn, pause)
-    pile = stop if isinstance(stop, HolderCheckpoints) else None
-    per_page = FramesPer()
     if hard:
         conn.set_progress_handler(lambda: 1 if time.monotonic() - began[0] > hard else 0, INCREMENTAL_PROGRESS)
     try:
         while pragma(conn, "freelist_count") > 0 and steps < 100000 and not (stop and stop()):
-            step = paced(pages, pile, per_page)
+            step = sizer.next()
             began[0] = time.monotonic()
             try:
                 conn.executescript("PRAGMA incremental_vacuum(%d);" % step)
             except sqlite3.OperationalError as exc:
                 if not hard or "interrupt" not in str(exc):
                     raise
-                retries, pages = retries + 1, max(1, step // 2)
+                retries += 1
+                sizer.cut()
                 wait(time.monotonic() - began[0])
                 continue
             held = time.monotonic() - began[0]
             steps += 1
-            if pile:
-                per_page.measured(pile.frames_written(), step)
-            if bound:
-                pages = next_pages(step, held, bound, most, pages)
+            sizer.done(held)
             wait(held)
     finally:
         if hard:
@@ -324,16 +313,40 @@ def next_pages(pages: int, held: float, bound: float, most: int = INCREMENTAL_MO
     return max(1, min(fit, 4 * max(pages, asked or 0), most))
 
 
-def paced(pages: int, pile: HolderCheckpoints | None, per_page: FramesPer) -> int:
-    """A step's pages: ``pages``, or fewer where the holder's checkpoint would otherwise copy two steps
-    at once; with ``pile``, marks where the -wal stands for the step's ``frames_written``."""
-    fit = per_page.most(pile.begin()) if pile else None
-    return min(pages, fit) if fit else pages
+class StepSizer:
+    """The pages of each step of a loop of short write transactions (the FTS optimize, the
+    incremental_vacuum): ``first``, then as many as fit in the bound at the last step's rate
+    (``next_pages``), half as many after a step cut at the hard bound; at most ``wal_most`` in WAL
+    mode (INCREMENTAL_MOST otherwise), and beside a holder that copies our frames (``stop`` is a
+    HolderCheckpoints) no more than bring the -wal just past its checkpoint. ``bound`` None: ``first``
+    a step (at most ``wal_most`` in WAL mode), untimed."""
 
+    def __init__(self, conn: sqlite3.Connection, first: int, wal_most: int, bound: float | None,
+                 stop: Stop | None) -> None:  # fmt: skip
+        self.most = wal_most if pragma(conn, "journal_mode").lower() == "wal" else INCREMENTAL_MOST
+        self.bound = bound
+        self.pile = stop if isinstance(stop, HolderCheckpoints) else None
+        self.hard = hard_bound(bound) if bound else None  # seconds after BEGIN past which a step is interrupted
+        self.pages = first if bound else min(first, self.most)
+        self.per_page = FramesPer()
+        self.step = 0  # the pages of the step under way
 
-def step_most(conn: sqlite3.Connection, wal_most: int) -> int:
-    """The pages of one step at most: ``wal_most`` in WAL mode, INCREMENTAL_MOST otherwise."""
-    return wal_most if pragma(conn, "journal_mode").lower() == "wal" else INCREMENTAL_MOST
+    def next(self) -> int:
+        """The next step's pages; with a holder, marks where the -wal stands for its ``frames_written``."""
+        fit = self.per_page.most(self.pile.begin()) if self.pile else None
+        self.step = min(self.pages, fit) if fit else self.pages
+        return self.step
+
+    def cut(self) -> None:
+        """The step ran past the hard bound and was rolled back: the next takes half its pages."""
+        self.pages = max(1, self.step // 2)
+
+    def done(self, held: float) -> None:
+        """The step committed after holding the lock ``held`` seconds."""
+        if self.pile:
+            self.per_page.measured(self.pile.frames_written(), self.step)
+        if self.bound:
+            self.pages = next_pages(self.step, held, self.bound, self.most, self.pages)
 
 
 def step_bound(options: Options, db_path: str) -> float | None:
