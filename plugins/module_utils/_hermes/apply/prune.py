@@ -52,13 +52,21 @@ ZOMBIE_CHUNK = 200
 ROLLBACK_COMMIT_TIME = 0.04
 # A statement still running this many times the bound after BEGIN, and at least HARD_BOUND_FLOOR,
 # is interrupted (SQLite rolls the transaction back) and the batch retried in two, in either journal
-# mode: a process preempted while it holds the lock, or a group whose pages went cold when the
-# gateway committed, would otherwise keep the gateway out past its 178 ms poll, then its 228 and
-# 328 ms ones (in WAL mode, before: 0.19.0's writer waited 290-409 ms on 195-321 ms transactions
-# under a 60 ms bound). A writer that has waited since our BEGIN gets in at its 178 ms poll; at
-# 1.5 x 60 ms, WAL's bound, work was thrown away so often that the prune lost a quarter of its rows/s.
+# mode: a process preempted while it holds the lock, a group whose pages went cold when the gateway
+# committed, or one whose FTS5 flush ran a merge step, would otherwise keep the gateway out past its
+# 178 ms poll, then its 228 and 328 ms ones (in WAL mode, before: 0.19.0's writer waited 290-409 ms
+# on 195-321 ms transactions under a 60 ms bound). A writer that has waited since our BEGIN gets in
+# at its 178 ms poll; at 1.5 x 60 ms, WAL's bound, work was thrown away so often that the prune lost
+# a quarter of its rows/s.
+# Beside a holder whose commits copy our frames into the file (HolderCheckpoints), that writer's
+# append also copies our last transaction's frames: the floor is COPIED_HARD_BOUND_FLOOR, and the
+# writer gets in at its 128 ms poll. On 0.19.0's WAL file of 800,000 messages the cuts (2-3 % of
+# the prune's transactions) had set the writer's p99 at 188-207 ms; at 120 ms it was 133-139 ms,
+# the prune's rows/s the same within the noise (bench/notes/wal-0.19.md). Where our frames are
+# checkpointed by us, the cut at 120 ms cost 0.22.2's WAL prune about 5 % of its rows/s for nothing.
 HARD_BOUND_FACTOR = 1.5
 HARD_BOUND_FLOOR = 0.15
+COPIED_HARD_BOUND_FLOOR = 0.12
 PROGRESS_STEPS = 1000  # SQLite VM steps between two looks at the clock while a statement runs
 # SQLite's busy handler sleeps these many ms between polls, then 100 ms each (sqliteDefaultBusyCallback).
 BUSY_POLL_MS = (1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100)
@@ -453,9 +461,10 @@ class IdlePacing:
         return max(floor, shrunk)
 
 
-def hard_bound(bound: float) -> float:
-    """Seconds after BEGIN past which a running statement of the prune is interrupted."""
-    return max(bound * HARD_BOUND_FACTOR, HARD_BOUND_FLOOR)
+def hard_bound(bound: float, copied: bool = False) -> float:
+    """Seconds after BEGIN past which a running statement of the prune is interrupted (``copied``:
+    beside a holder whose commits copy our frames into the file)."""
+    return max(bound * HARD_BOUND_FACTOR, COPIED_HARD_BOUND_FLOOR if copied else HARD_BOUND_FLOOR)
 
 
 def prune(
@@ -567,7 +576,7 @@ def _prune_transaction(run: _PruneRun) -> None:
     budget = run.budget
     budget.seconds = run.pacing.bound()
     if budget.hard:  # while the gateway is idle the bound grows, and the hard bound with it
-        budget.hard = hard_bound(budget.seconds)
+        budget.hard = hard_bound(budget.seconds, copied=run.pile is not None)
     batch = run.queue.popleft()
     budget.most = run.pacing.size(run.batch_size)
     if run.pile:

@@ -326,7 +326,8 @@ class StepSizer:
         self.most = wal_most if pragma(conn, "journal_mode").lower() == "wal" else INCREMENTAL_MOST
         self.bound = bound
         self.pile = stop if isinstance(stop, HolderCheckpoints) else None
-        self.hard = hard_bound(bound) if bound else None  # seconds after BEGIN past which a step is interrupted
+        # seconds after BEGIN past which a step is interrupted
+        self.hard = hard_bound(bound, copied=self.pile is not None) if bound else None
         self.pages = first if bound else min(first, self.most)
         self.per_page = FramesPer()
         self.step = 0  # the pages of the step under way

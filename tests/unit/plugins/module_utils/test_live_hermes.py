@@ -30,6 +30,7 @@ import pytest
 from hermes_locks import hold_hermes_lock
 from hermes_reliability import COLLECTIONS_ROOT, chown_tree, db_problems, full_rows, world_traversable_dir
 
+from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import prune as hermes_apply_prune
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply import reclaim as hermes_apply_reclaim
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.report.info import gather_info
@@ -357,6 +358,43 @@ def test_without_checkpoints_the_work_stops_at_the_wal_budget_and_the_next_run_g
     assert second["stopped_early"] is None and first["sessions_pruned"] + second["sessions_pruned"] == 30
     assert second["reclaim"]["checkpoint"] == "TRUNCATE"
     assert db_problems(db) == []
+
+
+@pytest.mark.skipif(not sqlite_wal_reset_affected(), reason="this SQLite has no WAL-reset bug")
+def test_beside_a_holder_that_copies_our_frames_a_transaction_is_cut_before_the_writers_128_ms_poll(
+    tmp_path, monkeypatch
+):
+    """The holder's next append copies our frames as well as waiting out a cut transaction: the
+    prune's transactions and the reclaim's steps are cut at 120 ms there (its 128 ms poll), not 150."""
+    seen = {"prune": [], "steps": []}
+
+    class Budget(hermes_apply_prune.LockBudget):  # the real budget, its bound and hard bound recorded
+        def begin(self):
+            seen["prune"].append((self.seconds, self.hard))
+            super().begin()
+
+    class Sizer(hermes_apply_reclaim.StepSizer):  # the real sizer of the FTS optimize's steps, recorded
+        def __init__(self, *args):
+            super().__init__(*args)
+            seen["steps"].append((self.bound, self.hard))
+
+    monkeypatch.setattr(hermes_apply_prune, "LockBudget", Budget)
+    monkeypatch.setattr(hermes_apply_reclaim, "StepSizer", Sizer)
+    homes = {name: wal_home(tmp_path, name) for name in ("held", "alone")}
+    opts = {"prune_days": 7, "backup": False, "batch_size": 40}
+    with holding(WAL_GATEWAY, homes["held"] / "state.db", tmp_path / "ready"):
+        held = run_maintenance(dict(opts, hermes_home=[str(homes["held"])]))["profiles"][0]
+    copied = {key: list(values) for key, values in seen.items()}
+    seen["prune"][:], seen["steps"][:] = [], []
+    alone = run_maintenance(dict(opts, hermes_home=[str(homes["alone"])]))["profiles"][0]
+    assert held["status"] == alone["status"] == "ok" and held["sessions_pruned"] == alone["sessions_pruned"] == 30
+    assert copied["prune"][0] == (0.06, 0.12) and copied["steps"] and copied["steps"][0] == (0.06, 0.12)
+    for bound, hard in copied["prune"] + copied["steps"]:
+        assert hard == hermes_apply_prune.hard_bound(bound, copied=True), (bound, hard)
+    # alone on the file (its frames checkpointed by us), the hard bound stays 1.5 x the bound, at least 150 ms
+    assert seen["prune"][0] == (0.06, 0.15)
+    for bound, hard in seen["prune"] + seen["steps"]:
+        assert hard == (hermes_apply_prune.hard_bound(bound) if bound else None), (bound, hard)
 
 
 def test_alone_on_the_file_the_engine_checkpoints_it_fully(tmp_path):
