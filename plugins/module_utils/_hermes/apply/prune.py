@@ -67,6 +67,16 @@ ROLLBACK_COMMIT_TIME = 0.04
 HARD_BOUND_FACTOR = 1.5
 HARD_BOUND_FLOOR = 0.15
 COPIED_HARD_BOUND_FLOOR = 0.12
+# In rollback-journal mode beside a gateway that writes, the bound holds the COMMIT's allowance
+# already (ROLLBACK_COMMIT_TIME): the statements are cut at ROLLBACK_HARD_FACTOR x the bound, 110 ms
+# at the default batch_time, so that the hold, its 10-20 ms COMMIT included, ends before the 128 ms
+# poll of a writer that has waited since our BEGIN. At 1.5 x, transactions held the lock 140-163 ms
+# and that writer got in at its 178 ms poll: on 0.22.2's file of 800,000 messages its p99 was 184 ms,
+# at 1.1 x 133-135 ms, the prune's rows/s the same within the noise (bench/notes/delete-0.22.md).
+# While the gateway is idle (IdlePacing) nobody waits, and the grown bound keeps 1.5 x. A smaller
+# batch_time is not cut sooner than ROLLBACK_HARD_FLOOR: that would throw work away for no writer.
+ROLLBACK_HARD_FACTOR = 1.1
+ROLLBACK_HARD_FLOOR = 0.11
 PROGRESS_STEPS = 1000  # SQLite VM steps between two looks at the clock while a statement runs
 # SQLite's busy handler sleeps these many ms between polls, then 100 ms each (sqliteDefaultBusyCallback).
 BUSY_POLL_MS = (1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100)
@@ -442,6 +452,10 @@ class IdlePacing:
     def _doublings(self) -> int:
         return max(0, self.streak - IDLE_STREAK + 1)
 
+    def idle(self) -> bool:
+        """Nobody else has committed for IDLE_STREAK of our transactions: the bound may grow."""
+        return bool(self._doublings())
+
     def bound(self) -> float:
         if not self.base_bound or not self._doublings():
             return self.base_bound
@@ -461,9 +475,12 @@ class IdlePacing:
         return max(floor, shrunk)
 
 
-def hard_bound(bound: float, copied: bool = False) -> float:
+def hard_bound(bound: float, copied: bool = False, rollback_live: bool = False) -> float:
     """Seconds after BEGIN past which a running statement of the prune is interrupted (``copied``:
-    beside a holder whose commits copy our frames into the file)."""
+    beside a holder whose commits copy our frames into the file; ``rollback_live``: in rollback-journal
+    mode beside a gateway that writes, where ``bound`` includes the COMMIT's allowance)."""
+    if rollback_live:
+        return max(bound * ROLLBACK_HARD_FACTOR, ROLLBACK_HARD_FLOOR)
     return max(bound * HARD_BOUND_FACTOR, COPIED_HARD_BOUND_FLOOR if copied else HARD_BOUND_FLOOR)
 
 
@@ -576,7 +593,8 @@ def _prune_transaction(run: _PruneRun) -> None:
     budget = run.budget
     budget.seconds = run.pacing.bound()
     if budget.hard:  # while the gateway is idle the bound grows, and the hard bound with it
-        budget.hard = hard_bound(budget.seconds, copied=run.pile is not None)
+        live = run.pause_after_commit and not run.pacing.idle()
+        budget.hard = hard_bound(budget.seconds, copied=run.pile is not None, rollback_live=live)
     batch = run.queue.popleft()
     budget.most = run.pacing.size(run.batch_size)
     if run.pile:

@@ -118,6 +118,55 @@ def test_a_prune_nobody_else_writes_to_runs_its_later_transactions_longer(tmp_pa
     assert [hard_bound(b) for b in (0.06, 0.1, IDLE_HOLD_CAP, 0.2)] == pytest.approx([0.15, 0.15, 0.18, 0.3])
 
 
+HOLDER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1])
+conn.execute("SELECT COUNT(*) FROM sessions").fetchall()
+print("holding", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_beside_a_gateway_in_rollback_mode_the_hold_ends_before_a_waiting_writers_128_ms_poll(tmp_path, monkeypatch):
+    """In rollback-journal mode beside a gateway, whose bound holds the COMMIT's allowance (0.06 s and
+    0.04 s), the statements are cut at 1.1x it: 110 ms, so that a 10-20 ms COMMIT still ends before
+    the 128 ms poll of a writer that waited since BEGIN. Once nobody has committed for a while, the
+    grown bound is cut at 1.5x again (nobody waits)."""
+    specs = [
+        {"id": "p%02d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
+        for i in range(IDLE_STREAK + 4)
+    ]
+    db = build_home(str(tmp_path), "v30", specs)
+    setup = sqlite3.connect(db)
+    setup.execute("PRAGMA journal_mode=DELETE").fetchall()  # the mode of a gateway that never switched to WAL
+    setup.close()
+    holder = subprocess.Popen(  # another process with the file open, as the gateway holds it: it never writes
+        [sys.executable, "-c", HOLDER, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout.readline().strip() == "holding"
+    seen = []
+
+    class Budget(hermes_apply_prune.LockBudget):  # the real budget, its bound and hard bound recorded
+        def begin(self):
+            seen.append((self.seconds, self.hard))
+            super().begin()
+
+    monkeypatch.setattr(hermes_apply_prune, "LockBudget", Budget)
+    options = {"prune_days": 7, "hermes_home": [str(tmp_path)], "batch_size": 3, "batch_pause": 0.001, "backup": False}
+    try:
+        profile = run_maintenance(options)["profiles"][0]
+    finally:
+        holder.communicate("done\n", timeout=30)
+    assert profile["status"] == "ok", profile["error"]
+    assert profile["preflight"]["live_rollback"], "the holder did not hold the file: the test proves nothing"
+    assert profile["sessions_pruned"] == len(specs)
+    live, idle = seen[:IDLE_STREAK], seen[IDLE_STREAK:]
+    assert [hard for _bound, hard in live] == pytest.approx([0.11] * IDLE_STREAK)
+    assert [bound for bound, _hard in live] == pytest.approx([0.1] * IDLE_STREAK)
+    assert idle and all(bound > 0.1 + 1e-9 for bound, _hard in idle), seen
+    assert [hard for _bound, hard in idle] == pytest.approx([hard_bound(bound) for bound, _hard in idle])
+
+
 def test_transactions_take_more_than_batch_size_only_while_nobody_has_written_for_a_while(tmp_path):
     db = str(tmp_path / "state.db")
     setup = sqlite3.connect(db, isolation_level=None)
