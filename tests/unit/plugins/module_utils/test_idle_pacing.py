@@ -36,7 +36,9 @@ from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.apply.pru
 )
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.maintain.run import run_maintenance
 from ansible_collections.hermes_agent.ops.plugins.module_utils._hermes.sqlite.db import open_rw
-from hermes_fixtures import build_home
+from hermes_fixtures import build_home, layout_available, missing_venv_message
+
+RELEASE = "hermes-0.22.2.post1"  # the newest release (schema 31)
 
 
 @pytest.mark.parametrize("journal", ["delete", "wal"])
@@ -136,9 +138,11 @@ def test_beside_a_gateway_in_rollback_mode_the_hold_ends_before_a_waiting_writer
         {"id": "p%02d" % i, "source": "cli", "started_days_ago": 30, "ended_days_ago": 29, "messages": 3}
         for i in range(IDLE_STREAK + 4)
     ]
-    db = build_home(str(tmp_path), "v30", specs)
+    if not layout_available(RELEASE):
+        pytest.skip(missing_venv_message(RELEASE))
+    db = build_home(str(tmp_path), RELEASE, specs)  # the newest release's file, schema 31
     setup = sqlite3.connect(db)
-    setup.execute("PRAGMA journal_mode=DELETE").fetchall()  # the mode of a gateway that never switched to WAL
+    setup.execute("PRAGMA journal_mode=DELETE").fetchall()  # the release's mode on an SQLite with the WAL-reset bug
     setup.close()
     holder = subprocess.Popen(  # another process with the file open, as the gateway holds it: it never writes
         [sys.executable, "-c", HOLDER, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
