@@ -482,10 +482,12 @@ profiles:
           V(skipped_reason), V(free_pages_predicted) (the free pages the plan expects after the prune, which the
           vacuum rule is applied to), V(in_window) (the full VACUUM waits for the service window),
           V(fts_merge_steps) (the steps of FTS5's optimize after a prune, short write transactions sized to
-          O(batch_time), beside a live gateway too), and after a real run V(free_pages_before_vacuum) (measured),
-          V(stopped_early), V(incremental_steps) and V(incremental_retries) (the C(incremental_vacuum) steps, each
-          sized to O(batch_time), and those interrupted at the hard bound and retried with fewer pages) and
-          V(checkpoint) (null when none was run; V(checkpoint_skipped_reason) says why).
+          O(batch_time), beside a live gateway too), V(fts_automerge_restored) (the FTS indexes whose automatic
+          merging a run killed during its prune or that optimize left paused, which this run puts back to FTS5's
+          default), and after a real run V(free_pages_before_vacuum) (measured), V(stopped_early),
+          V(incremental_steps) and V(incremental_retries) (the C(incremental_vacuum) steps, each sized to
+          O(batch_time), and those interrupted at the hard bound and retried with fewer pages) and V(checkpoint)
+          (null when none was run; V(checkpoint_skipped_reason) says why).
       type: dict
     window:
       description:

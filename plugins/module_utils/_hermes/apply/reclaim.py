@@ -23,6 +23,8 @@ from ..sqlite.db import (
     describe_holders,
     file_size,
     free_bytes,
+    fts_automerge_paused,
+    fts_automerge_paused_left,
     holders,
     is_wal_file,
     quoted,
@@ -96,10 +98,12 @@ def fts_optimize_live(
     into one. The steps after it are positive ``merge``s, which go on with a merge under way: a
     negative one after another connection's commit (a new segment) would start over one level higher
     each time (see ``apply.elision.fts_optimize``), while a positive one leaves the new segments to
-    FTS5's automerge. The index so gains the two levels an optimize without a holder gives it, once
-    per run. A positive step that finds nothing to do while the merge is under way waits behind a
-    level of the writer's newer segments (as many as the merge's inputs, fewer than ``usermerge``):
-    the gateway's turn, and again, until its automerge has merged them.
+    FTS5. The index so gains the two levels an optimize without a holder gives it, once per run. A
+    positive step that finds nothing to do while the merge is under way waits behind a level of the
+    writer's newer segments (as many as the merge's inputs, fewer than ``usermerge``): the gateway's
+    turn, and again, until they are merged. Beside a holder FTS5's automerge is paused for the
+    other connections meanwhile (``sqlite.db.fts_automerge_paused``): the gateway's appends would
+    otherwise carry our merge on inside their own transactions.
 
     ``bound`` (seconds; None: MERGE_PAGES a step, untimed): each step takes as many pages as fit in
     0.8 x the bound at the last step's rate, and a step still running at the hard bound is
@@ -117,6 +121,16 @@ def fts_optimize_live(
 
 
 def _optimize_index_live(
+    conn: sqlite3.Connection, table: str, wait: Wait, stop: Stop | None, bound: float | None
+) -> tuple[int, str | None]:
+    if bound is None:  # the file alone: nobody else's write goes on with our merge
+        return _optimize_index_steps(conn, table, wait, stop, bound)
+    # beside a holder, whose automerge would otherwise carry on our merge inside its own appends
+    with fts_automerge_paused(conn, [table]):
+        return _optimize_index_steps(conn, table, wait, stop, bound)
+
+
+def _optimize_index_steps(
     conn: sqlite3.Connection, table: str, wait: Wait, stop: Stop | None, bound: float | None
 ) -> tuple[int, str | None]:
     name = quoted(table)
@@ -420,7 +434,9 @@ def plan_reclaim(
     window: bool = False,
 ) -> Reclaim:
     """The reclaim decision for one profile, taken before any write (check mode reports it, the run
-    executes it): ``{"mode", "action", "skipped_reason", "free_pages_predicted", "in_window"}``. ``pruned``:
+    executes it): ``{"mode", "action", "skipped_reason", "free_pages_predicted", "in_window",
+    "fts_automerge_restored"}`` (the indexes whose automerge a run killed during its prune or FTS
+    optimize left paused: ``sqlite.db.fts_automerge_paused``). ``pruned``:
     session id -> message count of the sessions the prune deletes; ``extra_bytes``: what the run frees
     besides (the tool-payload elision); ``live_rollback``: the estimate's reads are short ones. The vacuum
     rule is applied to the free pages predicted after them.
@@ -436,6 +452,7 @@ def plan_reclaim(
         )  # fmt: skip
 
     held = bool(holders(db_path))
+    indexes = [t["name"] for t in schema.get("fts", []) if not t["error"]]
     after_prune = None
     if pruned or extra_bytes:  # the FTS indexes optimized after them, as fts_give_back does, beside a holder too
         after_prune = predict_free_pages(
@@ -447,6 +464,7 @@ def plan_reclaim(
     decision: Reclaim = {
         "mode": options.vacuum_mode, "action": action, "skipped_reason": reason, "free_pages_predicted": free,
         "in_window": False,
+        "fts_automerge_restored": fts_automerge_paused_left(conn, indexes),
     }  # fmt: skip
     if action is None and window and held and rule(after_prune, alone=True)[0] == "full":
         # the window runs what a run with no holder runs: FTS5's optimize, then the VACUUM
@@ -488,6 +506,7 @@ def reclaim(
         "mode": decision["mode"], "action": decision["action"], "bytes_freed": 0,
         "skipped_reason": decision["skipped_reason"], "fts_merge_steps": 0,
         "free_pages_predicted": decision["free_pages_predicted"],
+        "fts_automerge_restored": decision["fts_automerge_restored"],  # put back first (execution.apply_decision)
     }  # fmt: skip
     if pruned:
         report["fts_merge_steps"] = fts_give_back(

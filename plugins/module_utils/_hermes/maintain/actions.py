@@ -164,7 +164,10 @@ def report_plan(
 ) -> None:  # fmt: skip
     """The plan's decisions in check mode's result and the ``after`` they lead to (``pruned``: the counts)."""
     before = result["before"]
-    result["changed"] = plan.has_changes or actions.backup is not None or bool(actions.reclaim["action"])
+    result["changed"] = (
+        plan.has_changes or actions.backup is not None or bool(actions.reclaim["action"])
+        or bool(actions.reclaim["fts_automerge_restored"])
+    )  # fmt: skip
     result["backup_deferred"] = actions.backup_deferred
     result["window"] = actions.window
     if actions.backup:

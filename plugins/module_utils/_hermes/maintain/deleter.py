@@ -17,6 +17,7 @@ from ..apply.hermes_deletes import ENGINE, HERMES, ReleaseDeleter, release_prune
 from ..apply.prune import KeepCopy, PruneResult, Stop, prune
 from ..backup.archive import take_archive
 from ..backup.whole_file import check_backup_dir
+from ..sqlite.db import fts_automerge_paused, holders
 from .checked_options import installed_python
 
 if TYPE_CHECKING:
@@ -62,13 +63,18 @@ class EnginePrune:
     def execute(
         self, profile: Profile, decision: Decision, opts: Options, pruned: PruneResult, stop: Stop | None
     ) -> None:
-        prune(
-            profile.conn, decision.plan, profile.schema,
-            batch_size=int(opts.batch_size), pause=float(opts.batch_pause), result=pruned,
-            batch_time=float(opts.batch_time),
-            pause_after_commit=profile.short_reads,  # rollback-mode commits are slower: let the gateway's next poll in
-            stop=stop, keep_copy=slice_copy(profile, decision.backup_dir),
-        )  # fmt: skip
+        # Beside a holder, the gateway's appends would carry on, inside their own transactions, the
+        # FTS merges our transactions leave under way (sqlite.db.fts_automerge_paused)
+        indexes = [fts["name"] for fts in profile.schema.get("fts", []) if not fts["error"]]
+        with fts_automerge_paused(profile.conn, indexes if holders(profile.db_path) else []):
+            prune(
+                profile.conn, decision.plan, profile.schema,
+                batch_size=int(opts.batch_size), pause=float(opts.batch_pause), result=pruned,
+                batch_time=float(opts.batch_time),
+                # rollback-mode commits are slower: let the gateway's next poll in
+                pause_after_commit=profile.short_reads,
+                stop=stop, keep_copy=slice_copy(profile, decision.backup_dir),
+            )  # fmt: skip
 
 
 class HermesDeletes:

@@ -17,6 +17,7 @@ from ..apply.prune import PruneResult, Stop, close_zombies, turn_after_commit
 from ..apply.reclaim import fts_optimize_live, optimize_bound, reclaim, wal_budget
 from ..backup.archive import list_archives, take_archive
 from ..backup.whole_file import apply_retention, check_backup_dir, take_backup
+from ..sqlite.db import resume_fts_automerge
 from ..store.schema import stats
 from .actions import ARCHIVE, FILE
 from .deleter import record_pruned
@@ -57,6 +58,9 @@ def apply_decision(profile: Profile, decision: Decision, opts: Options) -> None:
         # A transaction whose dirty pages outgrow the page cache spills them into state.db before
         # it commits, which needs the EXCLUSIVE lock and a journal sync in the middle of the batch.
         conn.execute("PRAGMA cache_size=-%d" % ROLLBACK_CACHE_KB)  # this connection only
+    # a pause of FTS5's automerge that a run killed midway left (sqlite.db.fts_automerge_paused): back
+    # first, so the backup never holds it and this run's own pauses start from the file as Hermes set it
+    resume_fts_automerge(conn, decision.actions.reclaim["fts_automerge_restored"])
     if decision.actions.backup == FILE:
         take_file_backup(profile, decision, opts)
     closed: list[str] = []
@@ -84,7 +88,7 @@ def apply_decision(profile: Profile, decision: Decision, opts: Options) -> None:
         conn, profile.db_path, opts, profile.schema, decision.actions.reclaim,
         pruned=pruned.sessions > 0 or elided > 0, stop=stop,
     )  # fmt: skip
-    if result["reclaim"]["action"]:
+    if result["reclaim"]["action"] or result["reclaim"]["fts_automerge_restored"]:
         result["changed"] = True
 
 

@@ -1019,7 +1019,8 @@ def fts_automerge_held_back(conn: sqlite3.Connection, tables: Sequence[str]) -> 
     changed: list[tuple[str, Any]] = []  # (table, its stored value)
     for table in tables:
         stored = _fts_stored(conn, table, AUTOMERGE)
-        effect = FTS5_DEFAULT_AUTOMERGE if stored is None else _fts_integer(stored)
+        # paused for the other connections by this run (fts_automerge_paused): FTS5's default is the index's own
+        effect = FTS5_DEFAULT_AUTOMERGE if stored is None or stored == PAUSED_AUTOMERGE else _fts_integer(stored)
         # An index that merges less already is left as it is, and so is one whose value is not an
         # integer (a hand edit: FTS5 ignores it), which FTS5's own command could not write back.
         if effect is not None and 0 < effect < HELD_AUTOMERGE:
@@ -1033,3 +1034,72 @@ def fts_automerge_held_back(conn: sqlite3.Connection, tables: Sequence[str]) -> 
             conn.execute("DELETE FROM %s WHERE k = ?" % config, (AUTOMERGE,))
         elif not isinstance(stored, int):  # FTS5 stores the text "3" as 3: the row back as it was written
             conn.execute("UPDATE %s SET v = ? WHERE k = ?" % config, (stored, AUTOMERGE))
+
+
+# FTS5's automerge paused in the other connections while our prune or optimize runs beside them
+# (fts_automerge_paused).
+#
+# Between two steps of the live optimize (apply.reclaim.fts_optimize_live) the index has a merge
+# under way at its top level, and after a prune transaction often at another. FTS5's automerge, in
+# whichever connection writes next, goes on with a merge under way before any other level
+# (fts5IndexMerge): every 64 leaf pages the gateway writes, one of its appends merged 64 pages per
+# level of the index of our merge, more where a term's doclist is longer (a merge step ends only
+# between two terms). On a file of 800,000 messages one append in 64 took 80-145 ms instead of
+# 2-7, on top of any wait for our lock; in WAL mode that append then also checkpointed the frames
+# it wrote. Paused, the gateway's appends only add segments to level 0, which FTS5's crisismerge
+# keeps at 16 at most, and our transactions merge the rest: the appends took 3-12 ms on that file,
+# and the bench's worst append beside our whole run went from 349-489 ms to 166-197 ms.
+#
+# This is the one change of Hermes's settings another connection sees, so it is made only where
+# the index keeps FTS5's default (no automerge row) and undone by removing the row again. The pause
+# is stored as the text '00', which FTS5 reads as 0 and its own command never writes (it stores
+# the number): a run killed during its prune or optimize leaves a mark the next run recognises and
+# puts back (plan_reclaim: ``fts_automerge_restored``), and an index someone set to 0 is never
+# taken for it.
+PAUSED_AUTOMERGE = "00"
+
+
+def fts_automerge_paused_left(conn: sqlite3.Connection, tables: Sequence[str]) -> list[str]:
+    """The indexes among ``tables`` whose automerge a run killed during its prune or optimize left paused."""
+    left = []
+    for table in tables:
+        try:
+            if _fts_stored(conn, table, AUTOMERGE) == PAUSED_AUTOMERGE:
+                left.append(table)
+        except sqlite3.DatabaseError:  # no _config table this connection can read: nothing of ours in it
+            continue
+    return left
+
+
+def resume_fts_automerge(conn: sqlite3.Connection, tables: Sequence[str]) -> None:
+    """FTS5's default automerge back in ``tables`` (paused by ``fts_automerge_paused``), the file
+    as Hermes left it: one write transaction."""
+    if not tables:
+        return
+    with write_transaction(conn):
+        for table in tables:
+            if _fts_stored(conn, table, AUTOMERGE) != PAUSED_AUTOMERGE:
+                continue  # changed by someone else since: theirs now
+            # FTS5's own command first: it tells the other connections to read the setting again
+            _fts_set(conn, table, AUTOMERGE, FTS5_DEFAULT_AUTOMERGE)
+            conn.execute("DELETE FROM %s WHERE k = ?" % quoted(table + "_config"), (AUTOMERGE,))
+
+
+@contextlib.contextmanager
+def fts_automerge_paused(conn: sqlite3.Connection, tables: Sequence[str]) -> Iterator[list[str]]:
+    """FTS5's automerge of the indexes ``tables`` off for every connection until the block ends,
+    then as it was; yields those paused (not one with a setting of its own, nor one paused already:
+    the pause around it puts that back). Each change is a write transaction of its own, outside any
+    other; inside the block our own transactions still merge (fts_automerge_held_back)."""
+    if not tables:
+        yield []
+        return
+    with write_transaction(conn):
+        paused = [table for table in tables if _fts_stored(conn, table, AUTOMERGE) is None]
+        for table in paused:
+            _fts_set(conn, table, AUTOMERGE, 0)
+            conn.execute("UPDATE %s SET v = ? WHERE k = ?" % quoted(table + "_config"), (PAUSED_AUTOMERGE, AUTOMERGE))
+    try:
+        yield paused
+    finally:
+        resume_fts_automerge(conn, paused)
